@@ -1,0 +1,74 @@
+"""umem_numba: managed, pinned and VMM memory for Numba-CUDA kernels, with enforced coherence.
+
+Importing never touches the GPU; the first call that needs one raises
+:class:`CudaUnavailableError` if there is none.
+"""
+
+from __future__ import annotations
+
+from ._errors import (
+    BufferClosedError,
+    CoherenceError,
+    CudaError,
+    CudaUnavailableError,
+    OutOfMemoryError,
+    UmemError,
+    UnsupportedError,
+)
+from ._driver import available as gpu_available
+from ._location import HOST, Location, as_location
+from ._stats import KindStats, reset_peak, stats
+from ._coherence import (
+    CoherenceWarning,
+    CoherentKernel,
+    coherence_policy,
+    coherent,
+    get_coherence_policy,
+    jit,
+    launch,
+    set_coherence_policy,
+)
+from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
+from ._pinned import HostAllocFlags, PinnedBuffer
+from ._info import info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # errors
+    "UmemError",
+    "CudaError",
+    "OutOfMemoryError",
+    "CudaUnavailableError",
+    "UnsupportedError",
+    "CoherenceError",
+    "BufferClosedError",
+    # machine
+    "gpu_available",
+    "info",
+    "stats",
+    "reset_peak",
+    "KindStats",
+    # locations
+    "Location",
+    "HOST",
+    "as_location",
+    # managed
+    "ManagedBuffer",
+    "managed_empty",
+    "managed_zeros",
+    "managed_like",
+    "managed_from",
+    # pinned
+    "PinnedBuffer",
+    "HostAllocFlags",
+    # coherence
+    "launch",
+    "coherent",
+    "jit",
+    "CoherentKernel",
+    "coherence_policy",
+    "set_coherence_policy",
+    "get_coherence_policy",
+    "CoherenceWarning",
+]

@@ -1,0 +1,383 @@
+"""Coherence: host code never touches memory that device work may still use.
+
+Every allocation owns a :class:`Tracker`.  Launches through
+:func:`launch`, :func:`coherent` or :func:`jit` record one CUDA event on the
+launch stream and file it under every buffer argument (views included), with
+no host synchronisation on the launch path.  Host access (``.host``,
+``np.asarray``, copies to the host, ``close``) first *settles* the tracker:
+under the default ``"sync"`` policy it waits on exactly those events, not on
+the whole device.
+
+A launch that bypasses the toolkit (a plain ``kernel[grid, block](buf)``) is
+still seen: numba reads the buffer's type and device pointer while launching,
+and that marks the allocation as used on an *unknown* stream; the next host
+access then synchronises the buffer's whole context (``"sync"``) or raises.
+
+Policies
+--------
+``"sync"`` (default)
+    wait for the pending work, then proceed.
+``"raise"``
+    raise :class:`~umem_numba.CoherenceError` naming the busy stream.
+``"warn"``
+    emit a :class:`CoherenceWarning` and proceed without waiting.
+``"off"``
+    no check at all.
+
+The policy in force for a buffer is its own (``buf.coherence_policy``) if set,
+else the innermost ``with coherence_policy(...)`` block of the calling
+thread, else the global default (:func:`set_coherence_policy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import warnings
+from typing import Any, Callable, Iterator
+
+from . import _driver, _events
+from ._errors import CoherenceError
+from ._location import stream_handle
+
+__all__ = [
+    "POLICIES",
+    "CoherenceWarning",
+    "coherence_policy",
+    "set_coherence_policy",
+    "get_coherence_policy",
+    "launch",
+    "coherent",
+    "jit",
+    "CoherentKernel",
+]
+
+POLICIES = ("sync", "raise", "warn", "off")
+
+
+class CoherenceWarning(RuntimeWarning):
+    """Host access to a buffer with device work that may still be running."""
+
+
+def _check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown coherence policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return policy
+
+
+_global_policy = "sync"
+_block_policy: contextvars.ContextVar[str | None] = contextvars.ContextVar("umem_coherence_policy", default=None)
+
+
+def set_coherence_policy(policy: str) -> None:
+    """Set the process-wide default coherence policy.
+
+    Parameters
+    ----------
+    policy : {"sync", "raise", "warn", "off"}
+    """
+    global _global_policy
+    _global_policy = _check_policy(policy)
+
+
+def get_coherence_policy() -> str:
+    """The policy in force here: the innermost ``with`` block's, else the global one."""
+    return _block_policy.get() or _global_policy
+
+
+@contextlib.contextmanager
+def coherence_policy(policy: str) -> Iterator[str]:
+    """Use ``policy`` for host accesses inside the ``with`` block (this thread/task only).
+
+    Examples
+    --------
+    >>> with umem_numba.coherence_policy("raise"):  # doctest: +SKIP
+    ...     buf.host  # CoherenceError if a kernel may still write buf
+    """
+    token = _block_policy.set(_check_policy(policy))
+    try:
+        yield policy
+    finally:
+        _block_policy.reset(token)
+
+
+class _LaunchFlag(threading.local):
+    active = False
+
+
+#: True on a thread while the toolkit itself launches: numba's reads of the
+#: buffers' types then are ours and must not mark an unknown-stream launch.
+_launching = _LaunchFlag()
+
+
+class Tracker:
+    """Outstanding device work and host holds of one allocation.
+
+    Parameters
+    ----------
+    device_id : int
+        The device whose context the allocation belongs to.
+    concurrent : bool
+        The device's concurrentManagedAccess: without it *any* running kernel
+        makes host access to managed memory fault, so settling waits for the
+        whole context.
+    """
+
+    __slots__ = ("pending", "unknown", "holds", "policy", "device_id", "concurrent",
+                 "attached_stream", "_lock")
+
+    def __init__(self, device_id: int, concurrent: bool = True) -> None:
+        self.pending: dict[int, _events.Event] = {}
+        self.unknown = False
+        self.holds = 0
+        self.policy: str | None = None
+        self.device_id = device_id
+        self.concurrent = concurrent
+        self.attached_stream: int | None = None
+        self._lock = threading.Lock()
+
+    # -- device side ----------------------------------------------------------
+    def on_device_export(self) -> None:
+        """numba (or another consumer) took the device view outside the toolkit."""
+        if _launching.active:
+            return
+        if self.holds:
+            raise CoherenceError("a kernel launch (or other device use) was attempted while the host "
+                                 "holds this buffer (inside `with buf.on_host()`)")
+        self.unknown = True
+
+    def add(self, stream: int, event: _events.Event) -> None:
+        with self._lock:
+            self.pending[stream] = event
+
+    # -- host side ------------------------------------------------------------
+    def effective_policy(self) -> str:
+        return self.policy or _block_policy.get() or _global_policy
+
+    def before_host_access(self, what: str) -> None:
+        """Settle before host code reads or writes the memory."""
+        if not self.pending and not self.unknown and self.concurrent:
+            return
+        self.settle(what, self.effective_policy())
+
+    def settle(self, what: str, policy: str) -> None:
+        if policy == "off":
+            return
+        with self._lock:
+            busy = []
+            for stream, event in list(self.pending.items()):
+                if event.done():
+                    del self.pending[stream]
+                else:
+                    busy.append((stream, event))
+            unknown = self.unknown
+        whole_context = unknown or not self.concurrent
+        if not busy and not whole_context:
+            return
+        if policy == "raise" or policy == "warn":
+            if busy:
+                streams = ", ".join(f"{s:#x}" if s else "0 (default)" for s, _ in busy)
+                msg = f"{what}: kernel work on stream(s) {streams} may still be using this buffer"
+            elif unknown:
+                msg = (f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown); "
+                       "launch through umem_numba.launch/coherent/jit or call buf.synchronize() first")
+            else:
+                msg = None  # only the no-concurrent-access device rule: enforce it below
+            if msg is not None:
+                if policy == "raise":
+                    raise CoherenceError(msg)
+                warnings.warn(msg, CoherenceWarning, stacklevel=4)
+                return
+        self.wait(busy, whole_context)
+
+    def wait(self, busy: list | None = None, whole_context: bool = True) -> None:
+        """Block until the recorded work (and, if asked, the whole context) is done."""
+        if busy is None:
+            with self._lock:
+                busy = list(self.pending.items())
+        for _, event in busy:
+            event.synchronize()
+        if whole_context:
+            with _driver.device_context(self.device_id):
+                if self.attached_stream is not None and not self.unknown:
+                    _driver.call("cuStreamSynchronize", self.attached_stream,
+                                 detail="waiting for the stream this buffer is attached to")
+                else:
+                    _driver.call("cuCtxSynchronize", detail="waiting for device work on a buffer")
+        with self._lock:
+            for stream, event in busy:
+                if self.pending.get(stream) is event:
+                    del self.pending[stream]
+            if whole_context:
+                self.unknown = False
+
+    def order_before(self, stream: int, what: str) -> None:
+        """Make ``stream`` wait (on the device) for work recorded on other streams.
+
+        Work on an unknown stream cannot be ordered against: it is settled on
+        the host first.
+        """
+        if self.holds:
+            raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`)")
+        if self.unknown:
+            self.settle(what, self.effective_policy())
+        with self._lock:
+            events = [e for s, e in self.pending.items() if s != stream]
+        for event in events:
+            _driver.call("cuStreamWaitEvent", stream, event.handle, 0, detail=what)
+
+    def hold(self, what: str) -> None:
+        self.before_host_access(what)
+        with self._lock:
+            self.holds += 1
+
+    def release_hold(self) -> None:
+        with self._lock:
+            self.holds -= 1
+
+    def busy_streams(self) -> list[int]:
+        """Streams with launches not yet known to be finished."""
+        with self._lock:
+            return [s for s, e in self.pending.items() if not e.done()]
+
+
+# ---------------------------------------------------------------------------
+# Launching
+
+
+def _trackers_of(args: tuple) -> list[Tracker]:
+    out = []
+    for a in args:
+        t = getattr(a, "_coherence_tracker", None)
+        if t is not None:
+            out.append(t)
+        elif isinstance(a, (tuple, list)):
+            out.extend(_trackers_of(tuple(a)))
+    return out
+
+
+def _launch(configured: Any, stream: Any, args: tuple) -> None:
+    trackers = _trackers_of(args)
+    for t in trackers:
+        if t.holds:
+            raise CoherenceError("cannot launch: an argument is held by the host "
+                                 "(inside `with buf.on_host()`); leave the block first")
+    handle = stream_handle(stream)
+    _launching.active = True
+    try:
+        configured(*args)
+    finally:
+        _launching.active = False
+    if trackers:
+        event = _events.record(handle, _current_device())
+        for t in trackers:
+            t.add(handle, event)
+
+
+def _current_device() -> int:
+    # The event belongs to the launching context, which need not be the
+    # buffers' device (managed memory is usable from any device).
+    return int(_driver.check(_driver.api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0,
+           sharedmem: int = 0) -> None:
+    """Launch a numba CUDA kernel and record its completion on every buffer argument.
+
+    Parameters
+    ----------
+    kernel : numba CUDA dispatcher
+        A ``@cuda.jit`` kernel.
+    griddim, blockdim : int or tuple
+        Launch configuration, as in ``kernel[griddim, blockdim]``.
+    *args
+        Kernel arguments; umem_numba buffers (and views) among them are tracked.
+    stream : numba stream, 0 or None
+        The launch stream.
+    sharedmem : int
+        Dynamic shared memory in bytes.
+
+    Raises
+    ------
+    CoherenceError
+        If a buffer argument is held by the host (:meth:`ManagedBuffer.on_host`).
+
+    Notes
+    -----
+    Nothing is synchronised here: the launch records one CUDA event, and host
+    access to an argument later waits for exactly that event.
+    """
+    _launch(kernel[griddim, blockdim, stream, sharedmem], stream, args)
+
+
+class _ConfiguredLaunch:
+    __slots__ = ("_configured", "_stream")
+
+    def __init__(self, configured: Any, stream: Any) -> None:
+        self._configured = configured
+        self._stream = stream
+
+    def __call__(self, *args: Any) -> None:
+        _launch(self._configured, self._stream, args)
+
+
+class CoherentKernel:
+    """A numba kernel whose launches are tracked by umem_numba's coherence checks.
+
+    Use it exactly like the kernel: ``k[grid, block, stream, sharedmem](*args)``.
+    Other attributes (``py_func``, ``overloads``, ``inspect_*``...) are the
+    wrapped kernel's.
+
+    Parameters
+    ----------
+    kernel : numba CUDA dispatcher
+        The ``@cuda.jit`` kernel to wrap.
+    """
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel: Any) -> None:
+        if not hasattr(kernel, "__getitem__") or not hasattr(kernel, "py_func"):
+            raise TypeError(f"coherent() needs a numba @cuda.jit kernel, got {type(kernel).__name__}")
+        self.kernel = kernel
+
+    def __getitem__(self, config: Any) -> _ConfiguredLaunch:
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise ValueError("launch configuration must be [griddim, blockdim[, stream[, sharedmem]]]")
+        stream = config[2] if len(config) > 2 else 0
+        return _ConfiguredLaunch(self.kernel[config], stream)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel(*args, **kwargs)  # numba raises its own "missing launch config" error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kernel, name)
+
+    def __repr__(self) -> str:
+        return f"CoherentKernel({self.kernel!r})"
+
+
+def coherent(kernel: Any) -> CoherentKernel:
+    """Wrap a numba kernel so that its launches are tracked (see :class:`CoherentKernel`)."""
+    return kernel if isinstance(kernel, CoherentKernel) else CoherentKernel(kernel)
+
+
+def jit(func_or_sig: Any = None, **options: Any) -> Any:
+    """``numba.cuda.jit`` whose kernels are :func:`coherent`.
+
+    Use as ``@umem_numba.jit`` or ``@umem_numba.jit(signature, **options)``;
+    options are numba's.  Device functions (``device=True``) are returned
+    unwrapped: they are not launched.
+    """
+    from numba import cuda as nbcuda
+
+    def wrap(obj: Any) -> Any:
+        return obj if options.get("device") else CoherentKernel(obj)
+
+    if func_or_sig is None:
+        return lambda f: wrap(nbcuda.jit(**options)(f))
+    if callable(func_or_sig) and not isinstance(func_or_sig, (str, list, tuple)):
+        return wrap(nbcuda.jit(func_or_sig, **options))
+    inner = nbcuda.jit(func_or_sig, **options)
+    return lambda f: wrap(inner(f))

@@ -1,0 +1,68 @@
+"""A pool of CUDA events, one free list per device.
+
+Coherence records one event per kernel launch; creating and destroying an
+event each time would cost more than the record itself, so finished events go
+back to a free list when the last buffer stops referring to them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import _driver
+
+_lock = threading.Lock()
+_free: dict[int, list[Any]] = {}
+
+
+class Event:
+    """A recorded CUDA event; returns its handle to the pool when collected."""
+
+    __slots__ = ("handle", "device_id", "stream")
+
+    def __init__(self, handle: Any, device_id: int, stream: int) -> None:
+        self.handle = handle
+        self.device_id = device_id
+        self.stream = stream
+
+    def done(self) -> bool:
+        """Whether all work before the record has finished (never blocks)."""
+        err = _driver.api().drv.cuEventQuery(self.handle)[0]
+        if err == 0:
+            return True
+        if int(err) == _NOT_READY:
+            return False
+        _driver.raise_for(err, "cuEventQuery", "checking device work on a buffer")
+        return False  # unreachable
+
+    def synchronize(self) -> None:
+        """Block until the recorded work has finished."""
+        _driver.call("cuEventSynchronize", self.handle,
+                     detail="waiting for device work on a buffer")
+
+    def __del__(self) -> None:
+        with _lock:
+            _free.setdefault(self.device_id, []).append(self.handle)
+
+
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+
+def record(stream: int, device_id: int) -> Event:
+    """Record a pooled event on ``stream`` (in the current context)."""
+    api = _driver.api()
+    with _lock:
+        free = _free.get(device_id)
+        handle = free.pop() if free else None
+    if handle is None:
+        handle = _driver.check(api.drv.cuEventCreate(_DISABLE_TIMING), "cuEventCreate")
+    err = api.drv.cuEventRecord(handle, stream)[0]
+    if err != 0:
+        with _lock:
+            _free.setdefault(device_id, []).append(handle)
+        _driver.raise_for(err, "cuEventRecord", f"recording launch completion on stream {stream:#x}")
+    return Event(handle, device_id, stream)
+
+
+_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING

@@ -1,0 +1,218 @@
+"""Shapes, dtypes, strides and basic indexing, with no driver involved.
+
+Validation here runs before any allocation, so bad sizes never reach the
+driver.  Views are described by ``(offset, shape, strides)`` in bytes relative
+to the start of their allocation, exactly like a numpy array over a buffer.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+
+#: No single buffer may claim more bytes than this (well past any GPU); it keeps
+#: size arithmetic exact and turns absurd requests into a clear ValueError.
+MAX_NBYTES = 1 << 60
+
+
+def normalize_dtype(dtype: Any) -> np.dtype:
+    """A fixed-size numpy dtype, or ``TypeError`` naming what was wrong."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"not a numpy dtype: {dtype!r} ({exc})") from None
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in GPU memory")
+    if dt.itemsize == 0:
+        raise TypeError(f"dtype {dt} has no fixed size")
+    return dt
+
+
+def normalize_shape(shape: Any) -> tuple[int, ...]:
+    """A tuple of non-negative ints from an int or a sequence of ints."""
+    if isinstance(shape, (bool, np.bool_)):
+        raise TypeError("shape must be an int or a sequence of ints, not a bool")
+    try:
+        dims: Sequence[Any] = (operator.index(shape),)
+    except TypeError:
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(f"shape must be an int or a tuple of ints, not {type(shape).__name__}") from None
+        dims = shape
+    out = []
+    for d in dims:
+        if isinstance(d, (bool, np.bool_)):
+            raise TypeError(f"shape entries must be ints, got a bool in {shape!r}")
+        try:
+            n = operator.index(d)
+        except TypeError:
+            raise TypeError(f"shape entries must be ints, got {type(d).__name__} in {shape!r}") from None
+        if n < 0:
+            raise ValueError(f"negative dimension {n} in shape {tuple(dims)!r}")
+        out.append(n)
+    if len(out) > 32:
+        raise ValueError(f"at most 32 dimensions are supported, got {len(out)}")
+    return tuple(out)
+
+
+def checked_nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Total bytes of a C-ordered array, refusing sizes that cannot exist."""
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    if n > MAX_NBYTES:
+        raise ValueError(f"shape {shape} of {dtype} needs {n} bytes, more than any device has")
+    return n
+
+
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Row-major strides in bytes."""
+    strides = []
+    acc = itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    if 0 in shape:
+        return True
+    expected = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+def is_f_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    if 0 in shape:
+        return True
+    expected = itemsize
+    for d, s in zip(shape, strides):
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+def index_view(shape: tuple[int, ...], strides: tuple[int, ...], key: Any
+               ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Apply a basic index to a strided layout.
+
+    Supports integers, slices (any step) and one ``Ellipsis``, alone or in a
+    tuple.  Returns ``(byte_offset, shape, strides)`` of the view.
+
+    Raises
+    ------
+    IndexError
+        Too many indices, or an integer out of range.
+    TypeError
+        Advanced (array, list, boolean) or other unsupported indices.
+    """
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_ellipsis = sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    explicit = len(key) - n_ellipsis
+    if explicit > len(shape):
+        raise IndexError(f"too many indices: {explicit} for an array of {len(shape)} dimension(s)")
+    if n_ellipsis:
+        pos = key.index(Ellipsis)
+        key = key[:pos] + (slice(None),) * (len(shape) - explicit) + key[pos + 1:]
+    else:
+        key = key + (slice(None),) * (len(shape) - explicit)
+
+    offset = 0
+    new_shape: list[int] = []
+    new_strides: list[int] = []
+    for axis, (k, dim, stride) in enumerate(zip(key, shape, strides)):
+        if isinstance(k, slice):
+            start, stop, step = k.indices(dim)
+            length = len(range(start, stop, step))
+            if length:
+                offset += start * stride
+            new_shape.append(length)
+            new_strides.append(stride * step)
+            continue
+        if isinstance(k, (bool, np.bool_)):
+            raise TypeError("boolean indices are not supported: only ints, slices and '...'")
+        try:
+            i = operator.index(k)
+        except TypeError:
+            raise TypeError(f"unsupported index {k!r} ({type(k).__name__}): only ints, "
+                            "slices and '...' are supported (no advanced indexing)") from None
+        if not -dim <= i < dim:
+            raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim}")
+        offset += (i + dim if i < 0 else i) * stride
+    return offset, tuple(new_shape), tuple(new_strides)
+
+
+def extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``(lowest, highest+1)`` byte offsets a strided view touches, relative to its start."""
+    if 0 in shape:
+        return 0, 0
+    lo = hi = 0
+    for d, s in zip(shape, strides):
+        span = (d - 1) * s
+        if span < 0:
+            lo += span
+        else:
+            hi += span
+    return lo, hi + itemsize
+
+
+def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """The numba ``types.Array`` a kernel sees for this layout."""
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
+
+    ndim = len(shape)
+    if is_c_contiguous(shape, strides, dtype.itemsize):
+        layout = "C"
+    elif is_f_contiguous(shape, strides, dtype.itemsize):
+        layout = "F"
+    else:
+        layout = "A"
+    return types.Array(from_dtype(dtype), ndim, layout)
+
+
+class _StridedLayoutShim:
+    """What numba-cuda's launch path reads from a device array's layout."""
+
+    __slots__ = ("strides_in_bytes", "is_contiguous_c", "is_contiguous_f", "is_contiguous_any")
+
+    def __init__(self, strides: tuple[int, ...], c: bool, f: bool) -> None:
+        self.strides_in_bytes = strides
+        self.is_contiguous_c = c
+        self.is_contiguous_f = f
+        self.is_contiguous_any = c or f
+
+
+class StridedViewShim:
+    """The attributes numba-cuda's kernel launch reads from device memory.
+
+    numba-cuda (0.2x) marshals an argument that says ``__cuda_memory__`` through
+    its ``_strided_memory_view_shim``: pointer, shape, dtype, size and the
+    layout's strides.  Handing it this precomputed object skips parsing a
+    ``__cuda_array_interface__`` dict on every launch.
+    """
+
+    __slots__ = ("ptr", "shape", "dtype", "size", "_layout")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> None:
+        size = 1
+        for d in shape:
+            size *= d
+        self.ptr = ptr
+        self.shape = shape
+        self.dtype = dtype
+        self.size = size
+        self._layout = _StridedLayoutShim(
+            strides,
+            is_c_contiguous(shape, strides, dtype.itemsize),
+            is_f_contiguous(shape, strides, dtype.itemsize),
+        )

@@ -1,0 +1,184 @@
+"""Managed (unified) memory: ``cuMemAllocManaged`` buffers that kernels and the host share."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import contextlib
+import numpy as np
+
+from . import _driver
+from ._buffer import Allocation, Buffer, new_layout
+from ._location import StreamLike, stream_handle
+
+__all__ = ["ManagedBuffer", "managed_empty", "managed_zeros", "managed_like", "managed_from"]
+
+_ATTACH = {"global": 1, "host": 2}  # CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST
+
+
+def _attach_flag(attach: str) -> int:
+    try:
+        return _ATTACH[attach]
+    except (KeyError, TypeError):
+        raise ValueError(f"attach must be 'global' or 'host', got {attach!r}") from None
+
+
+class ManagedBuffer(Buffer):
+    """An n-d array in managed (unified) memory, usable by ``@cuda.jit`` kernels and the host.
+
+    Build one with :meth:`empty`, :meth:`zeros`, :meth:`from_array` (or the
+    ``managed_*`` shortcuts).  Pass it to a kernel as it is; read it on the
+    host through :attr:`host` or ``np.asarray``.
+
+    Notes
+    -----
+    * Memory comes from the current device's context (numba's), C order.
+    * Zero-size shapes are valid: no driver memory is allocated, ``ptr`` is 0
+      and kernels receive an empty array.
+    * Sizes are checked before any driver call; a request the device cannot
+      satisfy raises :class:`~umem_numba.OutOfMemoryError`.
+    * Host access waits for kernels that may still use the buffer (see
+      :mod:`umem_numba` coherence); ``with buf:`` closes it at the end.
+
+    Examples
+    --------
+    >>> buf = ManagedBuffer.from_array(np.arange(8, dtype=np.float32))  # doctest: +SKIP
+    >>> double[1, 8](buf)                                                 # doctest: +SKIP
+    >>> buf.host                                                          # doctest: +SKIP
+    array([ 0.,  2.,  4., ...], dtype=float32)
+    """
+
+    __slots__ = ("_attach",)
+
+    def _copy_extra(self, view: Buffer) -> None:
+        view._attach = self._attach  # type: ignore[attr-defined]
+
+    # -- constructors ------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> "ManagedBuffer":
+        """Allocate without initialising.
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            Dimensions; zero is allowed, negative is not.
+        dtype : numpy dtype
+            Any fixed-size dtype (default ``float32``).
+        attach : {"global", "host"}
+            ``"global"``: any stream on any device may access it.  ``"host"``:
+            attached to the host until a stream attaches it (only matters on
+            devices without concurrentManagedAccess).
+
+        Returns
+        -------
+        ManagedBuffer
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad shape, dtype or attach value (before any driver call).
+        OutOfMemoryError
+            The driver cannot provide that much managed memory.
+        CudaUnavailableError
+            No GPU or driver.
+        """
+        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        flag = _attach_flag(attach)
+        device_id = _driver.ensure_context()
+        concurrent = bool(_driver.device_attribute("CONCURRENT_MANAGED_ACCESS", device_id))
+        if nbytes:
+            ptr = int(_driver.call("cuMemAllocManaged", nbytes, flag,
+                                   detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}"))
+            drv = _driver.api().drv
+
+            def free(ptr: int = ptr) -> None:
+                _driver.check(drv.cuMemFree(ptr), "cuMemFree")
+        else:
+            ptr, free = 0, None
+        alloc = Allocation("managed", ptr, nbytes, device_id, free, concurrent=concurrent)
+        buf = object.__new__(cls)
+        buf._init(alloc, 0, shape, strides, dtype, True)
+        buf._attach = attach
+        return buf
+
+    @classmethod
+    def zeros(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
+              stream: StreamLike = 0) -> "ManagedBuffer":
+        """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
+
+        The memset is tracked like a kernel: host access waits for it.
+        """
+        buf = cls.empty(shape, dtype, attach=attach)
+        if buf.nbytes:
+            from . import _events
+            alloc = buf._live()
+            handle = stream_handle(stream)
+            _driver.call("cuMemsetD8Async", alloc.ptr, 0, buf.nbytes, handle, detail="zeroing a managed buffer")
+            alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        return buf
+
+    @classmethod
+    def from_array(cls, array: Any, *, attach: str = "global") -> "ManagedBuffer":
+        """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
+
+        Parameters
+        ----------
+        array : array_like
+            Host data; converted with ``np.asarray`` (no object dtypes).
+        """
+        src = np.asarray(array)
+        buf = cls.empty(src.shape, src.dtype, attach=attach)
+        if buf.size:
+            np.copyto(buf._host_array("from_array"), src)
+        return buf
+
+    # -- properties ----------------------------------------------------------------
+    @property
+    def attach(self) -> str:
+        """How the memory was attached at allocation (``"global"`` or ``"host"``)."""
+        return self._attach
+
+    def _repr_extra(self) -> str:
+        return f", attach={self._attach!r}"
+
+    # -- host holds ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def on_host(self) -> Iterator[np.ndarray]:
+        """Hold the buffer for host use: yields the host view.
+
+        Pending device work is settled on entry.  While the block runs, a
+        launch that uses the buffer (through the toolkit, or a plain numba
+        launch) raises :class:`~umem_numba.CoherenceError` before launching.
+        """
+        alloc = self._live()
+        alloc.tracker.hold("host hold")
+        try:
+            yield self._host_array("host hold")
+        finally:
+            alloc.tracker.release_hold()
+
+
+def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+    """Shortcut for :meth:`ManagedBuffer.empty`."""
+    return ManagedBuffer.empty(shape, dtype, attach=attach)
+
+
+def managed_zeros(shape: Any, dtype: Any = np.float32, *, attach: str = "global",
+                  stream: StreamLike = 0) -> ManagedBuffer:
+    """Shortcut for :meth:`ManagedBuffer.zeros`."""
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
+
+
+def managed_like(array: Any, *, attach: str = "global") -> ManagedBuffer:
+    """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``)."""
+    shape = getattr(array, "shape", None)
+    dtype = getattr(array, "dtype", None)
+    if shape is None or dtype is None:
+        arr = np.asarray(array)
+        shape, dtype = arr.shape, arr.dtype
+    return ManagedBuffer.empty(shape, dtype, attach=attach)
+
+
+def managed_from(array: Any, *, attach: str = "global") -> ManagedBuffer:
+    """Shortcut for :meth:`ManagedBuffer.from_array`."""
+    return ManagedBuffer.from_array(array, attach=attach)

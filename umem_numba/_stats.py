@@ -1,0 +1,105 @@
+"""Allocation statistics per kind of memory.
+
+Counters move on every allocation *and* every release, so ``live_*`` show what
+is held right now (one reference design only ever counted up).  Pinned memory
+is locked out of the OS's paging and is scarce: watch ``stats()["pinned"]``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+KINDS = ("managed", "pinned", "vmm")
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """A snapshot of one kind's counters.
+
+    Attributes
+    ----------
+    live_count : int
+        Allocations not yet released.
+    live_bytes : int
+        Bytes held by those allocations.
+    peak_bytes : int
+        Highest ``live_bytes`` seen since start (or :func:`reset_peak`).
+    total_allocations : int
+        Allocations ever made.
+    total_bytes : int
+        Bytes ever allocated.
+    """
+
+    live_count: int = 0
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    total_allocations: int = 0
+    total_bytes: int = 0
+
+
+class _Counters:
+    __slots__ = ("live_count", "live_bytes", "peak_bytes", "total_allocations", "total_bytes")
+
+    def __init__(self) -> None:
+        self.live_count = self.live_bytes = self.peak_bytes = 0
+        self.total_allocations = self.total_bytes = 0
+
+
+_lock = threading.Lock()
+_counters = {kind: _Counters() for kind in KINDS}
+
+
+def record_alloc(kind: str, nbytes: int) -> None:
+    with _lock:
+        c = _counters[kind]
+        c.live_count += 1
+        c.live_bytes += nbytes
+        c.total_allocations += 1
+        c.total_bytes += nbytes
+        if c.live_bytes > c.peak_bytes:
+            c.peak_bytes = c.live_bytes
+
+
+def record_grow(kind: str, delta: int) -> None:
+    """An allocation changed size in place (VMM grow/shrink)."""
+    with _lock:
+        c = _counters[kind]
+        c.live_bytes += delta
+        if delta > 0:
+            c.total_bytes += delta
+        if c.live_bytes > c.peak_bytes:
+            c.peak_bytes = c.live_bytes
+
+
+def record_free(kind: str, nbytes: int) -> None:
+    with _lock:
+        c = _counters[kind]
+        c.live_count -= 1
+        c.live_bytes -= nbytes
+
+
+def stats() -> dict[str, KindStats]:
+    """Snapshot of the allocation counters, per kind.
+
+    Returns
+    -------
+    dict
+        ``{"managed": KindStats, "pinned": KindStats, "vmm": KindStats}``.
+
+    Examples
+    --------
+    >>> umem_numba.stats()["managed"].live_bytes  # doctest: +SKIP
+    4194304
+    """
+    with _lock:
+        return {k: KindStats(c.live_count, c.live_bytes, c.peak_bytes,
+                             c.total_allocations, c.total_bytes)
+                for k, c in _counters.items()}
+
+
+def reset_peak() -> None:
+    """Set every kind's ``peak_bytes`` to its current ``live_bytes``."""
+    with _lock:
+        for c in _counters.values():
+            c.peak_bytes = c.live_bytes
