@@ -43,7 +43,7 @@ def _release(kind: str, ptr: int, nbytes: int, free: Callable[[], None], tracker
 
     try:
         if tracker.pending or tracker.unknown:
-            tracker.wait(whole_context=tracker.unknown)
+            tracker.wait(extra="context" if tracker.unknown else None)
         free()
     except CudaError as exc:
         if exc.name not in _GONE:
@@ -432,7 +432,7 @@ class Buffer:
         """Wait for every piece of device work recorded on (or suspected of using) this buffer."""
         alloc = self._live()
         t = alloc.tracker
-        t.wait(whole_context=t.unknown)
+        t.wait(extra=t._extra_wait(t.unknown))
 
     @property
     def busy(self) -> bool:

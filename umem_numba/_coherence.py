@@ -125,7 +125,7 @@ class Tracker:
     """
 
     __slots__ = ("pending", "unknown", "holds", "policy", "device_id", "concurrent",
-                 "attached_stream", "_lock")
+                 "attached", "_lock")
 
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
         self.pending: dict[int, _events.Event] = {}
@@ -134,7 +134,8 @@ class Tracker:
         self.policy: str | None = None
         self.device_id = device_id
         self.concurrent = concurrent
-        self.attached_stream: int | None = None
+        #: None (attached globally), "host", or the stream handle it is attached to.
+        self.attached: str | int | None = None
         self._lock = threading.Lock()
 
     # -- device side ----------------------------------------------------------
@@ -161,6 +162,20 @@ class Tracker:
             return
         self.settle(what, self.effective_policy())
 
+    def _extra_wait(self, unknown: bool) -> str | int | None:
+        """Beyond recorded events, what host access must also wait for.
+
+        ``"context"`` after an unknown-stream launch, or on a device without
+        concurrentManagedAccess for globally attached memory (any running
+        kernel makes host access fault there); a stream handle for memory
+        attached to one stream on such a device; else ``None``.
+        """
+        if unknown:
+            return "context"
+        if self.concurrent or self.attached == "host":
+            return None
+        return "context" if self.attached is None else self.attached
+
     def settle(self, what: str, policy: str) -> None:
         if policy == "off":
             return
@@ -172,44 +187,44 @@ class Tracker:
                 else:
                     busy.append((stream, event))
             unknown = self.unknown
-        whole_context = unknown or not self.concurrent
-        if not busy and not whole_context:
+        extra = self._extra_wait(unknown)
+        if not busy and extra is None:
             return
-        if policy == "raise" or policy == "warn":
+        if policy in ("raise", "warn") and (busy or unknown):
             if busy:
                 streams = ", ".join(f"{s:#x}" if s else "0 (default)" for s, _ in busy)
                 msg = f"{what}: kernel work on stream(s) {streams} may still be using this buffer"
-            elif unknown:
+            else:
                 msg = (f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown); "
                        "launch through umem_numba.launch/coherent/jit or call buf.synchronize() first")
-            else:
-                msg = None  # only the no-concurrent-access device rule: enforce it below
-            if msg is not None:
-                if policy == "raise":
-                    raise CoherenceError(msg)
-                warnings.warn(msg, CoherenceWarning, stacklevel=4)
+            if policy == "raise":
+                raise CoherenceError(msg)
+            warnings.warn(msg, CoherenceWarning, stacklevel=4)
+            if extra is None or unknown:
                 return
-        self.wait(busy, whole_context)
+        # The no-concurrent-access rule is enforced under every policy but "off":
+        # breaking it is a segmentation fault, not a stale read.
+        self.wait(busy, extra)
 
-    def wait(self, busy: list | None = None, whole_context: bool = True) -> None:
-        """Block until the recorded work (and, if asked, the whole context) is done."""
+    def wait(self, busy: list | None = None, extra: str | int | None = "context") -> None:
+        """Block until the recorded work, and ``extra`` (see :meth:`_extra_wait`), is done."""
         if busy is None:
             with self._lock:
                 busy = list(self.pending.items())
         for _, event in busy:
             event.synchronize()
-        if whole_context:
+        if extra is not None:
             with _driver.device_context(self.device_id):
-                if self.attached_stream is not None and not self.unknown:
-                    _driver.call("cuStreamSynchronize", self.attached_stream,
-                                 detail="waiting for the stream this buffer is attached to")
-                else:
+                if extra == "context":
                     _driver.call("cuCtxSynchronize", detail="waiting for device work on a buffer")
+                else:
+                    _driver.call("cuStreamSynchronize", extra,
+                                 detail="waiting for the stream this buffer is attached to")
         with self._lock:
             for stream, event in busy:
                 if self.pending.get(stream) is event:
                     del self.pending[stream]
-            if whole_context:
+            if extra == "context":
                 self.unknown = False
 
     def order_before(self, stream: int, what: str) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
-import contextlib
 import numpy as np
 
 from . import _driver
@@ -14,6 +14,7 @@ from ._location import StreamLike, stream_handle
 __all__ = ["ManagedBuffer", "managed_empty", "managed_zeros", "managed_like", "managed_from"]
 
 _ATTACH = {"global": 1, "host": 2}  # CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST
+_ATTACH_SINGLE = 4  # CU_MEM_ATTACH_SINGLE
 
 
 def _attach_flag(attach: str) -> int:
@@ -96,6 +97,8 @@ class ManagedBuffer(Buffer):
         else:
             ptr, free = 0, None
         alloc = Allocation("managed", ptr, nbytes, device_id, free, concurrent=concurrent)
+        if attach == "host":
+            alloc.tracker.attached = "host"
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._attach = attach
@@ -156,6 +159,57 @@ class ManagedBuffer(Buffer):
             yield self._host_array("host hold")
         finally:
             alloc.tracker.release_hold()
+
+
+    # -- stream attachment ----------------------------------------------------------
+    def attach(self, to: Any = "global", *, stream: StreamLike = None) -> None:
+        """Attach the allocation to a stream, the host, or all streams (``cuStreamAttachMemAsync``).
+
+        Parameters
+        ----------
+        to : numba stream, "host" or "global"
+            A stream: only work on that stream may access the memory (on
+            devices without concurrentManagedAccess, host access then waits
+            for that stream only, not the whole device).  ``"host"``: no
+            device access until re-attached.  ``"global"``: any stream.
+        stream : numba stream, optional
+            The stream the attach operation is ordered on; defaults to the
+            stream being attached to, else the default stream.
+
+        Notes
+        -----
+        Attachment applies to the whole allocation, also when called on a
+        view.  On devices *with* concurrentManagedAccess (Pascal and newer on
+        Linux) it only affects the driver's migration heuristics; host access
+        is still checked against recorded work.
+        """
+        alloc = self._live()
+        if isinstance(to, str):
+            if to not in ("global", "host"):
+                raise ValueError(f"attach target must be a stream, 'host' or 'global', got {to!r}")
+            flag, target = (_ATTACH[to], None if to == "global" else "host")
+            handle = stream_handle(stream)
+        else:
+            target = stream_handle(to)
+            if target == 0:
+                raise ValueError("cannot attach to the legacy default stream (handle 0): "
+                                 "pass a created stream, 'host' or 'global'")
+            flag = _ATTACH_SINGLE
+            handle = target if stream is None else stream_handle(stream)
+        if not alloc.nbytes:
+            alloc.tracker.attached = target
+            return
+        from . import _events
+        _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag,
+                     detail=f"attaching a managed buffer to {to!r}")
+        alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        alloc.tracker.attached = target
+
+    @property
+    def attached_to(self) -> str | int:
+        """Current attachment: ``"global"``, ``"host"`` or the stream handle (an int)."""
+        target = self._live().tracker.attached
+        return "global" if target is None else target
 
 
 def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:

@@ -1,0 +1,141 @@
+"""PinnedBuffer on the GPU: flags read back from the driver, async copies on streams,
+device-mapped access from kernels, coherence of host access with in-flight copies."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import umem_numba as um
+from umem_numba import HostAllocFlags as F
+from umem_numba import _driver
+from conftest import random_array
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("flags", [F.DEFAULT, F.PORTABLE, F.DEVICEMAP, F.PORTABLE | F.DEVICEMAP,
+                                   F.WRITECOMBINED, F.DEVICEMAP | F.WRITECOMBINED])
+def test_flags_reach_the_driver(flags, rng):
+    data = random_array(rng, (33, 7), np.float64)
+    buf = um.PinnedBuffer.from_array(data, flags)
+    assert buf.flags == flags
+    # the driver reports what we asked for (DEVICEMAP may be implied on UVA systems)
+    assert buf.driver_flags & flags == flags
+    drv = _driver.api().drv
+    mtype = _driver.call("cuPointerGetAttribute", drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, buf.ptr)
+    assert int(mtype) == int(drv.CUmemorytype.CU_MEMORYTYPE_HOST)
+    if F.WRITECOMBINED not in flags:  # reading WC memory from the host is legal, just slow
+        np.testing.assert_array_equal(buf.host, data)
+    buf.close()
+
+
+def test_zeros_clears_every_byte(rng):
+    junk = um.PinnedBuffer.from_array(random_array(rng, 4096, np.float64))
+    junk.close()
+    z = um.PinnedBuffer.zeros((64, 64), np.float64)  # nbytes, not element count
+    assert z.nbytes == 64 * 64 * 8 and not z.host.any()
+    z.close()
+
+
+def test_async_roundtrip_with_device_array(rng):
+    from numba import cuda
+    data = random_array(rng, (512, 300), np.float32)
+    src = um.PinnedBuffer.from_array(data)
+    dst = um.PinnedBuffer.empty((512, 300), np.float32)
+    dev = cuda.device_array((512, 300), np.float32)
+    stream = cuda.stream()
+    src.copy_to_device(dev, stream=stream)
+    dst.copy_from_device(dev, stream=stream)
+    # no explicit synchronize: host access to dst waits for the download
+    np.testing.assert_array_equal(dst.host, data)
+    assert not dst.busy
+
+
+def test_copy_into_managed_buffer_then_kernel(rng):
+    from numba import cuda
+
+    @cuda.jit
+    def add_one(a):
+        i = cuda.grid(1)
+        if i < a.shape[0]:
+            a[i] += 1
+
+    data = random_array(rng, 10_000, np.int64)
+    pinned = um.PinnedBuffer.from_array(data)
+    managed = um.managed_empty(10_000, np.int64)
+    stream = cuda.stream()
+    pinned.copy_to_device(managed, stream=stream)
+    um.launch(add_one, 80, 128, managed, stream=stream)
+    back = um.PinnedBuffer.empty(10_000, np.int64)
+    back.copy_from_device(managed, stream=stream)
+    np.testing.assert_array_equal(back.host, data + 1)
+    np.testing.assert_array_equal(managed.host, data + 1)
+
+
+def test_device_mapped_kernel_access(rng):
+    from numba import cuda
+
+    @cuda.jit
+    def triple(a):
+        i = cuda.grid(1)
+        if i < a.shape[0]:
+            a[i] *= 3
+
+    data = random_array(rng, 2000, np.float32)
+    buf = um.PinnedBuffer.from_array(data, F.DEVICEMAP | F.PORTABLE)
+    cai = buf.__cuda_array_interface__
+    dptr = _driver.call("cuMemHostGetDevicePointer", buf._alloc.ptr, 0)
+    assert cai["data"][0] == int(dptr)
+    um.launch(triple, 16, 128, buf[::2])
+    expected = data.copy()
+    expected[::2] *= 3
+    np.testing.assert_array_equal(buf.host, expected)
+
+
+def test_unmapped_pinned_has_no_device_view():
+    buf = um.PinnedBuffer.empty(16)
+    assert not hasattr(buf, "__cuda_array_interface__")
+    with pytest.raises(um.UnsupportedError, match="DEVICEMAP"):
+        buf.__cuda_array_interface__
+    buf.close()
+
+
+@pytest.mark.parametrize("shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"),
+                                               ((11,), np.float64, "float64")])
+def test_mismatched_copies_are_refused(shape, dtype, match):
+    from numba import cuda
+    dev = cuda.device_array(11, np.float32)
+    buf = um.PinnedBuffer.empty(shape, dtype)
+    with pytest.raises(ValueError, match=match):
+        buf.copy_to_device(dev)
+    with pytest.raises(TypeError, match="numba device array or a umem_numba buffer"):
+        buf.copy_to_device(np.zeros(11, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        um.PinnedBuffer.empty(22, np.float32)[::2].copy_to_device(dev)
+    buf.close()
+
+
+def test_pinned_stats_and_no_leak():
+    base = um.stats()["pinned"]
+    bufs = [um.PinnedBuffer.empty(1 << 20, np.uint8, F.PORTABLE) for _ in range(8)]
+    mid = um.stats()["pinned"]
+    assert mid.live_count == base.live_count + 8 and mid.live_bytes == base.live_bytes + 8 * (1 << 20)
+    for b in bufs[:4]:
+        b.close()
+    del bufs
+    gc.collect()
+    end = um.stats()["pinned"]
+    assert end.live_count == base.live_count and end.live_bytes == base.live_bytes
+    for _ in range(10_000):
+        um.PinnedBuffer.empty(4096, np.uint8).close()
+    assert um.stats()["pinned"].live_count == base.live_count
+
+
+def test_bad_flags():
+    with pytest.raises(ValueError, match="unknown host allocation flag bits"):
+        um.PinnedBuffer.empty(4, np.float32, 0x10)
+    with pytest.raises(TypeError, match="HostAllocFlags"):
+        um.PinnedBuffer.empty(4, np.float32, "mapped")

@@ -1,0 +1,41 @@
+"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil}``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+_BENCHES = {
+    "launch": "Per-launch cost: ManagedBuffer vs DeviceNDArray vs numba managed_array, coherent launch overhead",
+    "prefetch": "Prefetch bandwidth vs pinned copies, fault-driven first touch, batched plans",
+    "vmm": "VMM grow in place vs reallocate+copy, append strategies, kernel bandwidth",
+    "stencil": "Heat-equation stencil on every memory kind vs device_array and the copy bandwidth",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m umem_numba`` and the ``umem-numba`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m umem_numba", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_info = sub.add_parser("info", help="describe the GPU(s), driver and library versions")
+    p_info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p_bench = sub.add_parser("bench", help="run a benchmark (pass --help after its name for options)")
+    p_bench.add_argument("name", choices=sorted(_BENCHES), help="; ".join(f"{k}: {v}" for k, v in _BENCHES.items()))
+    args, rest = parser.parse_known_args(argv)
+
+    if args.command == "info":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from ._info import format_info, info
+        data = info()
+        print(json.dumps(data, indent=2) if args.json else format_info(data))
+        return 0
+    module = importlib.import_module(f"umem_numba._bench.{args.name}")
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``python -m umem_numba bench NAME``; each module has ``main(argv)``."""
