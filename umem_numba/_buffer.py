@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from . import _layout, _stats
-from ._coherence import Tracker
+from ._coherence import Tracker, _launching
 from ._errors import BufferClosedError, UnsupportedError
 
 #: Errors that mean the context is already gone (interpreter shutdown): the
@@ -361,7 +361,12 @@ class Buffer:
 
     @property
     def _numba_type_(self) -> Any:
-        self._device_export()
+        # Read by numba's typing on every launch: kept short.
+        alloc = self._alloc
+        if alloc is None or alloc.closed or not self._device_accessible:
+            self._device_export()  # raises the right error
+        if not _launching.active:
+            alloc.tracker.on_device_export()
         t = self._nbtype
         if t is None:
             t = self._nbtype = _layout.numba_type(self._dtype, self._shape, self._strides)
@@ -369,7 +374,11 @@ class Buffer:
 
     @property
     def _strided_memory_view_shim(self) -> _layout.StridedViewShim:
-        alloc = self._device_export()
+        alloc = self._alloc
+        if alloc is None or alloc.closed or not self._device_accessible:
+            self._device_export()
+        if not _launching.active:
+            alloc.tracker.on_device_export()
         shim = self._shim
         if shim is None:
             ptr = alloc.device_ptr + self._offset if self.size else 0

@@ -149,8 +149,8 @@ class Tracker:
         self.unknown = True
 
     def add(self, stream: int, event: _events.Event) -> None:
-        with self._lock:
-            self.pending[stream] = event
+        """File ``event`` as the latest work on ``stream`` (supersedes the previous one)."""
+        self.pending[stream] = event
 
     # -- host side ------------------------------------------------------------
     def effective_policy(self) -> str:
@@ -261,12 +261,20 @@ class Tracker:
 # Launching
 
 
+_buffer_type: type | None = None
+
+
 def _trackers_of(args: tuple) -> list[Tracker]:
+    global _buffer_type
+    if _buffer_type is None:
+        from ._buffer import Buffer
+        _buffer_type = Buffer
     out = []
     for a in args:
-        t = getattr(a, "_coherence_tracker", None)
-        if t is not None:
-            out.append(t)
+        if isinstance(a, _buffer_type):
+            alloc = a._alloc
+            if alloc is not None:  # a closed buffer fails in numba's typing with a clear error
+                out.append(alloc.tracker)
         elif isinstance(a, (tuple, list)):
             out.extend(_trackers_of(tuple(a)))
     return out
@@ -278,21 +286,31 @@ def _launch(configured: Any, stream: Any, args: tuple) -> None:
         if t.holds:
             raise CoherenceError("cannot launch: an argument is held by the host "
                                  "(inside `with buf.on_host()`); leave the block first")
-    handle = stream_handle(stream)
-    _launching.active = True
+    flag = _launching
+    flag.active = True
     try:
         configured(*args)
     finally:
-        _launching.active = False
+        flag.active = False
     if trackers:
+        handle = stream_handle(stream)
         event = _events.record(handle, _current_device())
         for t in trackers:
-            t.add(handle, event)
+            t.pending[handle] = event  # one dict store: atomic under the GIL
+
+
+_single_device: bool | None = None
 
 
 def _current_device() -> int:
     # The event belongs to the launching context, which need not be the
-    # buffers' device (managed memory is usable from any device).
+    # buffers' device (managed memory is usable from any device).  With one
+    # GPU there is only one answer, and asking the driver costs a call.
+    global _single_device
+    if _single_device is None:
+        _single_device = _driver.device_count() == 1
+    if _single_device:
+        return 0
     return int(_driver.check(_driver.api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
 
 

@@ -7,12 +7,11 @@ back to a free list when the last buffer stops referring to them.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from . import _driver
 
-_lock = threading.Lock()
+# list.append/list.pop are atomic under the GIL: the hot path takes no lock.
 _free: dict[int, list[Any]] = {}
 
 
@@ -42,27 +41,30 @@ class Event:
                      detail="waiting for device work on a buffer")
 
     def __del__(self) -> None:
-        with _lock:
-            _free.setdefault(self.device_id, []).append(self.handle)
+        _pool(self.device_id).append(self.handle)
 
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+
+
+def _pool(device_id: int) -> list[Any]:
+    pool = _free.get(device_id)
+    if pool is None:
+        pool = _free.setdefault(device_id, [])
+    return pool
 
 
 def record(stream: int, device_id: int) -> Event:
-    """Record a pooled event on ``stream`` (in the current context)."""
-    api = _driver.api()
-    with _lock:
-        free = _free.get(device_id)
-        handle = free.pop() if free else None
-    if handle is None:
-        handle = _driver.check(api.drv.cuEventCreate(_DISABLE_TIMING), "cuEventCreate")
-    err = api.drv.cuEventRecord(handle, stream)[0]
+    """Record a pooled event on ``stream`` (in the current context, whose device is ``device_id``)."""
+    drv = _driver.api().drv
+    pool = _pool(device_id)
+    try:
+        handle = pool.pop()
+    except IndexError:
+        handle = _driver.check(drv.cuEventCreate(_DISABLE_TIMING), "cuEventCreate")
+    err = drv.cuEventRecord(handle, stream)[0]
     if err != 0:
-        with _lock:
-            _free.setdefault(device_id, []).append(handle)
+        pool.append(handle)
         _driver.raise_for(err, "cuEventRecord", f"recording launch completion on stream {stream:#x}")
     return Event(handle, device_id, stream)
-
-
-_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from . import _driver
 from ._buffer import Allocation, Buffer, new_layout
-from ._location import StreamLike, stream_handle
+from ._location import StreamLike, Target, stream_handle
+
+if TYPE_CHECKING:
+    from ._advice import ManagedMemoryHints, MigrationPolicy
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_zeros", "managed_like", "managed_from"]
 
@@ -49,10 +52,7 @@ class ManagedBuffer(Buffer):
     array([ 0.,  2.,  4., ...], dtype=float32)
     """
 
-    __slots__ = ("_attach",)
-
-    def _copy_extra(self, view: Buffer) -> None:
-        view._attach = self._attach  # type: ignore[attr-defined]
+    __slots__ = ()
 
     # -- constructors ------------------------------------------------------------
     @classmethod
@@ -101,7 +101,6 @@ class ManagedBuffer(Buffer):
             alloc.tracker.attached = "host"
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
-        buf._attach = attach
         return buf
 
     @classmethod
@@ -135,14 +134,37 @@ class ManagedBuffer(Buffer):
             np.copyto(buf._host_array("from_array"), src)
         return buf
 
-    # -- properties ----------------------------------------------------------------
-    @property
-    def attach(self) -> str:
-        """How the memory was attached at allocation (``"global"`` or ``"host"``)."""
-        return self._attach
-
     def _repr_extra(self) -> str:
-        return f", attach={self._attach!r}"
+        return f", attached_to={self.attached_to!r}"
+
+    # -- advice and prefetch (umem_numba._advice, umem_numba._prefetch) -------------
+    @property
+    def hints(self) -> "ManagedMemoryHints":
+        """Advice for the whole buffer, read live from the driver (see :class:`ManagedMemoryHints`).
+
+        ``buf.hints.range(start, stop)`` narrows it to elements ``[start, stop)``.
+        """
+        from ._advice import ManagedMemoryHints
+        return ManagedMemoryHints(self)
+
+    def apply_policy(self, policy: "MigrationPolicy") -> None:
+        """Make ``policy``'s advice, and only it, be in effect (see :meth:`ManagedMemoryHints.apply_policy`)."""
+        self.hints.apply_policy(policy)
+
+    def prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Migrate the buffer to ``target`` (a device, an ordinal or ``"cpu"``) asynchronously on ``stream``.
+
+        Host access waits for the prefetch (coherence).  Raises
+        :class:`~umem_numba.UnsupportedError` where the target device or the
+        stream's device lacks concurrentManagedAccess.
+        """
+        from ._prefetch import prefetch
+        prefetch(self, target, stream)
+
+    def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
+        """Prefetch elements ``[start, stop)`` of the flat C-ordered buffer (no negative wrap-around)."""
+        from ._prefetch import prefetch
+        prefetch(self, target, stream, start, stop)
 
     # -- host holds ----------------------------------------------------------------
     @contextlib.contextmanager
