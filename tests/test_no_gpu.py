@@ -140,3 +140,17 @@ def test_host_alloc_flags_algebra():
         _as_flags(8)
     with pytest.raises(TypeError):
         _as_flags("portable")
+
+
+@pytest.mark.parametrize("name", ["launch", "prefetch", "vmm", "stencil"])
+def test_bench_help_runs_anywhere(name):
+    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", name, "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"bench {name}" in proc.stdout
+
+
+def test_cli_rejects_unknown_benchmark():
+    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "warp-speed"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "invalid choice: 'warp-speed'" in proc.stderr

@@ -30,6 +30,8 @@ from ._coherence import (
 )
 from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._pinned import HostAllocFlags, PinnedBuffer
+from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
+from ._prefetch import PrefetchPlan
 from ._info import info
 
 __version__ = "0.1.0"
@@ -59,6 +61,12 @@ __all__ = [
     "managed_zeros",
     "managed_like",
     "managed_from",
+    # advice and prefetch
+    "MemAdvice",
+    "MigrationPolicy",
+    "ManagedMemoryHints",
+    "HintState",
+    "PrefetchPlan",
     # pinned
     "PinnedBuffer",
     "HostAllocFlags",

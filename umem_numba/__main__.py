@@ -18,6 +18,10 @@ _BENCHES = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m umem_numba`` and the ``umem-numba`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in _BENCHES:
+        # everything after the name, --help included, belongs to the benchmark
+        module = importlib.import_module(f"umem_numba._bench.{argv[1]}")
+        return int(module.main(argv[2:]) or 0)
     parser = argparse.ArgumentParser(prog="python -m umem_numba", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="describe the GPU(s), driver and library versions")
@@ -33,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         data = info()
         print(json.dumps(data, indent=2) if args.json else format_info(data))
         return 0
-    module = importlib.import_module(f"umem_numba._bench.{args.name}")
-    return int(module.main(rest) or 0)
+    parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return 2
 
 
 if __name__ == "__main__":

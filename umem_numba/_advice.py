@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _driver
 from ._buffer import Buffer
-from ._errors import CudaError, UnsupportedError
+from ._errors import BufferClosedError, CudaError, UnsupportedError
 from ._location import HOST, Location, StreamLike, Target, as_location
 
 if TYPE_CHECKING:
@@ -142,6 +142,8 @@ def _check_range(start: Any, stop: Any, size: int, what: str) -> tuple[int, int]
 def _extent(obj: Any, what: str) -> tuple[int, int]:
     """``(size, itemsize)`` of a supported object, checking everything that needs no driver."""
     if isinstance(obj, Buffer):
+        if obj.closed:
+            raise BufferClosedError(f"{what}: this {type(obj).__name__} is closed")
         alloc = obj._live()
         if alloc.kind != "managed":
             raise UnsupportedError(f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
@@ -242,18 +244,27 @@ def _advise(region: _Region, advice: MemAdvice, loc: Location | None) -> None:
             raise _not_supported(exc, what) from exc
 
 
-def _range_attr(region: _Region, attr: Any, size: int = 4) -> Any:
+def _range_attr(region: _Region, attr: Any, size: int = 4) -> list[int]:
+    """A range attribute as a list of 32-bit values (one for the scalar attributes)."""
     with _driver.device_context(region.device_id):
-        return _driver.call("cuMemRangeGetAttribute", size, attr, region.ptr, region.nbytes,
-                            detail=f"reading hints of {region.label}")
+        raw = _driver.call("cuMemRangeGetAttribute", size, attr, region.ptr, region.nbytes,
+                           detail=f"reading hints of {region.label}")
+    return [int(v) for v in raw] if isinstance(raw, (list, tuple)) else [int(raw)]
+
+
+def _read_flag(region: _Region, attr: Any) -> bool:
+    return bool(_range_attr(region, attr)[0])
+
+
+def _read_location(region: _Region, attr: Any) -> Location | None:
+    return Location.from_legacy_id(_range_attr(region, attr)[0])
 
 
 def _read_accessed_by(region: _Region) -> frozenset[Location]:
     # One slot per device plus the host; the driver pads unused slots with -2.
     slots = _driver.device_count() + 1
-    raw = _range_attr(region, _consts().accessed_by, 4 * slots)
-    ids = [raw] if isinstance(raw, int) else list(raw)
-    return frozenset(loc for loc in map(Location.from_legacy_id, map(int, ids)) if loc is not None)
+    ids = _range_attr(region, _consts().accessed_by, 4 * slots)
+    return frozenset(loc for loc in map(Location.from_legacy_id, ids) if loc is not None)
 
 
 class HintState(NamedTuple):
@@ -447,13 +458,12 @@ class ManagedMemoryHints:
     @property
     def read_mostly(self) -> bool:
         """Whether every page of the range is read-mostly (driver state)."""
-        return bool(_range_attr(self._region("read_mostly"), _consts().read_mostly))
+        return _read_flag(self._region("read_mostly"), _consts().read_mostly)
 
     @property
     def preferred_location(self) -> Location | None:
         """The preferred location of every page, or ``None`` (none, or pages disagree)."""
-        return Location.from_legacy_id(int(_range_attr(self._region("preferred_location"),
-                                                       _consts().preferred)))
+        return _read_location(self._region("preferred_location"), _consts().preferred)
 
     @property
     def accessed_by(self) -> frozenset[Location]:
@@ -463,17 +473,14 @@ class ManagedMemoryHints:
     @property
     def last_prefetch_location(self) -> Location | None:
         """Where every page was last prefetched, or ``None`` (never, or to different places)."""
-        return Location.from_legacy_id(int(_range_attr(self._region("last_prefetch_location"),
-                                                       _consts().last_prefetch)))
+        return _read_location(self._region("last_prefetch_location"), _consts().last_prefetch)
 
     def state(self) -> HintState:
         """All four hints at once, read from the driver."""
         region = self._region("state")
         c = _consts()
-        return HintState(bool(_range_attr(region, c.read_mostly)),
-                         Location.from_legacy_id(int(_range_attr(region, c.preferred))),
-                         _read_accessed_by(region),
-                         Location.from_legacy_id(int(_range_attr(region, c.last_prefetch))))
+        return HintState(_read_flag(region, c.read_mostly), _read_location(region, c.preferred),
+                         _read_accessed_by(region), _read_location(region, c.last_prefetch))
 
     # -- advice ---------------------------------------------------------------------
     def advise(self, advice: MemAdvice, target: Target | None = None) -> None:

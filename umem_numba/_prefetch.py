@@ -9,6 +9,15 @@ Ranges are element ranges ``[start, stop)`` of the flat C-ordered buffer (see
 :mod:`umem_numba._advice`).  Prefetching needs concurrentManagedAccess on the
 target device and on the stream's device; elsewhere it raises
 :class:`~umem_numba.UnsupportedError` instead of doing nothing.
+
+"Asynchronous" is the driver's word: it orders the migration on the stream,
+but the call itself may do much of the work before returning.  Measured on an
+H200 with driver 580 (1 GiB): a prefetch to the device held the calling thread
+for about 10 of its 21 ms, one to the host for all of its 54 ms, and a batched
+plan (:class:`PrefetchPlan`) for all of its duration.  Device->host prefetch
+ran at 19-23 GB/s against 55 GB/s for a pinned copy, however it was issued
+(one call, an explicit host NUMA node, 64 batched ranges): use a pinned copy
+when the host needs the data fast.
 """
 
 from __future__ import annotations
@@ -178,6 +187,11 @@ class PrefetchPlan:
     driver that has it, the whole plan is one ``cuMemPrefetchBatchAsync``
     call; otherwise (including the legacy default stream, which the batch
     call refuses) one ``cuMemPrefetchAsync`` per entry, in order.
+
+    Measured on an H200, driver 580, 64 ranges of 16 MiB to the device: the
+    batched call finished 1.15-1.6x sooner than 64 single calls, but returned
+    only when the migration was done (26 ms on the host, against 3.5 ms to
+    issue the single calls).  One whole-buffer prefetch beat both.
     """
 
     __slots__ = ("_entries",)

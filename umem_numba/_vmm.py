@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import sys
 import threading
 import warnings
 import weakref
@@ -147,7 +148,8 @@ class _Consts:
         self.no_handle = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
         self.gran_min = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         self.gran_rec = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-        self.access = {int(f): drv.CUmemAccess_flags(int(f)) for f in AccessFlags}
+        # Not `for f in AccessFlags`: iterating an IntFlag skips NONE and READ_WRITE (two bits).
+        self.access = {v: drv.CUmemAccess_flags(v) for v in _VALID_ACCESS}
 
 
 _consts: _Consts | None = None
@@ -303,7 +305,6 @@ class _Resource:
 
 
 def _shutting_down() -> bool:
-    import sys
     return sys.is_finalizing()
 
 

@@ -1,0 +1,394 @@
+"""Stencil benchmark: the tuned 2-D heat step on every memory kind, against device_array and a copy.
+
+``python -m umem_numba bench stencil [--size N] [--steps N] [--quick] [--json PATH] [--png PATH]``
+
+On one ``N x N`` grid, in one run, the same kernel (``umem_numba.kernels``,
+launched as a plain numba launch for every kind, so only the memory differs):
+
+``device_array``
+    numba ``cuda.to_device``: the reference.
+``managed``
+    :class:`~umem_numba.ManagedBuffer`, filled on the host, no hints: the
+    first sweep migrates every page on demand (GPU page faults), and is
+    reported with its own GB/s; the steady state after it is the kind's GB/s.
+``managed+prefetch``
+    filled on the host, then ``buf.prefetch(device)`` (its GB/s reported too).
+``managed+prefetch+advice``
+    as above after ``buf.apply_policy(MigrationPolicy.PREFER_DEVICE(device))``.
+``vmm``
+    :class:`~umem_numba.VMMBuffer` filled with ``copy_from_host``.
+
+GB/s counts what a step must move: ``2 * N * N * itemsize`` bytes (read the
+old field, write the new one).  Each kind runs the same number of steps from
+the same initial field, and its final field is compared bit for bit with
+device_array's.  The copy reference is ``cuMemcpyDtoDAsync`` (numba
+``copy_to_device`` of a device array) of one grid, counted read + write, in
+the same run.  Times are CUDA events around ``--steps`` back-to-back launches;
+the median of ``--trials`` trials is reported, after two warm-up steps.
+
+Goals: managed+prefetch >= 0.98x device_array; the stencil on device_array
+>= 0.85x the copy.  Measured on an H200 (16384^2 float32, 2 GiB of grids):
+device_array 3.90 TB/s = 0.93x the 4.18 TB/s copy; managed+prefetch 1.00x
+device_array; the first fault-driven sweep 8.7 GB/s.  How the kernel got
+there, and float64/3-D numbers: ``docs/stencil-performance.md``.
+
+The grids must fit in free GPU memory (checked with ``cuMemGetInfo``);
+``--allow-oversubscribe`` runs anyway, at the risk of a very long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ._common import goal_text, print_table, write_json
+
+KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
+GOAL_PREFETCH_VS_DEVICE = 0.98
+GOAL_STENCIL_VS_COPY = 0.85
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m umem_numba bench stencil", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=None, metavar="N",
+                    help="grid side N (default 16384; 8192 with --quick)")
+    ap.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="timed steps per trial (default 50; 10 with --quick)")
+    ap.add_argument("--trials", type=int, default=None, metavar="N",
+                    help="timed trials per kind; the median is reported (default 5; 3 with --quick)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
+    ap.add_argument("--quick", action="store_true", help="smaller grid and fewer steps (a smoke run)")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--png", metavar="PATH", help="write a bar chart of the results as PNG")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated subset of {','.join(KINDS)} (default: all)")
+    ap.add_argument("--rows-per-thread", type=int, default=None, metavar="K",
+                    help="override the kernel's tuned register-blocking factor")
+    ap.add_argument("--block", default=None, metavar="BX,BY", help="override the tuned block shape")
+    ap.add_argument("--allow-oversubscribe", action="store_true",
+                    help="run even if the grids do not fit in free GPU memory (may take very long)")
+    args = ap.parse_args(argv)
+    args.size = args.size if args.size is not None else (8192 if args.quick else 16384)
+    args.steps = args.steps if args.steps is not None else (10 if args.quick else 50)
+    args.trials = args.trials if args.trials is not None else (3 if args.quick else 5)
+    if args.size < 3:
+        ap.error(f"--size must be at least 3 (a grid with an interior), got {args.size}")
+    if args.steps < 1 or args.trials < 1:
+        ap.error("--steps and --trials must be >= 1")
+    if args.rows_per_thread is not None and args.rows_per_thread < 1:
+        ap.error("--rows-per-thread must be >= 1")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        ap.error(f"unknown kind(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}")
+    args.kinds = kinds
+    if args.block is not None:
+        try:
+            bx, by = (int(v) for v in args.block.split(","))
+        except ValueError:
+            ap.error(f"--block must be two integers like 256,1, got {args.block!r}")
+        if bx < 1 or by < 1 or bx * by > 1024:
+            ap.error(f"--block needs positive sizes with at most 1024 threads, got {args.block}")
+        args.block = (bx, by)
+    return args
+
+
+def _initial_field(n: int, dtype: np.dtype) -> np.ndarray:
+    """A smooth non-constant field, built without an N x N float64 temporary."""
+    u = np.empty((n, n), dtype)
+    u[...] = np.sin(np.linspace(0.0, 3.0, n, dtype=np.float64)).astype(dtype)[:, None]
+    u += np.cos(np.linspace(0.0, 5.0, n, dtype=np.float64)).astype(dtype)[None, :]
+    return u
+
+
+class _Runner:
+    """Times the kernel on one pair of buffers; every kind goes through the same code."""
+
+    def __init__(self, args: argparse.Namespace, dtype: np.dtype, stream: Any) -> None:
+        from umem_numba import kernels
+
+        self.args = args
+        self.stream = stream
+        shape = (args.size, args.size)
+        self.kernel, self.grid, self.block = kernels.heat2d_launch(shape, dtype, args.rows_per_thread, args.block)
+        self.rows = args.rows_per_thread if args.rows_per_thread is not None else kernels.TUNED_2D[dtype][0]
+        self.weights = kernels.stencil_weights(0.2, 2, dtype)
+        self.bytes_per_step = 2 * args.size * args.size * dtype.itemsize
+
+    def step(self, bufs: list, k: int) -> None:
+        self.kernel[self.grid, self.block, self.stream](bufs[k % 2], bufs[1 - k % 2], *self.weights)
+
+    def timed_ms(self, fn: Callable[[int], None], count: int, start: int = 0) -> float:
+        from numba import cuda
+
+        begin, end = cuda.event(), cuda.event()
+        begin.record(self.stream)
+        for k in range(start, start + count):
+            fn(k)
+        end.record(self.stream)
+        end.synchronize()
+        return cuda.event_elapsed_time(begin, end)
+
+    def measure(self, bufs: list, fault_sweep: bool) -> dict:
+        """Two first steps (the first timed alone if ``fault_sweep``), then the timed trials."""
+        out: dict[str, Any] = {}
+        if fault_sweep:
+            ms = self.timed_ms(lambda k: self.step(bufs, k), 1)
+            out["first_sweep_ms"] = ms
+            out["first_sweep_gbps"] = self.bytes_per_step / (ms * 1e-3) / 1e9
+            self.step(bufs, 1)
+        else:
+            self.step(bufs, 0)
+            self.step(bufs, 1)
+        self.stream.synchronize()
+        k, rates = 2, []
+        for _ in range(self.args.trials):
+            ms = self.timed_ms(lambda i: self.step(bufs, i), self.args.steps, start=k)
+            k += self.args.steps
+            rates.append(self.bytes_per_step * self.args.steps / (ms * 1e-3) / 1e9)
+        out.update(gbps=statistics.median(rates), gbps_best=max(rates), gbps_trials=rates, steps_run=k)
+        out["latest"] = k % 2  # index in bufs of the newest field
+        return out
+
+
+def _copy_bandwidth(runner: _Runner, u0: np.ndarray) -> dict:
+    """cuMemcpyDtoDAsync of one grid, read + write bytes, same trials as the stencil."""
+    from numba import cuda
+
+    s = runner.stream
+    a = cuda.to_device(u0, stream=s)
+    b = cuda.device_array_like(a)
+    pair = (a, b)
+
+    def copy(k: int) -> None:
+        pair[1 - k % 2].copy_to_device(pair[k % 2], stream=s)
+
+    copy(0)
+    copy(1)
+    rates = []
+    for _ in range(runner.args.trials):
+        ms = runner.timed_ms(copy, runner.args.steps)
+        rates.append(runner.bytes_per_step * runner.args.steps / (ms * 1e-3) / 1e9)
+    del a, b
+    return {"gbps": statistics.median(rates), "gbps_best": max(rates), "gbps_trials": rates,
+            "what": "cuMemcpyDtoDAsync via numba copy_to_device, 2 x nbytes per copy"}
+
+
+def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[list, dict, Callable[[Any], np.ndarray]]:
+    """Two buffers holding ``u0`` on the device (per the kind), setup figures, a fetch function.
+
+    Raises ``_Skip`` when this build of umem_numba lacks what the kind needs.
+    """
+    import umem_numba as um
+    from numba import cuda
+
+    info: dict[str, Any] = {}
+    if kind == "device_array":
+        bufs = [cuda.to_device(u0, stream=stream), cuda.to_device(u0, stream=stream)]
+        stream.synchronize()
+        return bufs, info, lambda a: a.copy_to_host(stream=stream)
+    if kind == "vmm":
+        vmm = getattr(um, "VMMBuffer", None)
+        if vmm is None:
+            raise _Skip("umem_numba.VMMBuffer is not available in this build")
+        bufs = [vmm.empty(u0.shape, u0.dtype, device=device_id) for _ in range(2)]
+        for b in bufs:
+            b.copy_from_host(u0, stream=stream)
+        stream.synchronize()
+        return bufs, info, lambda a: a.copy_to_host()
+    # Managed kinds: filled on the host, so every page starts in host memory.
+    bufs = [um.ManagedBuffer.from_array(u0), um.ManagedBuffer.from_array(u0)]
+    if kind in ("managed+prefetch", "managed+prefetch+advice"):
+        if not hasattr(bufs[0], "prefetch"):
+            _close(bufs)
+            raise _Skip("ManagedBuffer.prefetch is not available in this build")
+        if kind == "managed+prefetch+advice":
+            policy = getattr(um, "MigrationPolicy", None)
+            if policy is None or not hasattr(bufs[0], "apply_policy"):
+                _close(bufs)
+                raise _Skip("MigrationPolicy / ManagedBuffer.apply_policy are not available in this build")
+            for b in bufs:
+                b.apply_policy(policy.PREFER_DEVICE(device_id))
+            info["advice"] = f"MigrationPolicy.PREFER_DEVICE({device_id})"
+        t0 = time.perf_counter()
+        for b in bufs:
+            b.prefetch(device_id, stream=stream)
+        stream.synchronize()
+        seconds = time.perf_counter() - t0
+        info["prefetch_s"] = seconds
+        info["prefetch_gbps"] = 2 * u0.nbytes / seconds / 1e9
+    return bufs, info, lambda a: np.array(a.host)
+
+
+class _Skip(Exception):
+    pass
+
+
+def _close(bufs: list) -> None:
+    for b in bufs:
+        close = getattr(b, "close", None)
+        if close is not None:
+            close()
+
+
+def _chart(path: str, title: str, rows: list[dict], copy_gbps: float) -> str:
+    """Bar chart of GB/s per kind; matplotlib if importable, else the built-in PNG writer."""
+    labels, values, texts = [], [], []
+    for r in rows:
+        if "gbps" not in r:
+            continue
+        labels.append(r["kind"])
+        values.append(r["gbps"])
+        texts.append(f"{r['gbps']:.0f} GB/s {r['vs_device_array']:.2f}x dev {r['vs_copy']:.2f}x copy")
+        if "first_sweep_gbps" in r:
+            labels.append(f"{r['kind']} 1st sweep")
+            values.append(r["first_sweep_gbps"])
+            texts.append(f"{r['first_sweep_gbps']:.1f} GB/s (page faults)")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        from .._png import bar_chart, write_png
+        write_png(path, bar_chart(labels, values, title=title, value_labels=texts, reference=copy_gbps,
+                                  reference_label=f"DtoD copy {copy_gbps:.0f} GB/s"))
+        return "built-in PNG writer"
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(labels) + 1.5))
+    y = np.arange(len(labels))[::-1]
+    ax.barh(y, values, color=[f"C{i}" for i in range(len(labels))])
+    ax.set_yticks(y, labels)
+    ax.axvline(copy_gbps, color="k", ls="--", lw=1, label=f"DtoD copy {copy_gbps:.0f} GB/s")
+    for yi, v, t in zip(y, values, texts):
+        ax.text(v, yi, " " + t, va="center", fontsize=8)
+    ax.set_xlabel("GB/s (read + write)")
+    ax.set_title(title)
+    ax.set_xlim(0, max(values + [copy_gbps]) * 1.45)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return "matplotlib"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stencil benchmark; see the module docstring.  Returns the exit status."""
+    args = _parse(argv)
+    import umem_numba as um
+    from umem_numba import _driver
+    from umem_numba.kernels import MemoryBudgetError, require_free_memory
+
+    if not um.gpu_available():
+        print(f"bench stencil: no usable GPU: {_driver.unavailable_reason()}", file=sys.stderr)
+        return 1
+    from numba import cuda
+
+    from ._common import device_name
+
+    dtype = np.dtype(args.dtype)
+    n = args.size
+    grid_bytes = n * n * dtype.itemsize
+    try:
+        # One kind at a time holds two grids (the copy reference too).
+        free, total = require_free_memory(2 * grid_bytes, f"2 grids of {n}x{n} {dtype}",
+                                          allow_oversubscribe=args.allow_oversubscribe)
+    except MemoryBudgetError as exc:
+        print(f"bench stencil: {exc}", file=sys.stderr)
+        return 2
+
+    device_id = _driver.ensure_context()
+    stream = cuda.stream()
+    runner = _Runner(args, dtype, stream)
+    u0 = _initial_field(n, dtype)
+    print(f"heat2d step on {n}x{n} {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
+          f"kernel rows_per_thread={runner.rows} block={runner.block} grid={runner.grid}; "
+          f"{args.trials} trials x {args.steps} steps, median")
+
+    copy = _copy_bandwidth(runner, u0)
+    rows: list[dict] = []
+    reference_final = None
+    for kind in args.kinds:
+        row: dict[str, Any] = {"kind": kind}
+        try:
+            bufs, info, fetch = _allocate(kind, u0, device_id, stream)
+        except _Skip as exc:
+            row["skipped"] = str(exc)
+            rows.append(row)
+            print(f"  {kind}: skipped ({exc})", file=sys.stderr)
+            continue
+        try:
+            row.update(info)
+            row.update(runner.measure(bufs, fault_sweep=(kind == "managed")))
+            final = fetch(bufs[row.pop("latest")])
+        finally:
+            _close(bufs)
+            del bufs
+        if reference_final is None:
+            reference_final, row["identical_to_first_kind"] = final, True
+        else:
+            row["identical_to_first_kind"] = bool(np.array_equal(final, reference_final))
+        del final
+        rows.append(row)
+
+    base = next((r["gbps"] for r in rows if r["kind"] == "device_array" and "gbps" in r), None)
+    for r in rows:
+        if "gbps" in r:
+            r["vs_device_array"] = r["gbps"] / base if base else float("nan")
+            r["vs_copy"] = r["gbps"] / copy["gbps"]
+
+    table = [("DtoD copy", f"{copy['gbps']:.1f}", f"{copy['gbps_best']:.1f}", "", "1.000", "")]
+    for r in rows:
+        if "gbps" not in r:
+            table.append((r["kind"], "skipped", "", "", "", r["skipped"]))
+            continue
+        notes = []
+        if "first_sweep_gbps" in r:
+            notes.append(f"first sweep {r['first_sweep_gbps']:.1f} GB/s ({r['first_sweep_ms']:.1f} ms)")
+        if "prefetch_gbps" in r:
+            notes.append(f"prefetch {r['prefetch_gbps']:.1f} GB/s")
+        if not r["identical_to_first_kind"]:
+            notes.append("RESULT DIFFERS from the first kind")
+        table.append((r["kind"], f"{r['gbps']:.1f}", f"{r['gbps_best']:.1f}", f"{r['vs_device_array']:.3f}",
+                      f"{r['vs_copy']:.3f}", "; ".join(notes)))
+    print()
+    print_table(table, ["memory", "GB/s", "best", "vs device_array", "vs copy", "notes"])
+
+    goals = {}
+    by_kind = {r["kind"]: r for r in rows if "gbps" in r}
+    if "managed+prefetch" in by_kind and base:
+        v = by_kind["managed+prefetch"]["vs_device_array"]
+        goals["managed+prefetch / device_array"] = {"value": v, "goal": GOAL_PREFETCH_VS_DEVICE,
+                                                    "status": goal_text(v, GOAL_PREFETCH_VS_DEVICE)}
+    if base:
+        v = base / copy["gbps"]
+        goals["stencil (device_array) / DtoD copy"] = {"value": v, "goal": GOAL_STENCIL_VS_COPY,
+                                                       "status": goal_text(v, GOAL_STENCIL_VS_COPY)}
+    if goals:
+        print()
+        print_table([(g, f"{d['value']:.3f}", f">= {d['goal']}", d["status"]) for g, d in goals.items()],
+                    ["goal", "value", "target", ""])
+    identical = all(r.get("identical_to_first_kind", True) for r in rows)
+    if not identical:
+        print("\nERROR: the memory kinds produced different fields from the same steps", file=sys.stderr)
+
+    result = {
+        "benchmark": "stencil",
+        "device": device_name(),
+        "device_memory": {"free_bytes": free, "total_bytes": total},
+        "size": n, "dtype": str(dtype), "steps_per_trial": args.steps, "trials": args.trials,
+        "bytes_per_step": runner.bytes_per_step,
+        "kernel": {"name": "heat2d", "rows_per_thread": runner.rows,
+                   "block": list(runner.block), "grid": list(runner.grid)},
+        "copy": copy, "results": rows, "goals": goals, "all_kinds_identical": identical,
+    }
+    write_json(args.json, result)
+    if args.png:
+        how = _chart(args.png, f"heat2d {n}^2 {dtype} on {device_name()}", rows, copy["gbps"])
+        print(f"wrote {args.png} ({how})")
+    return 0 if identical else 1
+

@@ -1,0 +1,799 @@
+"""VMMBuffer: a device array that grows and shrinks in place (CUDA VMM).
+
+A :class:`VMMBuffer` reserves virtual address space for its whole capacity
+once, and maps physical memory behind it only for the current length.
+Growing maps one more physical chunk after the last one: the device address
+and the contents never move, so kernels, views and pointers handed out
+before stay valid.  Shrinking unmaps and releases whole chunks past the new
+end.
+
+Shrink and views
+----------------
+A view whose bytes reach past a shrink becomes unusable for good: every use
+raises :class:`~umem_numba.BufferClosedError` (even if the buffer grows
+again, the view would see new, uninitialised memory).  Views inside the kept
+length stay valid, with the same address and contents.
+
+Chunks
+------
+Memory is created in chunks: the first for the initial length, then one per
+growth step (both rounded up to the allocation granularity, 2 MiB on current
+GPUs).  Shrinking releases only chunks that lie wholly past the new end; the
+chunk that straddles it stays mapped (see :attr:`VMMBuffer.mapped_nbytes`).
+Growing in steps of the size you may later shrink by gives the finest control.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+import threading
+import warnings
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _driver, _events, _layout, _stats
+from ._buffer import _GONE, Buffer, _check_same, new_layout
+from ._coherence import Tracker
+from ._errors import BufferClosedError, CudaError, UnsupportedError
+from ._location import StreamLike, Target, stream_handle
+from ._vmm import (AccessFlags, AddressRange, Mapping, PhysicalMemory, _as_access, _check_offset,
+                   _check_size, _device_location, _get_access, _granularity, _round_up, _set_access)
+
+__all__ = ["VMMBuffer"]
+
+
+class _Chunk:
+    """One physical allocation and its mapping in the buffer's range."""
+
+    __slots__ = ("physical", "mapping")
+
+    def __init__(self, physical: PhysicalMemory, mapping: Mapping) -> None:
+        self.physical = physical
+        self.mapping = mapping
+
+    @property
+    def offset(self) -> int:
+        return self.mapping.offset
+
+    @property
+    def size(self) -> int:
+        return self.physical.size
+
+    def close(self) -> None:
+        # Unmap first: the release then frees the memory at once.
+        self.mapping.close()
+        self.physical.close()
+
+
+class _State:
+    """Everything needed to release a buffer's memory; never refers to the owner."""
+
+    __slots__ = ("range", "chunks", "mapped", "device_id", "tracker", "counted", "released")
+
+    def __init__(self, address_range: AddressRange | None, device_id: int, tracker: Tracker) -> None:
+        self.range = address_range
+        self.chunks: list[_Chunk] = []
+        self.mapped = 0
+        self.device_id = device_id
+        self.tracker = tracker
+        self.counted = False  # set once stats counted the buffer
+        self.released = False
+
+    def release(self) -> None:
+        """Wait for device work, unmap and release every chunk, free the range (once)."""
+        if self.released:
+            return
+        self.released = True
+        t = self.tracker
+        try:
+            if t.pending or t.unknown:
+                t.wait(extra="context" if t.unknown else None)
+        except Exception as exc:  # the frees below still run; each reports its own failure
+            gone = isinstance(exc, CudaError) and exc.name in _GONE
+            if not gone and not sys.is_finalizing():
+                warnings.warn(f"umem_numba: waiting for device work before freeing a VMMBuffer failed: {exc}",
+                              RuntimeWarning, stacklevel=2)
+        finally:
+            for chunk in reversed(self.chunks):
+                chunk.close()
+            self.chunks.clear()
+            if self.range is not None:
+                self.range.close()
+            if self.counted:
+                _stats.record_free("vmm", self.mapped)
+
+
+class _VMMAllocation:
+    """The owner object that :class:`Buffer` and every view of a VMMBuffer share.
+
+    It offers what the base class reads from an ``Allocation`` (``ptr``,
+    ``device_ptr``, ``nbytes``, ``tracker``, ``close()``...) and holds the
+    growable state: chunks, access grants, the shrink history.
+    """
+
+    kind = "vmm"
+
+    __slots__ = ("ptr", "device_ptr", "device_id", "tracker", "closed", "state", "granularity",
+                 "exportable", "length_nbytes", "grants", "shrinks", "lock", "_finalizer", "__weakref__")
+
+    def __init__(self, state: _State, granularity: int, exportable: bool, length_nbytes: int) -> None:
+        base = state.range.ptr if state.range is not None else 0
+        self.ptr = self.device_ptr = base
+        self.device_id = state.device_id
+        self.tracker = state.tracker
+        self.closed = False
+        self.state = state
+        self.granularity = granularity
+        self.exportable = exportable
+        self.length_nbytes = length_nbytes
+        # Access given to every chunk mapped from now on (set_access on the whole buffer).
+        self.grants: dict[int, AccessFlags] = {state.device_id: AccessFlags.READ_WRITE}
+        # Logical byte length after each shrink: views made before a shrink check against it.
+        self.shrinks: list[int] = []
+        self.lock = threading.RLock()
+        _stats.record_alloc("vmm", state.mapped)
+        state.counted = True
+        self._finalizer = weakref.finalize(self, state.release)
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes mapped now."""
+        return self.state.mapped
+
+    @property
+    def released(self) -> bool:
+        """Whether the memory has been returned to the driver."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.tracker.before_host_access("closing VMMBuffer")
+            self.closed = True
+        self._finalizer()
+
+    def export_host(self) -> None:
+        raise UnsupportedError("VMM memory is device memory: the host cannot map it")
+
+    def host_export_gone(self) -> None:
+        """Nothing to do: no host view of VMM memory ever exists."""
+
+
+def _check_length(n: Any, what: str) -> int:
+    if isinstance(n, bool):
+        raise TypeError(f"{what} must be an int, not a bool")
+    try:
+        v = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(n).__name__} {n!r}") from None
+    if v < 0:
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    return v
+
+
+def _row_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+def _check_capacity(capacity: Any, length: int, row: int) -> int | None:
+    if capacity is None:
+        return None
+    cap = _check_length(capacity, "capacity")
+    if cap < length:
+        raise ValueError(f"capacity {cap} is smaller than the initial length {length}")
+    if cap * row > _layout.MAX_NBYTES:
+        raise ValueError(f"capacity {cap} x {row} bytes per row is more address space than any device has")
+    return cap
+
+
+def _layout_of(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...], int]:
+    shape, dtype, nbytes, strides = new_layout(shape, dtype)
+    if not shape:
+        raise ValueError("a VMMBuffer needs at least one dimension (it grows along axis 0); got shape ()")
+    return shape, dtype, nbytes, strides, _row_bytes(shape, dtype)
+
+
+class VMMBuffer(Buffer):
+    """A device array in VMM memory that grows and shrinks in place.
+
+    Build one with :meth:`empty`, :meth:`zeros` or :meth:`from_array`, or map
+    memory another process exported with :meth:`from_shareable_handle`.
+    Kernels take it as they are; the host reads it through
+    :meth:`copy_to_host` (it is device memory: :attr:`host` raises).
+
+    Notes
+    -----
+    * The length is the first axis: :meth:`grow`, :meth:`shrink` and
+      :meth:`resize` change ``shape[0]`` of the owning buffer; views keep the
+      shape they were made with (see the module notes for shrink).
+    * :meth:`set_access` controls which devices may read or write, on the
+      whole buffer or on a view of it; grants on the whole buffer also apply
+      to memory mapped by later growth.
+    * Counted in ``umem_numba.stats()["vmm"]``: one allocation per buffer
+      whose ``live_bytes`` follow the mapped physical memory.
+
+    Examples
+    --------
+    >>> buf = VMMBuffer.from_array(np.arange(4, dtype=np.float32))  # doctest: +SKIP
+    >>> ptr = buf.ptr; buf.grow(1 << 20)                             # doctest: +SKIP
+    >>> buf.ptr == ptr                                                # doctest: +SKIP
+    True
+    """
+
+    __slots__ = ("_capacity", "_epoch", "_end")
+
+    _host_accessible = False
+
+    # -- construction -------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
+              capacity: int | None = None, exportable: bool = False) -> "VMMBuffer":
+        """Reserve address space for ``capacity`` rows and map memory for ``shape``.
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            Initial shape (at least one dimension; zero length is allowed).
+        dtype : numpy dtype
+            Element type (default ``float32``).
+        device : int, numba device or None
+            The device (``None``: the current one); it is granted READ_WRITE.
+        capacity : int, optional
+            Largest first-axis length the buffer may grow to.  Default: as
+            many rows as the device has memory (address space is cheap; only
+            mapped memory is used).
+        exportable : bool
+            Create memory that :meth:`export_fds` can share with other processes.
+
+        Returns
+        -------
+        VMMBuffer
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad shape, dtype or capacity (before any driver call).
+        OutOfMemoryError
+            The device does not have the memory for the initial length.
+        CudaError
+            Other driver failures (e.g. a device without VMM support).
+        """
+        shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
+        cap = _check_capacity(capacity, shape[0], row)
+        loc = _device_location(device)
+        exportable = bool(exportable)
+        gran = _granularity(loc.id, exportable=exportable)
+        if cap is None:
+            cap = _default_capacity(loc.id, shape[0], row, gran)
+        reserve = _round_up(cap * row, gran)
+        with _driver.device_context(loc.id):
+            rng = AddressRange._reserve(reserve, gran, loc.id) if reserve else None
+            state = _State(rng, loc.id, Tracker(loc.id))
+            alloc = None
+            try:
+                alloc = _VMMAllocation(state, gran, exportable, nbytes)
+                if nbytes:
+                    _map_tail(alloc, _round_up(nbytes, gran))
+            except BaseException:
+                if alloc is not None:
+                    alloc.close()
+                else:
+                    state.release()
+                raise
+        return cls._wrap(alloc, shape, strides, dtype, cap)
+
+    @classmethod
+    def zeros(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
+              capacity: int | None = None, exportable: bool = False, stream: StreamLike = 0) -> "VMMBuffer":
+        """Like :meth:`empty`, then zero every byte on ``stream`` (``cuMemsetD8Async``).
+
+        Host reads wait for the memset (coherence).  Memory mapped by later
+        growth is not zeroed.
+        """
+        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable)
+        alloc = buf._live()
+        if buf.nbytes:
+            handle = stream_handle(stream)
+            with _driver.device_context(alloc.device_id):
+                _driver.call("cuMemsetD8Async", alloc.device_ptr, 0, buf.nbytes, handle,
+                             detail="zeroing a VMMBuffer")
+                alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        return buf
+
+    @classmethod
+    def from_array(cls, array: Any, *, device: Target = None, capacity: int | None = None,
+                   exportable: bool = False) -> "VMMBuffer":
+        """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered)."""
+        src = np.asarray(array)
+        buf = cls.empty(src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable)
+        buf.copy_from_host(src)
+        return buf
+
+    @classmethod
+    def from_shareable_handle(cls, handle: int | Sequence[tuple[int, int]], shape: Any,
+                              dtype: Any = np.float32, *, device: Target = None) -> "VMMBuffer":
+        """Map memory that another process exported (:meth:`export_fd` / :meth:`export_fds`).
+
+        Parameters
+        ----------
+        handle : int or sequence of (int, int)
+            One file descriptor (a single-chunk export: its size is ``shape``'s
+            bytes rounded up to the granularity), or the ``(fd, nbytes)``
+            pairs of :meth:`export_fds`, in order.  The descriptors are not
+            closed here: close them after the call (an open descriptor keeps
+            the memory allocated after both processes let go of it).
+        shape, dtype
+            The array the exporter shared (must fit in the imported memory).
+        device : int, numba device or None
+            The device the memory is on, as this process numbers it; it is
+            granted READ_WRITE.
+
+        Returns
+        -------
+        VMMBuffer
+            Its capacity is its length: it cannot grow.  Both processes see
+            the same physical memory; order their work yourself (e.g. a pipe
+            message after a ``synchronize()``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad descriptors, sizes not multiples of the granularity, or a
+            shape larger than the imported memory (before any driver call).
+        CudaError
+            A descriptor that is not an exported CUDA allocation.
+        """
+        shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
+        pieces = _import_pieces(handle, nbytes)
+        loc = _device_location(device)
+        gran = _granularity(loc.id, exportable=True)
+        pieces = [(fd, _round_up(nbytes, gran) if size is None else size) for fd, size in pieces]
+        for _, size in pieces:
+            if size % gran:
+                raise ValueError(f"imported chunk size {size} is not a multiple of the granularity {gran}")
+        total = sum(size for _, size in pieces)
+        if nbytes > total:
+            raise ValueError(f"shape {shape} of {dtype} needs {nbytes} bytes but the imported memory has {total}")
+        with _driver.device_context(loc.id):
+            state = _State(AddressRange._reserve(total, gran, loc.id), loc.id, Tracker(loc.id))
+            try:
+                offset = 0
+                for fd, size in pieces:
+                    phys = PhysicalMemory._import(fd, size, loc.id, count=False)
+                    try:
+                        mapping = Mapping(state.range, phys, offset)
+                    except BaseException:
+                        phys.close()
+                        raise
+                    state.chunks.append(_Chunk(phys, mapping))
+                    offset += size
+                state.mapped = total
+                _set_access(state.range.ptr, total, {loc.id: AccessFlags.READ_WRITE},
+                            f"granting device {loc.id} READ_WRITE access to imported memory")
+            except BaseException:
+                state.mapped = 0
+                state.release()
+                raise
+            alloc = _VMMAllocation(state, gran, False, nbytes)
+        return cls._wrap(alloc, shape, strides, dtype, shape[0])
+
+    @classmethod
+    def _wrap(cls, alloc: _VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...],
+              dtype: np.dtype, capacity: int) -> "VMMBuffer":
+        buf = object.__new__(cls)
+        buf._init(alloc, 0, shape, strides, dtype, True)  # type: ignore[arg-type]
+        buf._capacity = capacity
+        buf._epoch = 0
+        buf._end = -1
+        return buf
+
+    def _copy_extra(self, view: Buffer) -> None:
+        alloc: _VMMAllocation = self._alloc  # type: ignore[assignment]
+        view._capacity = self._capacity  # type: ignore[attr-defined]
+        view._epoch = len(alloc.shrinks)  # type: ignore[attr-defined]
+        _, hi = _layout.extent(view._shape, view._strides, view._dtype.itemsize)
+        view._end = view._offset + hi  # type: ignore[attr-defined]
+
+    # -- lifetime -------------------------------------------------------------------
+    def _live(self) -> _VMMAllocation:  # type: ignore[override]
+        alloc: _VMMAllocation = super()._live()  # type: ignore[assignment]
+        if not self._owner:
+            later = alloc.shrinks[self._epoch:]
+            if later and self._end > min(later):
+                raise BufferClosedError(
+                    f"this view of a VMMBuffer (bytes up to {self._end}) lies beyond a shrink of the buffer "
+                    f"to {min(later)} bytes: its memory was released, so the view can no longer be used")
+        return alloc
+
+    # numba's launch reads these two without _live(): a retired view must not launch.
+    @property
+    def _numba_type_(self) -> Any:
+        if not self._owner:
+            self._live()
+        return Buffer._numba_type_.fget(self)  # type: ignore[attr-defined]
+
+    @property
+    def _strided_memory_view_shim(self) -> _layout.StridedViewShim:
+        if not self._owner:
+            self._live()
+        return Buffer._strided_memory_view_shim.fget(self)  # type: ignore[attr-defined]
+
+    def _owner_alloc(self, what: str) -> _VMMAllocation:
+        alloc = self._live()
+        if not self._owner:
+            raise ValueError(f"{what}() changes the length of the owning buffer; this is a view of it")
+        return alloc
+
+    # -- size -----------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Largest first-axis length the buffer can grow to."""
+        return self._capacity
+
+    @property
+    def mapped_nbytes(self) -> int:
+        """Physical bytes mapped now (the length rounded up to whole chunks)."""
+        return self._live().state.mapped
+
+    @property
+    def reserved_nbytes(self) -> int:
+        """Bytes of address space reserved for the capacity."""
+        rng = self._live().state.range
+        return rng.size if rng is not None else 0
+
+    @property
+    def granularity(self) -> int:
+        """The allocation granularity in bytes (sizes and access ranges are multiples of it)."""
+        return self._live().granularity
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of physical allocations mapped now."""
+        return len(self._live().state.chunks)
+
+    @property
+    def exportable(self) -> bool:
+        """Whether :meth:`export_fds` can share the memory."""
+        return self._live().exportable
+
+    def grow(self, new_length: int) -> None:
+        """Grow the first axis to ``new_length`` in place.
+
+        The address and the existing contents stay; the new rows are
+        uninitialised.  Memory is mapped only when the current chunks do not
+        already cover the new length.
+
+        Parameters
+        ----------
+        new_length : int
+            At least the current length, at most :attr:`capacity`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Not an int, smaller than the length, or past the capacity.
+        OutOfMemoryError
+            The device does not have the memory.  The buffer is exactly as it
+            was (nothing is left mapped or allocated).
+        """
+        alloc = self._owner_alloc("grow")
+        n = _check_length(new_length, "new length")
+        if n < self._shape[0]:
+            raise ValueError(f"grow({n}) is smaller than the current length {self._shape[0]}; use shrink()")
+        if n > self._capacity:
+            raise ValueError(f"cannot grow to {n}: the capacity is {self._capacity} "
+                             "(set capacity= when creating the buffer)")
+        with alloc.lock:
+            need = _round_up(n * _row_bytes(self._shape, self._dtype), alloc.granularity)
+            if need > alloc.state.mapped:
+                _map_tail(alloc, need - alloc.state.mapped)
+            self._set_length(alloc, n)
+
+    def shrink(self, new_length: int) -> None:
+        """Shrink the first axis to ``new_length``, releasing the chunks past it.
+
+        Device work that may still use the buffer is settled first (coherence
+        policy).  Views reaching past the new length become unusable.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Not an int, negative or larger than the length.
+        CoherenceError
+            Under the ``"raise"`` policy, while a kernel may use the buffer
+            (nothing is changed).
+        """
+        alloc = self._owner_alloc("shrink")
+        n = _check_length(new_length, "new length")
+        if n > self._shape[0]:
+            raise ValueError(f"shrink({n}) is larger than the current length {self._shape[0]}; use grow()")
+        if n == self._shape[0]:
+            return
+        with alloc.lock:
+            alloc.tracker.before_host_access("shrinking a VMMBuffer")
+            new_nbytes = n * _row_bytes(self._shape, self._dtype)
+            keep = _round_up(new_nbytes, alloc.granularity)
+            state = alloc.state
+            released = 0
+            while state.chunks and state.chunks[-1].offset >= keep:
+                chunk = state.chunks.pop()
+                chunk.close()
+                released += chunk.size
+            state.mapped -= released
+            _stats.record_grow("vmm", -released)
+            alloc.shrinks.append(new_nbytes)
+            self._set_length(alloc, n)
+
+    def resize(self, new_length: int) -> None:
+        """:meth:`grow` or :meth:`shrink` to ``new_length``."""
+        self._owner_alloc("resize")
+        n = _check_length(new_length, "new length")
+        if n >= self._shape[0]:
+            self.grow(n)
+        else:
+            self.shrink(n)
+
+    def _set_length(self, alloc: _VMMAllocation, n: int) -> None:
+        self._shape = (n,) + self._shape[1:]
+        self._strides = _layout.c_strides(self._shape, self._dtype.itemsize)
+        # numba's cached type and launch view describe the old shape.
+        self._nbtype = None
+        self._shim = None
+        alloc.length_nbytes = n * _row_bytes(self._shape, self._dtype)
+
+    # -- access control ------------------------------------------------------------
+    def set_access(self, device: Target, flags: AccessFlags) -> None:
+        """Set what ``device`` may do with this buffer (or this view's bytes).
+
+        Parameters
+        ----------
+        device : int, numba device or Location
+            The device; another GPU needs peer support for READ or READ_WRITE.
+        flags : AccessFlags
+            NONE, READ or READ_WRITE.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad device or flags, an empty view, or a view whose bytes do not
+            start and end on the allocation granularity (a view that runs to
+            the end of the buffer may end anywhere).
+        CudaError
+            The driver refused (e.g. no peer access between the devices).
+
+        Notes
+        -----
+        On the owning buffer the grant covers all mapped memory and also
+        applies to memory mapped by later :meth:`grow`.  On a view it covers
+        that range only.  It takes effect at once, for kernels already
+        running too: a kernel that writes where it may only read fails, and
+        the CUDA context is then unusable (every later call fails; the
+        process has to exit).  Revoke access only when no kernel uses the range.
+        """
+        alloc = self._live()
+        fl = _as_access(flags)
+        loc = _device_location(device)
+        start, stop = self._access_span(alloc)
+        with alloc.lock:
+            if stop > start:
+                with _driver.device_context(alloc.device_id):
+                    _set_access(alloc.device_ptr + start, stop - start, {loc.id: fl},
+                                f"granting device {loc.id} {fl.name} access to a VMMBuffer")
+            if self._owner:
+                alloc.grants[loc.id] = fl
+
+    def get_access(self, device: Target) -> AccessFlags:
+        """The access ``device`` has to this buffer's first byte, as ``cuMemGetAccess`` reports it."""
+        alloc = self._live()
+        loc = _device_location(device)
+        if self.size == 0:
+            raise ValueError("get_access() needs a non-empty buffer: nothing is mapped at an empty view")
+        with _driver.device_context(alloc.device_id):
+            return _get_access(self.ptr, loc.id)
+
+    def _access_span(self, alloc: _VMMAllocation) -> tuple[int, int]:
+        """Byte range ``[start, stop)`` of the allocation that set_access covers."""
+        if self._owner:
+            return 0, alloc.state.mapped
+        lo, hi = _layout.extent(self._shape, self._strides, self._dtype.itemsize)
+        start, stop = self._offset + lo, self._offset + hi
+        if stop <= start:
+            raise ValueError("set_access() on an empty view: it covers no memory")
+        if stop >= alloc.length_nbytes:
+            stop = alloc.state.mapped  # the tail of the last chunk belongs to the view's range
+        g = alloc.granularity
+        if start % g or stop % g:
+            raise ValueError(f"set_access() on a view needs bounds on the allocation granularity ({g} bytes): "
+                             f"this view spans bytes [{start}, {stop}) of the buffer; slice at multiples of "
+                             f"{g} bytes, or let the view run to the end of the buffer")
+        return start, stop
+
+    # -- sharing between processes --------------------------------------------------
+    def export_fds(self) -> list[tuple[int, int]]:
+        """Export the mapped memory as POSIX file descriptors, one per chunk.
+
+        Returns
+        -------
+        list of (int, int)
+            ``(fd, nbytes)`` per chunk in address order; pass the list to
+            :meth:`from_shareable_handle` in the other process.  The caller
+            owns the descriptors: send them (``pass_fds``, ``SCM_RIGHTS``)
+            and ``os.close`` them.
+
+        Raises
+        ------
+        UnsupportedError
+            The buffer was not created with ``exportable=True``.
+        ValueError
+            Called on a view (the export covers the whole allocation).
+        """
+        import os
+
+        alloc = self._owner_alloc("export_fds")
+        if not alloc.exportable:
+            raise UnsupportedError("this VMMBuffer was created without exportable=True: its memory cannot be "
+                                   "exported as a file descriptor")
+        out: list[tuple[int, int]] = []
+        try:
+            for chunk in list(alloc.state.chunks):
+                out.append((chunk.physical.export_fd(), chunk.size))
+        except BaseException:
+            for fd, _ in out:
+                os.close(fd)
+            raise
+        return out
+
+    def export_fd(self) -> int:
+        """Export a single-chunk buffer as one POSIX file descriptor.
+
+        A buffer is one chunk until it grows past its first chunk; use
+        :meth:`export_fds` for any buffer.  The caller owns the descriptor.
+
+        Raises
+        ------
+        UnsupportedError
+            Not exportable, or made of several chunks (or none).
+        """
+        alloc = self._owner_alloc("export_fd")
+        n = len(alloc.state.chunks)
+        if n != 1 and alloc.exportable:
+            raise UnsupportedError(f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
+                                   "use export_fds() and pass its list to from_shareable_handle()")
+        return self.export_fds()[0][0]
+
+    # -- host copies ------------------------------------------------------------------
+    def copy_to_host(self, out: np.ndarray | None = None, stream: StreamLike = 0) -> np.ndarray:  # type: ignore[override]
+        """Copy the elements to a new (or the given) numpy array; returns when done.
+
+        Parameters
+        ----------
+        out : numpy.ndarray, optional
+            C-contiguous, writeable, same shape and dtype.
+        stream : numba stream, 0 or None
+            The stream of the copy (``cuMemcpyDtoHAsync``, then synchronised).
+
+        Raises
+        ------
+        ValueError
+            This buffer view is not C-contiguous, or ``out`` does not match.
+        CudaError
+            The copy failed; a kernel's earlier fault surfaces here too.
+        """
+        alloc = self._live()
+        if not self.is_c_contiguous:
+            raise ValueError("copy_to_host() needs a C-contiguous view; copy the contiguous buffer it slices "
+                             "and index the numpy result")
+        if out is None:
+            out = np.empty(self._shape, self._dtype)
+        else:
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+            _check_same(out.shape, out.dtype, self._shape, self._dtype, "copy_to_host(out)")
+            if not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError("copy_to_host(out): out must be C-contiguous and writeable")
+        alloc.tracker.before_host_access("copy_to_host")
+        nbytes = self.nbytes
+        if nbytes:
+            handle = stream_handle(stream)
+            with _driver.device_context(alloc.device_id):
+                _driver.call("cuMemcpyDtoHAsync", out.ctypes.data, self.ptr, nbytes, handle,
+                             detail="copying a VMMBuffer to the host")
+                _driver.call("cuStreamSynchronize", handle, detail="waiting for a copy to the host")
+        return out
+
+    def copy_from_host(self, array: Any, stream: StreamLike = 0) -> None:
+        """Copy a host array of the same shape and dtype into this buffer (or view).
+
+        The copy is queued on ``stream`` after device work recorded on the
+        buffer; later host reads wait for it.  Pageable host memory has been
+        read when this returns; a page-locked source must stay unchanged until
+        the copy finishes (``buf.synchronize()``).
+
+        Raises
+        ------
+        ValueError
+            Shape or dtype mismatch, or this view is not C-contiguous.
+        """
+        alloc = self._live()
+        if not self.is_c_contiguous:
+            raise ValueError("copy_from_host() needs a C-contiguous view of the buffer")
+        src = np.ascontiguousarray(array)
+        _check_same(src.shape, src.dtype, self._shape, self._dtype, "copy_from_host")
+        handle = stream_handle(stream)
+        with _driver.device_context(alloc.device_id):
+            alloc.tracker.order_before(handle, "copy_from_host")
+            nbytes = self.nbytes
+            if nbytes:
+                _driver.call("cuMemcpyHtoDAsync", self.ptr, src.ctypes.data, nbytes, handle,
+                             detail="copying host data into a VMMBuffer")
+                alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+
+    def _repr_extra(self) -> str:
+        alloc = self._alloc
+        mapped = alloc.state.mapped if alloc is not None else 0  # type: ignore[union-attr]
+        return f", mapped={mapped}, capacity={self._capacity}"
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def _default_capacity(device_id: int, length: int, row: int, gran: int) -> int:
+    """As many rows as the device has memory (at least ``length``)."""
+    if row == 0:
+        return max(length, 1)
+    total = int(_driver.call("cuDeviceTotalMem", device_id, detail=f"total memory of device {device_id}"))
+    return max(length, _round_up(total, gran) // row)
+
+
+def _map_tail(alloc: _VMMAllocation, size: int) -> None:
+    """Map ``size`` more bytes after the last chunk; on failure nothing has changed."""
+    state = alloc.state
+    offset = state.mapped
+    if state.range is None or offset + size > state.range.size:
+        raise ValueError(f"mapping {size} bytes at offset {offset} would pass the reserved "
+                         f"{0 if state.range is None else state.range.size} bytes")
+    device_id = state.device_id
+    with _driver.device_context(device_id):
+        phys = PhysicalMemory._create(size, device_id, alloc.exportable, count=False)
+        try:
+            mapping = Mapping(state.range, phys, offset)
+        except BaseException:
+            phys.close()
+            raise
+        try:
+            grants = {d: f for d, f in alloc.grants.items() if f != AccessFlags.NONE}
+            _set_access(mapping.ptr, size, grants, f"granting access to {size} newly mapped bytes")
+        except BaseException:
+            mapping.close()
+            phys.close()
+            raise
+    state.chunks.append(_Chunk(phys, mapping))
+    state.mapped += size
+    _stats.record_grow("vmm", size)
+
+
+def _import_pieces(handle: Any, nbytes: int) -> list[tuple[int, int | None]]:
+    """Validate :meth:`VMMBuffer.from_shareable_handle`'s descriptors (``None``: size from the shape)."""
+    if isinstance(handle, (list, tuple)):
+        if not handle:
+            raise ValueError("from_shareable_handle: the list of (fd, nbytes) pairs is empty")
+        pieces: list[tuple[int, int | None]] = []
+        for item in handle:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise TypeError(f"from_shareable_handle: expected (fd, nbytes) pairs, got {item!r}")
+            pieces.append((_check_offset(item[0], "file descriptor"), _check_size(item[1], "imported chunk size")))
+        total = sum(size for _, size in pieces if size is not None)
+        if nbytes > total:
+            raise ValueError(f"the shape needs {nbytes} bytes but the imported chunks hold {total}")
+        return pieces
+    if nbytes == 0:
+        raise ValueError("from_shareable_handle: an empty shape maps no memory; pass the exported shape")
+    return [(_check_offset(handle, "file descriptor"), None)]
