@@ -177,6 +177,8 @@ def no_driver(monkeypatch):
     (lambda: VMMBuffer.empty(8, capacity=9.0), TypeError, "capacity must be an int"),
     (lambda: VMMBuffer.empty(8, capacity=-1), ValueError, "capacity must be >= 0"),
     (lambda: VMMBuffer.empty(8, np.dtype(object)), TypeError, "Python objects"),
+    (lambda: VMMBuffer.empty(8, chunk_bytes=0), ValueError, "chunk_bytes must be positive, got 0"),
+    (lambda: VMMBuffer.empty(8, chunk_bytes=2.0 * MiB), TypeError, "chunk_bytes must be an int"),
     (lambda: VMMBuffer.from_shareable_handle([], 8), ValueError, "empty"),
     (lambda: VMMBuffer.from_shareable_handle([(3, 2 * MiB)], 1 << 20, np.float32), ValueError,
      "needs 4194304 bytes but the imported chunks hold 2097152"),
@@ -227,6 +229,12 @@ def test_map_set_access_and_kernel_on_low_level_mapping(rng, device_memory):
         del arr
         m.close()
         assert m.closed and not ar.released and not pm.released
+        # Mapped again elsewhere in the range, the same memory still holds the kernel's values.
+        again = Mapping(ar, pm, 2 * g)
+        again.set_access(0, AccessFlags.READ_WRITE)
+        seen = _as_device_array(again.ptr, (n,), np.int32).copy_to_host()
+        np.testing.assert_array_equal(seen, data * 3 + 7)
+        again.close()
     assert ar.released and pm.released
     device_memory()
 
@@ -477,26 +485,33 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
     g = _gran()
     n = 4 * g // 4
     data = random_array(rng, n, np.int32)
-    with VMMBuffer.from_array(data, capacity=2 * n) as buf:
+    with VMMBuffer.from_array(data, capacity=2 * n, chunk_bytes=g) as buf:
+        assert buf.chunk_count == 4 and buf.chunk_bytes == g
+        ptr0 = buf.ptr
         half = buf[n // 2:]
         half.set_access(0, AccessFlags.READ)
-        assert _access(buf.ptr) == 3 and _access(half.ptr) == 1 and _access(buf.ptr + 4 * g - 1) == 1
+        assert buf.ptr == ptr0 and half.ptr == ptr0 + 2 * g
+        assert _access(buf.ptr) == 3 and _access(buf.ptr + 2 * g - 1) == 3
+        assert _access(half.ptr) == 1 and _access(buf.ptr + 4 * g - 1) == 1
         assert half.get_access(0) is AccessFlags.READ and buf.get_access(0) is AccessFlags.READ_WRITE
         # Reading through the READ-only part is allowed.
         dst = cuda.device_array(n, np.int32)
         _launch(_copy, n, dst, buf)
         np.testing.assert_array_equal(dst.copy_to_host(), data)
-        with pytest.raises(ValueError, match=f"granularity \\({g} bytes\\)"):
+        # The driver sets access on whole mappings: bounds must be chunk boundaries.
+        with pytest.raises(ValueError, match="chunk boundaries.*bytes \\[40, "):
             buf[10:n // 2].set_access(0, AccessFlags.READ)
         with pytest.raises(ValueError, match="empty view"):
             buf[5:5].set_access(0, AccessFlags.READ)
+        assert _access(buf.ptr) == 3  # the refused calls changed nothing
         buf[: n // 4].set_access(0, AccessFlags.NONE)
-        assert _access(buf.ptr) == 0 and _access(buf.ptr + g) == 3
+        assert _access(buf.ptr) == 0 and _access(buf.ptr + g) == 3 and _access(half.ptr) == 1
 
         # A grant on the whole buffer also covers memory mapped by later growth.
         buf.set_access(0, AccessFlags.READ)
         assert _access(buf.ptr) == 1 and _access(buf.ptr + 4 * g - 1) == 1
         buf.grow(2 * n)
+        assert buf.chunk_count == 8 and buf.ptr == ptr0
         assert _access(buf.ptr + 8 * g - 1) == 1 and buf[n:].get_access(0) is AccessFlags.READ
         buf.set_access(0, AccessFlags.READ_WRITE)
         assert _access(buf.ptr) == 3 and _access(buf.ptr + 8 * g - 1) == 3
@@ -504,6 +519,32 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
         out = buf.copy_to_host()
         np.testing.assert_array_equal(out[:n], data * 2)
         np.testing.assert_array_equal(out[n:], (np.arange(n, 2 * n) % 1000) + 3)
+        buf.shrink(n // 2)  # chunk_bytes also sets how finely a shrink gives memory back
+        assert buf.chunk_count == 2 and buf.mapped_nbytes == 2 * g
+        np.testing.assert_array_equal(buf.copy_to_host(), data[: n // 2] * 2)
+    with VMMBuffer.from_array(data) as one:  # one chunk: only the whole buffer
+        with pytest.raises(ValueError, match="chunk_bytes="):
+            one[n // 2:].set_access(0, AccessFlags.READ)
+        assert one.get_access(0) is AccessFlags.READ_WRITE
+    device_memory()
+
+
+@gpu
+def test_growth_in_many_chunks_is_all_or_nothing_on_oom(rng, device_memory):
+    free = _free_bytes()
+    g = _gran()
+    chunk = _round_up(free // 3, g)  # a few chunks fit before the device runs out
+    data = random_array(rng, 1000, np.int32)
+    with VMMBuffer.from_array(data, chunk_bytes=chunk) as buf:
+        gc.collect()
+        before = (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
+        free0 = _free_bytes()
+        with pytest.raises(OutOfMemoryError, match="cuMemCreate"):
+            buf.grow(buf.capacity)
+        assert (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count,
+                umem_numba.stats()["vmm"].live_bytes) == before
+        assert abs(_free_bytes() - free0) < 4 * MiB, "chunks mapped before the failure were not given back"
+        np.testing.assert_array_equal(buf.copy_to_host(), data)
     device_memory()
 
 

@@ -32,11 +32,20 @@ from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, 
 from ._pinned import HostAllocFlags, PinnedBuffer
 from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
 from ._prefetch import PrefetchPlan
+from ._vmm import AccessFlags, AddressRange, Mapping, PhysicalMemory, allocation_granularity
+from ._vmm_buffer import VMMBuffer
 from ._info import info
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # vmm
+    "VMMBuffer",
+    "AccessFlags",
+    "AddressRange",
+    "PhysicalMemory",
+    "Mapping",
+    "allocation_granularity",
     # errors
     "UmemError",
     "CudaError",

@@ -23,13 +23,15 @@ names the bad value and the nearest valid ones.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import enum
 import operator
 import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import _driver, _stats
 from ._errors import BufferClosedError, CudaError, UnsupportedError
@@ -162,27 +164,39 @@ def _c() -> _Consts:
     return _consts
 
 
+# The driver only reads these structures: build each one once (grow is a hot path).
+_prop_cache: dict[tuple[int, bool], Any] = {}
+_desc_cache: dict[tuple[tuple[int, int], ...], list] = {}
+
+
 def _alloc_prop(device_id: int, exportable: bool) -> Any:
     """``CUmemAllocationProp`` for pinned device memory (optionally fd-exportable)."""
-    c = _c()
-    prop = c.drv.CUmemAllocationProp()
-    prop.type = c.pinned
-    prop.location.type = c.on_device
-    prop.location.id = device_id
-    # An fd can only be exported if it was requested at cuMemCreate.
-    prop.requestedHandleTypes = c.posix_fd if exportable else c.no_handle
+    prop = _prop_cache.get((device_id, exportable))
+    if prop is None:
+        c = _c()
+        prop = c.drv.CUmemAllocationProp()
+        prop.type = c.pinned
+        prop.location.type = c.on_device
+        prop.location.id = device_id
+        # An fd can only be exported if it was requested at cuMemCreate.
+        prop.requestedHandleTypes = c.posix_fd if exportable else c.no_handle
+        _prop_cache[(device_id, exportable)] = prop
     return prop
 
 
 def _access_descs(grants: dict[int, AccessFlags]) -> list:
-    c = _c()
-    descs = []
-    for device_id, flags in grants.items():
-        desc = c.drv.CUmemAccessDesc()
-        desc.location.type = c.on_device
-        desc.location.id = device_id
-        desc.flags = c.access[int(flags)]
-        descs.append(desc)
+    key = tuple(sorted((d, int(f)) for d, f in grants.items()))
+    descs = _desc_cache.get(key)
+    if descs is None:
+        c = _c()
+        descs = []
+        for device_id, flags in key:
+            desc = c.drv.CUmemAccessDesc()
+            desc.location.type = c.on_device
+            desc.location.id = device_id
+            desc.flags = c.access[flags]
+            descs.append(desc)
+        _desc_cache[key] = descs
     return descs
 
 
@@ -308,9 +322,30 @@ def _shutting_down() -> bool:
     return sys.is_finalizing()
 
 
+class _Scope(threading.local):
+    device: int | None = None
+
+
+_scope = _Scope()
+
+
+@contextlib.contextmanager
+def _on_device(device_id: int) -> Iterator[None]:
+    """numba's context of ``device_id`` current; nested scopes of one device cost nothing."""
+    if _scope.device == device_id:
+        yield
+        return
+    with _driver.device_context(device_id):
+        outer, _scope.device = _scope.device, device_id
+        try:
+            yield
+        finally:
+            _scope.device = outer
+
+
 def _in_context(device_id: int, name: str, *args: Any, detail: str = "") -> Any:
     """A driver call with numba's context of ``device_id`` current."""
-    with _driver.device_context(device_id):
+    with _on_device(device_id):
         return _driver.call(name, *args, detail=detail)
 
 
@@ -327,7 +362,7 @@ class AddressRange:
     then the range is marked closed and refuses new mappings.
     """
 
-    __slots__ = ("_ptr", "_size", "_device_id", "_res", "_maps", "__weakref__")
+    __slots__ = ("_ptr", "_size", "_device_id", "_res", "_maps", "_starts", "__weakref__")
 
     @classmethod
     def reserve(cls, size: int, alignment: int = 0, *, device: Target = None) -> "AddressRange":
@@ -371,7 +406,8 @@ class AddressRange:
         self._ptr = ptr
         self._size = size
         self._device_id = device_id
-        self._maps: dict[int, int] = {}
+        self._maps: dict[int, int] = {}  # offset -> size of each live mapping
+        self._starts: list[int] = []  # the same offsets, sorted (overlap checks in O(log n))
 
         def free() -> None:
             _in_context(device_id, "cuMemAddressFree", ptr, size, detail="freeing a VMM address range")
@@ -463,13 +499,9 @@ class PhysicalMemory:
         size = _check_size(size, "physical allocation size")
         loc = _device_location(device)
         _check_multiple(size, _granularity(loc.id, exportable=bool(exportable)), "physical allocation size")
-        return cls._create(size, loc.id, bool(exportable), count=True)
-
-    @classmethod
-    def _create(cls, size: int, device_id: int, exportable: bool, *, count: bool) -> "PhysicalMemory":
-        handle = _in_context(device_id, "cuMemCreate", size, _alloc_prop(device_id, exportable), 0,
-                             detail=f"creating {size} bytes of physical memory on device {device_id}")
-        return cls._adopt(handle, size, device_id, exportable, count)
+        handle = _in_context(loc.id, "cuMemCreate", size, _alloc_prop(loc.id, bool(exportable)), 0,
+                             detail=f"creating {size} bytes of physical memory on device {loc.id}")
+        return cls._adopt(handle, size, loc.id, bool(exportable))
 
     @classmethod
     def from_shareable_handle(cls, fd: int, size: int, device: Target = None) -> "PhysicalMemory":
@@ -501,16 +533,12 @@ class PhysicalMemory:
         size = _check_size(size, "imported allocation size")
         loc = _device_location(device)
         _check_multiple(size, _granularity(loc.id, exportable=True), "imported allocation size")
-        return cls._import(fd, size, loc.id, count=True)
-
-    @classmethod
-    def _import(cls, fd: int, size: int, device_id: int, *, count: bool) -> "PhysicalMemory":
-        handle = _in_context(device_id, "cuMemImportFromShareableHandle", fd, _c().posix_fd,
+        handle = _in_context(loc.id, "cuMemImportFromShareableHandle", fd, _c().posix_fd,
                              detail=f"importing VMM memory from file descriptor {fd}")
-        return cls._adopt(handle, size, device_id, True, count)
+        return cls._adopt(handle, size, loc.id, True)
 
     @classmethod
-    def _adopt(cls, handle: Any, size: int, device_id: int, exportable: bool, count: bool) -> "PhysicalMemory":
+    def _adopt(cls, handle: Any, size: int, device_id: int, exportable: bool) -> "PhysicalMemory":
         self = object.__new__(cls)
         self._handle = handle
         self._size = size
@@ -521,11 +549,9 @@ class PhysicalMemory:
             try:
                 _in_context(device_id, "cuMemRelease", handle, detail="releasing VMM physical memory")
             finally:
-                if count:
-                    _stats.record_free("vmm", size)
+                _stats.record_free("vmm", size)
 
-        if count:
-            _stats.record_alloc("vmm", size)
+        _stats.record_alloc("vmm", size)
         self._res = _Resource(f"VMM physical memory ({size} bytes on device {device_id})", free)
         weakref.finalize(self, self._res.close)
         return self
@@ -609,7 +635,7 @@ class Mapping:
     address_range : AddressRange
         Where to map.
     physical : PhysicalMemory
-        What to map (all of it).
+        What to map: all of it (the driver does not map part of an allocation).
     offset : int
         Byte offset in the range; a multiple of the granularity, and
         ``offset + physical.size <= address_range.size``.
@@ -626,6 +652,7 @@ class Mapping:
     -----
     A fresh mapping grants no device any access: call :meth:`set_access`
     (typically ``READ_WRITE`` for the memory's own device) before use.
+    Access is set per whole mapping (the driver refuses part of one).
     The mapping keeps its range and physical memory alive; ``close()`` (or
     garbage collection) unmaps it, after which they are freed if closed.
     """
@@ -644,7 +671,10 @@ class Mapping:
                              f"{address_range.size} bytes (offset + size = {offset + size})")
         gran = _granularity(physical.device_id, exportable=physical.exportable)
         _check_multiple(offset, gran, "mapping offset")
-        for other, other_size in address_range._maps.items():
+        maps, starts = address_range._maps, address_range._starts
+        k = bisect.bisect_left(starts, offset)
+        for other in starts[max(0, k - 1):k + 1]:  # only the neighbours can overlap
+            other_size = maps[other]
             if offset < other + other_size and other < offset + size:
                 raise ValueError(f"mapping [{offset}, {offset + size}) overlaps the mapping at "
                                  f"[{other}, {other + other_size}) of this range")
@@ -664,14 +694,15 @@ class Mapping:
             pres.unretain()
             rres.unretain()
             raise
-        maps = address_range._maps
         maps[offset] = size
+        bisect.insort(starts, offset)
 
         def unmap() -> None:
             try:
                 _in_context(device_id, "cuMemUnmap", ptr, size, detail=f"unmapping {size} bytes at {ptr:#x}")
             finally:
-                maps.pop(offset, None)
+                if maps.pop(offset, None) is not None:
+                    del starts[bisect.bisect_left(starts, offset)]
                 pres.unretain()
                 rres.unretain()
 
@@ -736,14 +767,25 @@ class Mapping:
         self._check_open()
         fl = _as_access(flags)
         loc = _device_location(device)
-        with _driver.device_context(self._physical.device_id):
+        with _on_device(self._physical.device_id):
             _set_access(self.ptr, self.size, {loc.id: fl}, f"granting {fl.name} access to device {loc.id}")
 
     def get_access(self, device: Target) -> AccessFlags:
-        """The access ``device`` has to this mapping, as the driver reports it."""
+        """The access ``device`` has to this mapping, as the driver reports it.
+
+        Parameters
+        ----------
+        device : int, numba device or Location
+            The device asked about.
+
+        Returns
+        -------
+        AccessFlags
+            ``cuMemGetAccess`` for the mapping's first byte.
+        """
         self._check_open()
         loc = _device_location(device)
-        with _driver.device_context(self._physical.device_id):
+        with _on_device(self._physical.device_id):
             return _get_access(self.ptr, loc.id)
 
     def close(self) -> None:

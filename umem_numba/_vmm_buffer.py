@@ -2,108 +2,53 @@
 
 A :class:`VMMBuffer` reserves virtual address space for its whole capacity
 once, and maps physical memory behind it only for the current length.
-Growing maps one more physical chunk after the last one: the device address
+Growing maps more physical memory after the last chunk: the device address
 and the contents never move, so kernels, views and pointers handed out
 before stay valid.  Shrinking unmaps and releases whole chunks past the new
 end.
 
+Chunks
+------
+Physical memory comes in chunks, each a multiple of the allocation
+granularity (2 MiB on current GPUs).  By default the initial length is one
+chunk and every growth step adds one (the fastest growth: three driver calls
+per step).  With ``chunk_bytes=N`` memory is created in chunks of at most N
+bytes instead.  Chunk boundaries matter because the driver maps physical
+memory only whole and sets access only on whole mappings:
+
+* ``shrink`` releases the chunks that lie wholly past the new end; the chunk
+  that straddles it stays mapped (see :attr:`VMMBuffer.mapped_nbytes`);
+* ``set_access`` on a view needs the view to start and end on chunk
+  boundaries (on the owner it covers everything).
+
 Shrink and views
 ----------------
 A view whose bytes reach past a shrink becomes unusable for good: every use
-raises :class:`~umem_numba.BufferClosedError` (even if the buffer grows
-again, the view would see new, uninitialised memory).  Views inside the kept
-length stay valid, with the same address and contents.
-
-Chunks
-------
-Memory is created in chunks: the first for the initial length, then one per
-growth step (both rounded up to the allocation granularity, 2 MiB on current
-GPUs).  Shrinking releases only chunks that lie wholly past the new end; the
-chunk that straddles it stays mapped (see :attr:`VMMBuffer.mapped_nbytes`).
-Growing in steps of the size you may later shrink by gives the finest control.
+(kernel launches included) raises :class:`~umem_numba.BufferClosedError`,
+even if the buffer grows again, since the view would see new, uninitialised
+memory.  Views inside the kept length stay valid, with the same address and
+contents.
 """
 
 from __future__ import annotations
 
 import operator
-import sys
 import threading
-import warnings
 import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import _driver, _events, _layout, _stats
-from ._buffer import _GONE, Buffer, _check_same, new_layout
+from ._buffer import Buffer, _check_same, new_layout
 from ._coherence import Tracker
-from ._errors import BufferClosedError, CudaError, UnsupportedError
+from ._errors import BufferClosedError, UnsupportedError
 from ._location import StreamLike, Target, stream_handle
-from ._vmm import (AccessFlags, AddressRange, Mapping, PhysicalMemory, _as_access, _check_offset,
-                   _check_size, _device_location, _get_access, _granularity, _round_up, _set_access)
+from ._vmm import (AccessFlags, AddressRange, _as_access, _check_offset, _check_size, _device_location,
+                   _get_access, _granularity, _on_device, _round_up, _set_access)
+from ._vmm_chunks import _State
 
 __all__ = ["VMMBuffer"]
-
-
-class _Chunk:
-    """One physical allocation and its mapping in the buffer's range."""
-
-    __slots__ = ("physical", "mapping")
-
-    def __init__(self, physical: PhysicalMemory, mapping: Mapping) -> None:
-        self.physical = physical
-        self.mapping = mapping
-
-    @property
-    def offset(self) -> int:
-        return self.mapping.offset
-
-    @property
-    def size(self) -> int:
-        return self.physical.size
-
-    def close(self) -> None:
-        # Unmap first: the release then frees the memory at once.
-        self.mapping.close()
-        self.physical.close()
-
-
-class _State:
-    """Everything needed to release a buffer's memory; never refers to the owner."""
-
-    __slots__ = ("range", "chunks", "mapped", "device_id", "tracker", "counted", "released")
-
-    def __init__(self, address_range: AddressRange | None, device_id: int, tracker: Tracker) -> None:
-        self.range = address_range
-        self.chunks: list[_Chunk] = []
-        self.mapped = 0
-        self.device_id = device_id
-        self.tracker = tracker
-        self.counted = False  # set once stats counted the buffer
-        self.released = False
-
-    def release(self) -> None:
-        """Wait for device work, unmap and release every chunk, free the range (once)."""
-        if self.released:
-            return
-        self.released = True
-        t = self.tracker
-        try:
-            if t.pending or t.unknown:
-                t.wait(extra="context" if t.unknown else None)
-        except Exception as exc:  # the frees below still run; each reports its own failure
-            gone = isinstance(exc, CudaError) and exc.name in _GONE
-            if not gone and not sys.is_finalizing():
-                warnings.warn(f"umem_numba: waiting for device work before freeing a VMMBuffer failed: {exc}",
-                              RuntimeWarning, stacklevel=2)
-        finally:
-            for chunk in reversed(self.chunks):
-                chunk.close()
-            self.chunks.clear()
-            if self.range is not None:
-                self.range.close()
-            if self.counted:
-                _stats.record_free("vmm", self.mapped)
 
 
 class _VMMAllocation:
@@ -117,17 +62,16 @@ class _VMMAllocation:
     kind = "vmm"
 
     __slots__ = ("ptr", "device_ptr", "device_id", "tracker", "closed", "state", "granularity",
-                 "exportable", "length_nbytes", "grants", "shrinks", "lock", "_finalizer", "__weakref__")
+                 "chunk_bytes", "length_nbytes", "grants", "shrinks", "lock", "_finalizer", "__weakref__")
 
-    def __init__(self, state: _State, granularity: int, exportable: bool, length_nbytes: int) -> None:
-        base = state.range.ptr if state.range is not None else 0
-        self.ptr = self.device_ptr = base
+    def __init__(self, state: _State, granularity: int, chunk_bytes: int | None, length_nbytes: int) -> None:
+        self.ptr = self.device_ptr = state.base
         self.device_id = state.device_id
         self.tracker = state.tracker
         self.closed = False
         self.state = state
         self.granularity = granularity
-        self.exportable = exportable
+        self.chunk_bytes = chunk_bytes
         self.length_nbytes = length_nbytes
         # Access given to every chunk mapped from now on (set_access on the whole buffer).
         self.grants: dict[int, AccessFlags] = {state.device_id: AccessFlags.READ_WRITE}
@@ -193,6 +137,12 @@ def _check_capacity(capacity: Any, length: int, row: int) -> int | None:
     return cap
 
 
+def _check_chunk_bytes(chunk_bytes: Any) -> int | None:
+    if chunk_bytes is None:
+        return None
+    return _check_size(chunk_bytes, "chunk_bytes")
+
+
 def _layout_of(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...], int]:
     shape, dtype, nbytes, strides = new_layout(shape, dtype)
     if not shape:
@@ -234,7 +184,8 @@ class VMMBuffer(Buffer):
     # -- construction -------------------------------------------------------------
     @classmethod
     def empty(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
-              capacity: int | None = None, exportable: bool = False) -> "VMMBuffer":
+              capacity: int | None = None, exportable: bool = False,
+              chunk_bytes: int | None = None) -> "VMMBuffer":
         """Reserve address space for ``capacity`` rows and map memory for ``shape``.
 
         Parameters
@@ -251,6 +202,11 @@ class VMMBuffer(Buffer):
             mapped memory is used).
         exportable : bool
             Create memory that :meth:`export_fds` can share with other processes.
+        chunk_bytes : int, optional
+            Create physical memory in chunks of at most this many bytes (a
+            multiple of :attr:`granularity`), so that ``shrink`` and a view's
+            ``set_access`` can work at that size.  Default: one chunk for the
+            initial length and one per growth step (fastest).
 
         Returns
         -------
@@ -259,7 +215,8 @@ class VMMBuffer(Buffer):
         Raises
         ------
         TypeError, ValueError
-            Bad shape, dtype or capacity (before any driver call).
+            Bad shape, dtype, capacity or chunk_bytes (checked before any
+            allocation; the granularity check asks the driver for it).
         OutOfMemoryError
             The device does not have the memory for the initial length.
         CudaError
@@ -267,41 +224,43 @@ class VMMBuffer(Buffer):
         """
         shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
         cap = _check_capacity(capacity, shape[0], row)
+        chunk = _check_chunk_bytes(chunk_bytes)
         loc = _device_location(device)
         exportable = bool(exportable)
         gran = _granularity(loc.id, exportable=exportable)
+        if chunk is not None and chunk % gran:
+            raise ValueError(f"chunk_bytes ({chunk}) must be a multiple of the allocation granularity ({gran} bytes)")
         if cap is None:
             cap = _default_capacity(loc.id, shape[0], row, gran)
         reserve = _round_up(cap * row, gran)
-        with _driver.device_context(loc.id):
+        with _on_device(loc.id):
             rng = AddressRange._reserve(reserve, gran, loc.id) if reserve else None
-            state = _State(rng, loc.id, Tracker(loc.id))
-            alloc = None
+            state = _State(rng, loc.id, Tracker(loc.id), exportable)
+            alloc = _VMMAllocation(state, gran, chunk, nbytes)
             try:
-                alloc = _VMMAllocation(state, gran, exportable, nbytes)
                 if nbytes:
-                    _map_tail(alloc, _round_up(nbytes, gran))
+                    state.map_tail(_round_up(nbytes, gran), chunk, alloc.grants)
+                    _stats.record_grow("vmm", state.mapped)
             except BaseException:
-                if alloc is not None:
-                    alloc.close()
-                else:
-                    state.release()
+                alloc.close()
                 raise
         return cls._wrap(alloc, shape, strides, dtype, cap)
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
-              capacity: int | None = None, exportable: bool = False, stream: StreamLike = 0) -> "VMMBuffer":
+              capacity: int | None = None, exportable: bool = False, chunk_bytes: int | None = None,
+              stream: StreamLike = 0) -> "VMMBuffer":
         """Like :meth:`empty`, then zero every byte on ``stream`` (``cuMemsetD8Async``).
 
         Host reads wait for the memset (coherence).  Memory mapped by later
         growth is not zeroed.
         """
-        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable)
+        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable,
+                        chunk_bytes=chunk_bytes)
         alloc = buf._live()
         if buf.nbytes:
             handle = stream_handle(stream)
-            with _driver.device_context(alloc.device_id):
+            with _on_device(alloc.device_id):
                 _driver.call("cuMemsetD8Async", alloc.device_ptr, 0, buf.nbytes, handle,
                              detail="zeroing a VMMBuffer")
                 alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
@@ -309,10 +268,14 @@ class VMMBuffer(Buffer):
 
     @classmethod
     def from_array(cls, array: Any, *, device: Target = None, capacity: int | None = None,
-                   exportable: bool = False) -> "VMMBuffer":
-        """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered)."""
+                   exportable: bool = False, chunk_bytes: int | None = None) -> "VMMBuffer":
+        """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered).
+
+        Keyword arguments are :meth:`empty`'s.
+        """
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable)
+        buf = cls.empty(src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable,
+                        chunk_bytes=chunk_bytes)
         buf.copy_from_host(src)
         return buf
 
@@ -361,27 +324,14 @@ class VMMBuffer(Buffer):
         total = sum(size for _, size in pieces)
         if nbytes > total:
             raise ValueError(f"shape {shape} of {dtype} needs {nbytes} bytes but the imported memory has {total}")
-        with _driver.device_context(loc.id):
-            state = _State(AddressRange._reserve(total, gran, loc.id), loc.id, Tracker(loc.id))
+        with _on_device(loc.id):
+            state = _State(AddressRange._reserve(total, gran, loc.id), loc.id, Tracker(loc.id), False)
             try:
-                offset = 0
-                for fd, size in pieces:
-                    phys = PhysicalMemory._import(fd, size, loc.id, count=False)
-                    try:
-                        mapping = Mapping(state.range, phys, offset)
-                    except BaseException:
-                        phys.close()
-                        raise
-                    state.chunks.append(_Chunk(phys, mapping))
-                    offset += size
-                state.mapped = total
-                _set_access(state.range.ptr, total, {loc.id: AccessFlags.READ_WRITE},
-                            f"granting device {loc.id} READ_WRITE access to imported memory")
+                state.import_chunks(pieces)
             except BaseException:
-                state.mapped = 0
                 state.release()
                 raise
-            alloc = _VMMAllocation(state, gran, False, nbytes)
+            alloc = _VMMAllocation(state, gran, None, nbytes)
         return cls._wrap(alloc, shape, strides, dtype, shape[0])
 
     @classmethod
@@ -459,9 +409,14 @@ class VMMBuffer(Buffer):
         return len(self._live().state.chunks)
 
     @property
+    def chunk_bytes(self) -> int | None:
+        """Largest chunk size new memory is created in (``None``: one chunk per growth step)."""
+        return self._live().chunk_bytes
+
+    @property
     def exportable(self) -> bool:
         """Whether :meth:`export_fds` can share the memory."""
-        return self._live().exportable
+        return self._live().state.exportable
 
     def grow(self, new_length: int) -> None:
         """Grow the first axis to ``new_length`` in place.
@@ -491,9 +446,12 @@ class VMMBuffer(Buffer):
             raise ValueError(f"cannot grow to {n}: the capacity is {self._capacity} "
                              "(set capacity= when creating the buffer)")
         with alloc.lock:
+            state = alloc.state
             need = _round_up(n * _row_bytes(self._shape, self._dtype), alloc.granularity)
-            if need > alloc.state.mapped:
-                _map_tail(alloc, need - alloc.state.mapped)
+            if need > state.mapped:
+                size = need - state.mapped
+                state.map_tail(size, alloc.chunk_bytes, alloc.grants)
+                _stats.record_grow("vmm", size)
             self._set_length(alloc, n)
 
     def shrink(self, new_length: int) -> None:
@@ -519,20 +477,24 @@ class VMMBuffer(Buffer):
         with alloc.lock:
             alloc.tracker.before_host_access("shrinking a VMMBuffer")
             new_nbytes = n * _row_bytes(self._shape, self._dtype)
-            keep = _round_up(new_nbytes, alloc.granularity)
-            state = alloc.state
-            released = 0
-            while state.chunks and state.chunks[-1].offset >= keep:
-                chunk = state.chunks.pop()
-                chunk.close()
-                released += chunk.size
-            state.mapped -= released
+            released = alloc.state.release_tail(_round_up(new_nbytes, alloc.granularity))
             _stats.record_grow("vmm", -released)
             alloc.shrinks.append(new_nbytes)
             self._set_length(alloc, n)
 
     def resize(self, new_length: int) -> None:
-        """:meth:`grow` or :meth:`shrink` to ``new_length``."""
+        """:meth:`grow` or :meth:`shrink` to ``new_length``.
+
+        Parameters
+        ----------
+        new_length : int
+            The new first-axis length, from 0 to :attr:`capacity`.
+
+        Raises
+        ------
+        TypeError, ValueError, OutOfMemoryError, CoherenceError
+            As :meth:`grow` and :meth:`shrink`; the buffer is unchanged.
+        """
         self._owner_alloc("resize")
         n = _check_length(new_length, "new length")
         if n >= self._shape[0]:
@@ -562,9 +524,9 @@ class VMMBuffer(Buffer):
         Raises
         ------
         TypeError, ValueError
-            Bad device or flags, an empty view, or a view whose bytes do not
-            start and end on the allocation granularity (a view that runs to
-            the end of the buffer may end anywhere).
+            Bad device or flags, an empty view, or a view that does not start
+            and end on chunk boundaries (a view that runs to the end of the
+            buffer may end anywhere); checked before the driver call.
         CudaError
             The driver refused (e.g. no peer access between the devices).
 
@@ -572,30 +534,48 @@ class VMMBuffer(Buffer):
         -----
         On the owning buffer the grant covers all mapped memory and also
         applies to memory mapped by later :meth:`grow`.  On a view it covers
-        that range only.  It takes effect at once, for kernels already
-        running too: a kernel that writes where it may only read fails, and
-        the CUDA context is then unusable (every later call fails; the
-        process has to exit).  Revoke access only when no kernel uses the range.
+        that range only.  The driver sets access on whole mappings only, so a
+        view must start and end on chunk boundaries: create the buffer with
+        ``chunk_bytes=`` for ranges finer than its growth steps.
+
+        Access takes effect at once, for kernels already running too: a
+        kernel that writes where it may only read fails, and the CUDA context
+        is then unusable (every later call fails; the process has to exit).
+        Revoke access only when no kernel uses the range.
         """
         alloc = self._live()
         fl = _as_access(flags)
         loc = _device_location(device)
         start, stop = self._access_span(alloc)
-        with alloc.lock:
+        with alloc.lock, _on_device(alloc.device_id):
             if stop > start:
-                with _driver.device_context(alloc.device_id):
-                    _set_access(alloc.device_ptr + start, stop - start, {loc.id: fl},
-                                f"granting device {loc.id} {fl.name} access to a VMMBuffer")
+                _set_access(alloc.device_ptr + start, stop - start, {loc.id: fl},
+                            f"granting device {loc.id} {fl.name} access to a VMMBuffer")
             if self._owner:
                 alloc.grants[loc.id] = fl
 
     def get_access(self, device: Target) -> AccessFlags:
-        """The access ``device`` has to this buffer's first byte, as ``cuMemGetAccess`` reports it."""
+        """The access ``device`` has to this buffer's first byte, as ``cuMemGetAccess`` reports it.
+
+        Parameters
+        ----------
+        device : int, numba device or Location
+            The device asked about.
+
+        Returns
+        -------
+        AccessFlags
+
+        Raises
+        ------
+        ValueError
+            An empty buffer or view (no byte to ask about).
+        """
         alloc = self._live()
         loc = _device_location(device)
         if self.size == 0:
             raise ValueError("get_access() needs a non-empty buffer: nothing is mapped at an empty view")
-        with _driver.device_context(alloc.device_id):
+        with _on_device(alloc.device_id):
             return _get_access(self.ptr, loc.id)
 
     def _access_span(self, alloc: _VMMAllocation) -> tuple[int, int]:
@@ -606,13 +586,16 @@ class VMMBuffer(Buffer):
         start, stop = self._offset + lo, self._offset + hi
         if stop <= start:
             raise ValueError("set_access() on an empty view: it covers no memory")
+        state = alloc.state
         if stop >= alloc.length_nbytes:
-            stop = alloc.state.mapped  # the tail of the last chunk belongs to the view's range
-        g = alloc.granularity
-        if start % g or stop % g:
-            raise ValueError(f"set_access() on a view needs bounds on the allocation granularity ({g} bytes): "
-                             f"this view spans bytes [{start}, {stop}) of the buffer; slice at multiples of "
-                             f"{g} bytes, or let the view run to the end of the buffer")
+            stop = state.mapped  # the tail of the last chunk belongs to the view's range
+        bounds = [c.offset for c in state.chunks] + [state.mapped]
+        if start not in bounds or stop not in bounds:
+            raise ValueError(
+                f"set_access() on a view must start and end on chunk boundaries (the driver sets access on "
+                f"whole mappings): this view spans bytes [{start}, {stop}); the boundaries are "
+                f"{_some(bounds)}.  Create the buffer with chunk_bytes= (a multiple of {alloc.granularity}) "
+                "for finer ranges")
         return start, stop
 
     # -- sharing between processes --------------------------------------------------
@@ -634,21 +617,11 @@ class VMMBuffer(Buffer):
         ValueError
             Called on a view (the export covers the whole allocation).
         """
-        import os
-
         alloc = self._owner_alloc("export_fds")
-        if not alloc.exportable:
+        if not alloc.state.exportable:
             raise UnsupportedError("this VMMBuffer was created without exportable=True: its memory cannot be "
                                    "exported as a file descriptor")
-        out: list[tuple[int, int]] = []
-        try:
-            for chunk in list(alloc.state.chunks):
-                out.append((chunk.physical.export_fd(), chunk.size))
-        except BaseException:
-            for fd, _ in out:
-                os.close(fd)
-            raise
-        return out
+        return alloc.state.export_fds()
 
     def export_fd(self) -> int:
         """Export a single-chunk buffer as one POSIX file descriptor.
@@ -663,7 +636,7 @@ class VMMBuffer(Buffer):
         """
         alloc = self._owner_alloc("export_fd")
         n = len(alloc.state.chunks)
-        if n != 1 and alloc.exportable:
+        if n != 1 and alloc.state.exportable:
             raise UnsupportedError(f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
                                    "use export_fds() and pass its list to from_shareable_handle()")
         return self.export_fds()[0][0]
@@ -702,7 +675,7 @@ class VMMBuffer(Buffer):
         nbytes = self.nbytes
         if nbytes:
             handle = stream_handle(stream)
-            with _driver.device_context(alloc.device_id):
+            with _on_device(alloc.device_id):
                 _driver.call("cuMemcpyDtoHAsync", out.ctypes.data, self.ptr, nbytes, handle,
                              detail="copying a VMMBuffer to the host")
                 _driver.call("cuStreamSynchronize", handle, detail="waiting for a copy to the host")
@@ -727,7 +700,7 @@ class VMMBuffer(Buffer):
         src = np.ascontiguousarray(array)
         _check_same(src.shape, src.dtype, self._shape, self._dtype, "copy_from_host")
         handle = stream_handle(stream)
-        with _driver.device_context(alloc.device_id):
+        with _on_device(alloc.device_id):
             alloc.tracker.order_before(handle, "copy_from_host")
             nbytes = self.nbytes
             if nbytes:
@@ -753,31 +726,11 @@ def _default_capacity(device_id: int, length: int, row: int, gran: int) -> int:
     return max(length, _round_up(total, gran) // row)
 
 
-def _map_tail(alloc: _VMMAllocation, size: int) -> None:
-    """Map ``size`` more bytes after the last chunk; on failure nothing has changed."""
-    state = alloc.state
-    offset = state.mapped
-    if state.range is None or offset + size > state.range.size:
-        raise ValueError(f"mapping {size} bytes at offset {offset} would pass the reserved "
-                         f"{0 if state.range is None else state.range.size} bytes")
-    device_id = state.device_id
-    with _driver.device_context(device_id):
-        phys = PhysicalMemory._create(size, device_id, alloc.exportable, count=False)
-        try:
-            mapping = Mapping(state.range, phys, offset)
-        except BaseException:
-            phys.close()
-            raise
-        try:
-            grants = {d: f for d, f in alloc.grants.items() if f != AccessFlags.NONE}
-            _set_access(mapping.ptr, size, grants, f"granting access to {size} newly mapped bytes")
-        except BaseException:
-            mapping.close()
-            phys.close()
-            raise
-    state.chunks.append(_Chunk(phys, mapping))
-    state.mapped += size
-    _stats.record_grow("vmm", size)
+def _some(values: list[int]) -> str:
+    """A short listing of chunk boundaries for an error message."""
+    if len(values) <= 8:
+        return ", ".join(str(v) for v in values)
+    return ", ".join(str(v) for v in values[:4]) + ", ..., " + ", ".join(str(v) for v in values[-3:])
 
 
 def _import_pieces(handle: Any, nbytes: int) -> list[tuple[int, int | None]]:

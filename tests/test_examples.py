@@ -1,0 +1,106 @@
+"""The examples: ``--help`` and argument errors anywhere; end to end on a small grid with a GPU.
+
+The end-to-end runs use each example's ``--check``/``--verify``, which
+compares the GPU's result with the NumPy reference and fails the run (exit 1)
+on a mismatch; the tests also check the PNG the example wrote.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import umem_numba as um
+from umem_numba._png import read_png
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / script), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("script, options", [
+    ("heat2d.py", ["--memory", "managed-prefetch", "vmm", "--size", "--steps", "--out", "--check",
+                   "--allow-oversubscribe"]),
+    ("heat3d.py", ["--memory", "--size", "--steps", "--out", "--check", "--allow-oversubscribe"]),
+    ("residual.py", ["--size", "--check-every", "--tol", "--max-steps", "--verify", "--out"]),
+])
+def test_help_runs_anywhere(script, options):
+    proc = _run(script, "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for option in options:
+        assert option in proc.stdout, f"{script} --help does not mention {option}"
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("heat2d.py", ["--size", "2"], "--size must be at least 3"),
+    ("heat2d.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("heat2d.py", ["--alpha", "0.3"], "--alpha must be in [0, 0.25]"),
+    ("heat2d.py", ["--memory", "texture"], "invalid choice"),
+    ("heat2d.py", ["--size", "big"], "invalid int value"),
+    ("heat3d.py", ["--alpha", "0.2"], "--alpha must be in [0, 1/6]"),
+    ("heat3d.py", ["--memory", "vmm"], "invalid choice"),
+    ("residual.py", ["--tol", "0"], "--tol must be positive"),
+    ("residual.py", ["--check-every", "0"], "must be at least 1"),
+])
+def test_bad_arguments_exit_2_with_a_message(script, args, message):
+    proc = _run(script, *args, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def _has_vmm() -> bool:
+    return hasattr(um, "VMMBuffer")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory, dtype", [("device", "float32"), ("managed", "float32"),
+                                           ("managed-prefetch", "float32"), ("managed-prefetch", "float64"),
+                                           ("vmm", "float32")])
+def test_heat2d_end_to_end(tmp_path, memory, dtype):
+    if memory == "vmm" and not _has_vmm():
+        pytest.skip("umem_numba.VMMBuffer is not exported in this build")
+    out = tmp_path / "plate.png"
+    proc = _run("heat2d.py", "--memory", memory, "--dtype", dtype, "--size", "300", "--steps", "25",
+                "--check", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GB/s achieved" in proc.stdout
+    assert "check against NumPy (25 steps)" in proc.stdout and ": OK" in proc.stdout
+    assert "25/25 steps" in proc.stderr  # the progress bar's last line
+    img = read_png(out)
+    assert img.shape == (300, 300, 3)
+    assert (img[:, 0] == [252, 255, 164]).all()  # the hot left edge: inferno's top colour
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory", ["device", "managed", "managed-prefetch"])
+def test_heat3d_end_to_end(tmp_path, memory):
+    out = tmp_path / "cube.png"
+    proc = _run("heat3d.py", "--memory", memory, "--size", "40", "--steps", "12", "--check", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GB/s achieved" in proc.stdout and ": OK" in proc.stdout
+    assert read_png(out).shape == (40, 40, 3)
+
+
+@pytest.mark.gpu
+def test_residual_end_to_end(tmp_path):
+    out = tmp_path / "laplace.png"
+    proc = _run("residual.py", "--size", "48", "--check-every", "300", "--tol", "1e-4", "--verify",
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "converged after" in proc.stdout and "MISMATCH" not in proc.stderr
+    assert read_png(out).shape == (48, 48, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("script", ["heat2d.py", "heat3d.py"])
+def test_examples_refuse_to_oversubscribe(script):
+    size = "400000" if script == "heat2d.py" else "20000"
+    proc = _run(script, "--size", size, timeout=120)
+    assert proc.returncode == 2
+    assert "--allow-oversubscribe" in proc.stderr and "free" in proc.stderr

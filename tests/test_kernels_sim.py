@@ -1,0 +1,139 @@
+"""The stencil and residual kernels under numba's CUDA simulator: their logic, without a GPU.
+
+``NUMBA_ENABLE_CUDASIM`` must be set before ``numba.cuda`` is first imported,
+so the kernels run in a subprocess: this process makes random inputs, the
+subprocess runs the real launchers (``heat2d_step`` ...) on numpy arrays and
+saves the results, and this process compares every element with the NumPy
+references.  ``dst`` starts as NaN, so an element a kernel forgets to write
+shows up.  The simulator evaluates in the same order and precision as the
+references, so the results must agree bit for bit (the GPU may fuse
+multiply-adds; the GPU tests allow for that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import random_array
+from umem_numba import kernels as K
+
+_WORKER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from umem_numba import kernels as K
+
+    src, dst = sys.argv[1], sys.argv[2]
+    data = np.load(src)
+    cases = json.loads(str(data["cases"]))
+    out = {}
+    for c in cases:
+        name = c["name"]
+        if c["kind"] == "residual":
+            res = np.full(1, np.nan, data[name + "_a"].dtype)
+            K.max_abs_diff(data[name + "_a"], data[name + "_b"], res)
+            out[name] = res
+            continue
+        u = data[name].copy()
+        v = np.full_like(u, np.nan)
+        step = K.heat2d_step if c["kind"] == "2d" else K.heat3d_step
+        opts = {}
+        if c["tiling"] is not None:
+            key = "rows_per_thread" if c["kind"] == "2d" else "planes_per_thread"
+            opts = {key: c["tiling"], "block": tuple(c["block"])}
+        for _ in range(c["steps"]):
+            step(u, v, c["alpha"], **opts)
+            u, v = v, u
+        out[name] = u
+    np.savez(dst, **out)
+""")
+
+
+def _run_in_simulator(tmp_path: Path, cases: list[dict], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    src, dst = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(src, cases=np.array(json.dumps(cases)), **arrays)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-c", _WORKER, str(src), str(dst)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"simulator run failed:\n{proc.stdout}\n{proc.stderr}"
+    with np.load(dst) as out:
+        return {k: out[k] for k in out.files}
+
+
+def _assert_same(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert got.shape == expected.shape and got.dtype == expected.dtype, what
+    assert not np.isnan(got).any(), f"{what}: elements left unwritten (NaN)"
+    mismatched = np.flatnonzero(got != expected)
+    assert mismatched.size == 0, (
+        f"{what}: {mismatched.size} of {got.size} elements differ, first at "
+        f"{np.unravel_index(mismatched[0], got.shape)}: {got.flat[mismatched[0]]!r} vs {expected.flat[mismatched[0]]!r}")
+
+
+# Shapes smaller than a strip, exactly one strip, not multiples of the block, single rows/columns.
+SHAPES_2D = [(1, 1), (1, 7), (6, 1), (2, 2), (3, 3), (4, 9), (5, 4), (9, 13), (19, 40), (40, 9), (33, 70)]
+# (rows_per_thread, block); None means the tuned defaults of heat2d_step.
+TILINGS_2D = [(1, (8, 2)), (3, (5, 3)), (4, (16, 1)), (16, (4, 4)), (None, None)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_heat2d_matches_reference_in_simulator(tmp_path, rng, dtype):
+    cases, arrays = [], {}
+    for tiling, block in TILINGS_2D:
+        for shape in SHAPES_2D:
+            if tiling is None and shape[0] * shape[1] > 400:
+                continue  # 256-thread blocks are slow in the simulator; small grids cover the logic
+            name = f"c{len(cases)}"
+            arrays[name] = random_array(rng, shape, dtype)
+            cases.append({"kind": "2d", "name": name, "steps": int(rng.integers(1, 5)),
+                          "alpha": float(rng.choice([0.25, rng.uniform(0.0, 0.25)])),
+                          "tiling": tiling, "block": block})
+    out = _run_in_simulator(tmp_path, cases, arrays)
+    for c in cases:
+        expected = K.heat2d_reference(arrays[c["name"]], c["steps"], c["alpha"])
+        _assert_same(out[c["name"]], expected, f"2-D {arrays[c['name']].shape} {c}")
+
+
+SHAPES_3D = [(1, 1, 1), (3, 3, 3), (2, 5, 4), (5, 4, 7), (11, 6, 9), (4, 13, 3), (14, 5, 17)]
+TILINGS_3D = [(1, (4, 2)), (3, (5, 3)), (8, (8, 1)), (None, None)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_heat3d_matches_reference_in_simulator(tmp_path, rng, dtype):
+    cases, arrays = [], {}
+    for tiling, block in TILINGS_3D:
+        for shape in SHAPES_3D:
+            name = f"c{len(cases)}"
+            arrays[name] = random_array(rng, shape, dtype)
+            cases.append({"kind": "3d", "name": name, "steps": int(rng.integers(1, 4)),
+                          "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
+                          "tiling": tiling, "block": block})
+    out = _run_in_simulator(tmp_path, cases, arrays)
+    for c in cases:
+        expected = K.heat3d_reference(arrays[c["name"]], c["steps"], c["alpha"])
+        _assert_same(out[c["name"]], expected, f"3-D {arrays[c['name']].shape} {c}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_abs_diff_matches_reference_in_simulator(tmp_path, rng, dtype):
+    # Wider than one reduction block and taller than one row chunk, plus tiny ones.
+    shapes = [(1, 1), (3, 5), (70, 300), (130, 257)]
+    cases, arrays = [], {}
+    for shape in shapes:
+        name = f"r{len(cases)}"
+        arrays[name + "_a"] = random_array(rng, shape, dtype)
+        arrays[name + "_b"] = random_array(rng, shape, dtype)
+        cases.append({"kind": "residual", "name": name})
+    out = _run_in_simulator(tmp_path, cases, arrays)
+    for c in cases:
+        a, b = arrays[c["name"] + "_a"], arrays[c["name"] + "_b"]
+        expected = K.max_abs_diff_reference(a, b)
+        got = out[c["name"]]
+        assert got.shape == (1,) and got.dtype == a.dtype
+        assert got[0] == expected, f"{a.shape}: {got[0]!r} vs {expected!r}"
