@@ -27,10 +27,13 @@ the same run.  Times are CUDA events around ``--steps`` back-to-back launches;
 the median of ``--trials`` trials is reported, after two warm-up steps.
 
 Goals: managed+prefetch >= 0.98x device_array; the stencil on device_array
->= 0.85x the copy.  Measured on an H200 (16384^2 float32, 2 GiB of grids):
-device_array 3.90 TB/s = 0.93x the 4.18 TB/s copy; managed+prefetch 1.00x
-device_array; the first fault-driven sweep 8.7 GB/s.  How the kernel got
-there, and float64/3-D numbers: ``docs/stencil-performance.md``.
+>= 0.85x the copy.  Measured on an H200, 16384^2 float32 (two 1 GiB grids):
+copy 4207 GB/s; device_array 3891 GB/s = 0.925x the copy; managed (no hints)
+0.984x device_array, its first fault-driven sweep 8.9 GB/s; managed+prefetch
+1.005x (prefetch 47.6 GB/s); +advice 1.005x; vmm 1.005x.  float64 (11585^2):
+device_array 0.970x the copy, managed+prefetch 0.998x device_array.  How the
+kernel got there, per design step, and the 3-D numbers:
+``docs/stencil-performance.md``.
 
 The grids must fit in free GPU memory (checked with ``cuMemGetInfo``);
 ``--allow-oversubscribe`` runs anyway, at the risk of a very long run.

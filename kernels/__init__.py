@@ -1,0 +1,56 @@
+"""Bandwidth-tuned ``@cuda.jit`` stencil kernels, installed as ``umem_numba.kernels``.
+
+* :func:`heat2d_step` / :func:`heat2d_kernel`: 2-D five-point heat (Jacobi) step.
+* :func:`heat3d_step` / :func:`heat3d_kernel`: 3-D seven-point step.
+* :func:`max_abs_diff`: ``max |a - b|`` on the device, for convergence checks.
+* :mod:`.reference`: NumPy versions of each, for tests and checks.
+
+The kernels take numba device arrays and umem_numba buffers alike (managed,
+VMM, mapped pinned), float32 or float64, and copy the boundary through
+unchanged.  The ``*_step`` launchers go through :func:`umem_numba.launch`, so
+host access to a buffer afterwards waits for exactly the launches that used it.
+
+Importing this package compiles nothing and touches no GPU.
+"""
+
+from __future__ import annotations
+
+from ._common import MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from .reference import (
+    heat2d_reference,
+    heat2d_step_reference,
+    heat3d_reference,
+    heat3d_step_reference,
+    max_abs_diff_reference,
+)
+from .residual import max_abs_diff, max_abs_diff_kernel
+from .stencil2d import TUNED_2D, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
+from .stencil3d import TUNED_3D, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "stencil_weights",
+    "require_free_memory",
+    "MemoryBudgetError",
+    # 2-D
+    "heat2d_kernel",
+    "heat2d_step",
+    "launch_config_2d",
+    "TUNED_2D",
+    "heat2d_launch",
+    # 3-D
+    "heat3d_kernel",
+    "heat3d_step",
+    "launch_config_3d",
+    "TUNED_3D",
+    "heat3d_launch",
+    # residual
+    "max_abs_diff",
+    "max_abs_diff_kernel",
+    # references
+    "heat2d_step_reference",
+    "heat2d_reference",
+    "heat3d_step_reference",
+    "heat3d_reference",
+    "max_abs_diff_reference",
+]

@@ -1,0 +1,87 @@
+"""Convergence check for iterative solvers: ``max |a - b|`` over two 2-D grids, on the device.
+
+The result lands in a one-element array (a managed buffer, typically), so the
+host can read it without copying the grids back; with umem_numba's coherence
+checks, reading ``out.host[0]`` waits for exactly the reduction's launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from numba import cuda
+
+from ._common import ceil_div, check_pair
+
+__all__ = ["REDUCE_BLOCK", "max_abs_diff_kernel", "reset_kernel", "max_abs_diff"]
+
+#: Threads per block of the reduction (a power of two: the tree halves it).
+REDUCE_BLOCK = 256
+#: Rows each block column reduces before combining: enough work per block that
+#: the one atomic per block is negligible.
+_ROWS_PER_BLOCK = 64
+
+
+@cuda.jit
+def reset_kernel(out):
+    """Set ``out[0] = 0`` on the device (stream-ordered, no host round trip)."""
+    if cuda.grid(1) == 0:
+        out[0] = 0
+
+
+@cuda.jit
+def max_abs_diff_kernel(a, b, out):
+    """Fold ``max |a - b|`` into ``out[0]`` (``out`` must start at 0 or below the answer).
+
+    Launch with 1-D blocks of :data:`REDUCE_BLOCK` threads and a 2-D grid:
+    ``grid[0]`` covers the columns, ``grid[1]`` the rows in chunks.
+    """
+    n, m = a.shape
+    tid = cuda.threadIdx.x
+    j = cuda.blockIdx.x * REDUCE_BLOCK + tid
+    acc = abs(a[0, 0] - a[0, 0])  # zero of the array's dtype
+    if j < m:
+        for i in range(cuda.blockIdx.y, n, cuda.gridDim.y):
+            d = abs(a[i, j] - b[i, j])
+            if d > acc:
+                acc = d
+    # Tree reduction in shared memory, then one atomic per block.
+    partial = cuda.shared.array(REDUCE_BLOCK, a.dtype)
+    partial[tid] = acc
+    cuda.syncthreads()
+    width = REDUCE_BLOCK // 2
+    while width > 0:
+        if tid < width and partial[tid + width] > partial[tid]:
+            partial[tid] = partial[tid + width]
+        cuda.syncthreads()
+        width //= 2
+    if tid == 0:
+        cuda.atomic.max(out, 0, partial[0])
+
+
+def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
+    """Launch ``out[0] = max |a - b|`` (asynchronous; resets ``out`` first, on the device).
+
+    Parameters
+    ----------
+    a, b : 2-D float32 or float64 arrays
+        Same shape and dtype (device arrays, umem_numba buffers, or numpy
+        arrays under the simulator).
+    out : 1-element array of the same dtype
+        Receives the maximum; a :class:`umem_numba.ManagedBuffer` lets the host
+        read it with ``out.host[0]``, which waits for this launch only.
+    stream : numba stream or 0
+        Launch stream (both launches use it, in order).
+    """
+    from umem_numba import launch
+
+    dtype = check_pair(a, b, 2, distinct=False)
+    if tuple(getattr(out, "shape", ())) != (1,) or out.dtype != dtype:
+        raise ValueError(f"out must be a 1-element {dtype} array, got "
+                         f"{getattr(out, 'shape', None)} {getattr(out, 'dtype', None)}")
+    n, m = (int(d) for d in a.shape)
+    launch(reset_kernel, 1, 32, out, stream=stream)
+    if n == 0 or m == 0:
+        return
+    grid = (ceil_div(m, REDUCE_BLOCK), max(1, min(ceil_div(n, _ROWS_PER_BLOCK), 65535)))
+    launch(max_abs_diff_kernel, grid, REDUCE_BLOCK, a, b, out, stream=stream)
