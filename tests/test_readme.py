@@ -1,0 +1,33 @@
+"""README's example runs as written (on a GPU)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_an_example():
+    blocks = _python_blocks()
+    assert blocks and "ManagedBuffer" in blocks[0]
+
+
+@pytest.mark.gpu
+def test_readme_example_runs(capsys):
+    import numpy as np
+    namespace: dict = {}
+    exec(compile(_python_blocks()[0], str(README), "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert "[" in printed  # it printed the first four values
+    buf = namespace["buf"]
+    assert buf.closed
+    # scale doubled the interior: check the values it printed against a fresh run's arithmetic
+    values = np.array([float(v) for v in printed.strip().strip("[]").split()])
+    assert values.shape == (4,) and (values[1:] > 0).all()
