@@ -266,3 +266,27 @@ def test_coherent_wrapper_validation():
     assert um.coherent(kk) is kk
     with pytest.raises(ValueError, match="launch configuration"):
         kk[1]
+
+
+@pytest.mark.multigpu
+def test_launch_on_another_device_is_tracked(rng):
+    """A buffer from device 0 used by a kernel on device 1: the event lives in device 1's context."""
+    data = random_array(rng, 4096, np.float64)
+    buf = um.managed_from(data)
+    assert buf.device_id == 0
+
+    @um.jit
+    def plus_two(a):
+        i = cuda.grid(1)
+        if i < a.shape[0]:
+            a[i] += 2
+
+    with cuda.gpus[1]:
+        other = um.managed_from(data)
+        assert other.device_id == 1
+        plus_two[32, 128](buf)
+        plus_two[32, 128](other)
+        (stream, event), = buf._coherence_tracker.pending.items()
+        assert event.device_id == 1
+    np.testing.assert_array_equal(buf.host, data + 2)
+    np.testing.assert_array_equal(other.host, data + 2)

@@ -543,7 +543,8 @@ def test_growth_in_many_chunks_is_all_or_nothing_on_oom(rng, device_memory):
             buf.grow(buf.capacity)
         assert (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count,
                 umem_numba.stats()["vmm"].live_bytes) == before
-        assert abs(_free_bytes() - free0) < 4 * MiB, "chunks mapped before the failure were not given back"
+        # one-sided: the driver may hand back unrelated cached memory meanwhile
+        assert _free_bytes() >= free0 - 4 * MiB, "chunks mapped before the failure were not given back"
         np.testing.assert_array_equal(buf.copy_to_host(), data)
     device_memory()
 
