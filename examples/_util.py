@@ -6,6 +6,8 @@ import sys
 import time
 from typing import TextIO
 
+import numpy as np
+
 
 class ProgressBar:
     """``[#####-----]  52%  260/500 steps  1.2 s`` redrawn in place on a terminal.
@@ -65,3 +67,17 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}"
         n /= 1024
     return f"{n:.2f} GiB"
+
+
+def report_check(result: np.ndarray, expected: np.ndarray, steps: int) -> int:
+    """Print how far ``result`` is from the NumPy reference; 0 if within rounding, else 1.
+
+    The error is the largest absolute difference relative to the largest
+    value; the tolerance is 1e-5 for float32 and 1e-12 for float64.
+    """
+    error = float(np.max(np.abs(result - expected)) / max(float(np.max(np.abs(expected))), 1e-30))
+    tolerance = 1e-5 if result.dtype == np.float32 else 1e-12
+    verdict = "OK" if error < tolerance else "MISMATCH"
+    print(f"check against NumPy ({steps} steps): max error {error:.2e} of the largest value "
+          f"(tolerance {tolerance:.0e}): {verdict}")
+    return 0 if error < tolerance else 1

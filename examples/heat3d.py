@@ -34,7 +34,7 @@ from umem_numba import kernels
 from umem_numba._png import field_to_png  # tiny PNG writer shipped with umem_numba
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import ProgressBar, human_bytes  # noqa: E402  (a small progress bar, next to this file)
+from _util import ProgressBar, human_bytes, report_check  # noqa: E402  (a small progress bar, next to this file)
 
 MEMORY_KINDS = ("device", "managed", "managed-prefetch")
 
@@ -151,13 +151,7 @@ def check(cube: np.ndarray, n: int, dtype: np.dtype, steps: int, alpha: float) -
     """Compare with the NumPy reference; 0 if within rounding, else 1."""
     start = np.empty((n, n, n), dtype)
     set_initial(start)
-    expected = kernels.heat3d_reference(start, steps, alpha)
-    error = float(np.max(np.abs(cube - expected)) / max(float(np.max(np.abs(expected))), 1e-30))
-    tolerance = 1e-5 if dtype == np.float32 else 1e-12
-    verdict = "OK" if error < tolerance else "MISMATCH"
-    print(f"check against NumPy ({steps} steps): max error {error:.2e} of the largest value "
-          f"(tolerance {tolerance:.0e}): {verdict}")
-    return 0 if error < tolerance else 1
+    return report_check(cube, kernels.heat3d_reference(start, steps, alpha), steps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,12 @@ def _release(kind: str, ptr: int, nbytes: int, free: Callable[[], None], tracker
 
     try:
         if tracker.pending or tracker.unknown:
-            tracker.wait(extra="context" if tracker.unknown else None)
+            try:
+                tracker.wait(extra="context" if tracker.unknown else None)
+            except Exception as exc:  # e.g. at interpreter exit: still try to free
+                if getattr(exc, "name", None) not in _GONE:
+                    warnings.warn(f"umem_numba: could not wait for device work before releasing "
+                                  f"{kind} memory at {ptr:#x}: {exc}", RuntimeWarning, stacklevel=2)
         free()
     except CudaError as exc:
         if exc.name not in _GONE:
