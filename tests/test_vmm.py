@@ -23,8 +23,9 @@ from numba import cuda
 import umem_numba
 from umem_numba import _driver
 from umem_numba._errors import BufferClosedError, CudaError, OutOfMemoryError, UnsupportedError
-from umem_numba._vmm import (AccessFlags, AddressRange, Mapping, PhysicalMemory, _as_access,
-                             _check_multiple, _round_up, allocation_granularity)
+from umem_numba._vmm import AddressRange, Mapping, PhysicalMemory
+from umem_numba._vmm_access import AccessFlags, allocation_granularity, check_multiple, round_up
+from umem_numba._vmm_access import as_access as _as_access
 from umem_numba._vmm_buffer import VMMBuffer
 
 from conftest import random_array
@@ -142,14 +143,14 @@ def test_access_flags_rejects(bad, exc, match):
 
 def test_granularity_arithmetic_messages():
     g = 2 * MiB
-    assert _round_up(1, g) == g and _round_up(g, g) == g and _round_up(g + 1, g) == 2 * g
-    _check_multiple(3 * g, g, "size")
+    assert round_up(1, g) == g and round_up(g, g) == g and round_up(g + 1, g) == 2 * g
+    check_multiple(3 * g, g, "size")
     with pytest.raises(ValueError) as info:
-        _check_multiple(3 * MiB, g, "physical allocation size")
+        check_multiple(3 * MiB, g, "physical allocation size")
     msg = str(info.value)
     assert "3145728" in msg and "2097152" in msg and "nearest valid: 2097152 or 4194304" in msg
     with pytest.raises(ValueError, match="nearest valid: 2097152$"):
-        _check_multiple(4096, g, "size")
+        check_multiple(4096, g, "size")
 
 
 @pytest.fixture
@@ -309,7 +310,7 @@ def test_buffer_basics_access_range_stats(rng, device_memory):
     s0 = umem_numba.stats()["vmm"]
     buf = VMMBuffer.from_array(data, capacity=n)
     g = buf.granularity
-    mapped = _round_up(n * 4, g)
+    mapped = round_up(n * 4, g)
     assert (buf.shape, buf.dtype, buf.capacity) == ((n,), np.int32, n)
     assert buf.mapped_nbytes == mapped and buf.reserved_nbytes == mapped and buf.chunk_count == 1
     # capacity == length: the driver's range for the pointer is exactly our mapping.
@@ -350,8 +351,8 @@ def test_grow_keeps_address_contents_and_views(rng, dtype, device_memory):
 
     buf.grow(3 * n0)
     assert buf.ptr == ptr0 and buf.shape == (3 * n0,) and len(buf) == 3 * n0
-    assert buf.chunk_count == 2 and buf.mapped_nbytes == _round_up(3 * n0 * data.itemsize, g)
-    assert umem_numba.stats()["vmm"].live_bytes - s0.live_bytes == buf.mapped_nbytes - _round_up(data.nbytes, g)
+    assert buf.chunk_count == 2 and buf.mapped_nbytes == round_up(3 * n0 * data.itemsize, g)
+    assert umem_numba.stats()["vmm"].live_bytes - s0.live_bytes == buf.mapped_nbytes - round_up(data.nbytes, g)
     assert view.ptr == vptr
     np.testing.assert_array_equal(view.copy_to_host(), data[17:4017])
     np.testing.assert_array_equal(buf[:n0].copy_to_host(), data)
@@ -533,7 +534,7 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
 def test_growth_in_many_chunks_is_all_or_nothing_on_oom(rng, device_memory):
     free = _free_bytes()
     g = _gran()
-    chunk = _round_up(free // 3, g)  # a few chunks fit before the device runs out
+    chunk = round_up(free // 3, g)  # a few chunks fit before the device runs out
     data = random_array(rng, 1000, np.int32)
     with VMMBuffer.from_array(data, chunk_bytes=chunk) as buf:
         gc.collect()
@@ -555,7 +556,7 @@ _CHILD_READ_ONLY = textwrap.dedent("""
     from numba import cuda
     from umem_numba import _driver, Location
     from umem_numba._errors import CudaError
-    from umem_numba._vmm import AccessFlags
+    from umem_numba._vmm_access import AccessFlags
     from umem_numba._vmm_buffer import VMMBuffer
 
     @cuda.jit
@@ -698,8 +699,8 @@ def test_exported_memory_is_shared_by_two_processes(rng, tmp_path, chunks, devic
             buf.export_fd()
         pieces = buf.export_fds()
         fds = [fd for fd, _ in pieces]
-        assert [s for _, s in pieces] == [_round_up(n0 * 8, buf.granularity),
-                                          buf.mapped_nbytes - _round_up(n0 * 8, buf.granularity)]
+        assert [s for _, s in pieces] == [round_up(n0 * 8, buf.granularity),
+                                          buf.mapped_nbytes - round_up(n0 * 8, buf.granularity)]
         spec = {"pieces": pieces}
     spec.update(shape=[n], dtype="int64", expected=str(tmp_path / "expected.npy"))
     try:

@@ -28,42 +28,16 @@ page has one and when pages disagree.
 from __future__ import annotations
 
 import enum
-import functools
-import operator
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import numpy as np
+from typing import Any, NamedTuple
 
 from . import _driver
-from ._buffer import Buffer
-from ._errors import BufferClosedError, CudaError, UnsupportedError
+from ._errors import CudaError
 from ._location import HOST, Location, StreamLike, Target, as_location
-
-if TYPE_CHECKING:
-    from ._coherence import Tracker
+from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
+from ._prefetch import prefetch
 
 __all__ = ["MemAdvice", "MigrationPolicy", "ManagedMemoryHints", "HintState"]
-
-
-# ---------------------------------------------------------------------------
-# Driver constants, resolved once.
-
-@functools.lru_cache(maxsize=1)
-def _consts() -> SimpleNamespace:
-    drv = _driver.api().drv
-    attr = drv.CUmem_range_attribute
-    # The legacy (int-valued) range attributes: cuda-bindings 13.3 rejects the
-    # *_TYPE/*_ID forms in cuMemRangeGetAttribute.
-    return SimpleNamespace(
-        advice={a: drv.CUmem_advise(int(a)) for a in MemAdvice},
-        read_mostly=attr.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
-        preferred=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
-        accessed_by=attr.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
-        last_prefetch=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
-        is_managed=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
-    )
 
 
 class MemAdvice(enum.IntEnum):
@@ -100,170 +74,44 @@ _NEEDS_CONCURRENT = frozenset({MemAdvice.SET_PREFERRED_LOCATION, MemAdvice.SET_A
 
 
 # ---------------------------------------------------------------------------
-# Regions: what a buffer (or a range of it) is in driver terms.
-
-@dataclass(frozen=True)
-class _Region:
-    """A validated byte range of managed memory, valid until the buffer is closed."""
-
-    ptr: int
-    nbytes: int
-    device_id: int
-    tracker: "Tracker | None"
-    label: str
-
-
-def _index(value: Any, name: str, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what}: {name} must be an integer element index, not a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what}: {name} must be an integer element index, "
-                        f"got {type(value).__name__} {value!r}") from None
-
-
-def _check_range(start: Any, stop: Any, size: int, what: str) -> tuple[int, int]:
-    """Validate ``[start, stop)`` against ``size`` elements (``None`` = that end)."""
-    lo = 0 if start is None else _index(start, "start", what)
-    hi = size if stop is None else _index(stop, "stop", what)
-    if lo < 0 or hi < 0:
-        raise IndexError(f"{what}: range [{lo}, {hi}) has a negative bound; element ranges "
-                         "count from the start of the buffer (no wrap-around)")
-    if hi > size:
-        raise IndexError(f"{what}: range [{lo}, {hi}) is out of bounds for {size} element(s)")
-    if lo >= hi:
-        if lo > hi:
-            raise ValueError(f"{what}: range [{lo}, {hi}) has start > stop")
-        raise ValueError(f"{what}: range [{lo}, {hi}) is empty: nothing to advise or prefetch")
-    return lo, hi
-
-
-def _extent(obj: Any, what: str) -> tuple[int, int]:
-    """``(size, itemsize)`` of a supported object, checking everything that needs no driver."""
-    if isinstance(obj, Buffer):
-        if obj.closed:
-            raise BufferClosedError(f"{what}: this {type(obj).__name__} is closed")
-        alloc = obj._live()
-        if alloc.kind != "managed":
-            raise UnsupportedError(f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
-                                   "memory; advice and prefetch need a ManagedBuffer")
-        if not obj.is_c_contiguous:
-            raise ValueError(f"{what}: the buffer view is strided; advice and prefetch need a "
-                             "C-contiguous buffer or view")
-        return obj.size, obj.itemsize
-    iface = getattr(obj, "__cuda_array_interface__", None)
-    if not isinstance(iface, dict):
-        raise TypeError(f"{what}: expected a ManagedBuffer or a managed array with "
-                        f"__cuda_array_interface__ (e.g. numba's cuda.managed_array), got {type(obj).__name__}")
-    shape = tuple(iface["shape"])
-    dtype = np.dtype(iface["typestr"])
-    strides = iface.get("strides")
-    if strides is not None:
-        from ._layout import c_strides
-        if tuple(strides) != c_strides(shape, dtype.itemsize):
-            raise ValueError(f"{what}: the array is not C-contiguous")
-    size = 1
-    for d in shape:
-        size *= d
-    return size, dtype.itemsize
-
-
-def _region(obj: Any, lo: int, hi: int, what: str) -> _Region:
-    """The live byte range of elements ``[lo, hi)`` of ``obj`` (bounds already checked)."""
-    if isinstance(obj, Buffer):
-        alloc = obj._live()
-        itemsize = obj.itemsize
-        return _Region(obj.ptr + lo * itemsize, (hi - lo) * itemsize, alloc.device_id, alloc.tracker,
-                       f"{type(obj).__name__} elements [{lo}, {hi})")
-    iface = obj.__cuda_array_interface__
-    itemsize = np.dtype(iface["typestr"]).itemsize
-    base = int(iface["data"][0])
-    device_id = _driver.ensure_context()
-    _require_managed(base, what)
-    return _Region(base + lo * itemsize, (hi - lo) * itemsize, device_id, None,
-                   f"{type(obj).__name__} elements [{lo}, {hi})")
-
-
-def _require_managed(ptr: int, what: str) -> None:
-    res = _driver.api().drv.cuPointerGetAttribute(_consts().is_managed, ptr)
-    # An address the driver does not know at all (plain host memory) fails the query.
-    if res[0] != 0 or not int(res[1]):
-        raise UnsupportedError(f"{what}: the memory at {ptr:#x} is not managed memory "
-                               "(cuPointerGetAttribute IS_MANAGED); advice and prefetch need "
-                               "cuMemAllocManaged memory")
-
-
-def _parse_target(target: Target, what: str) -> Location:
-    """A target as a :class:`Location`, checking its type only (no driver call unless ``None``)."""
-    try:
-        return as_location(target, check=False)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{what}: {exc}") from None
-
-
-def _check_target(loc: Location, what: str, *, concurrent: bool = True) -> Location:
-    """Check that a device location exists and (if asked) supports concurrent managed access."""
-    if not loc.is_host:
-        try:
-            as_location(loc, check=True)
-        except ValueError as exc:
-            raise ValueError(f"{what}: {exc}") from None
-        if concurrent:
-            _require_concurrent(loc.id, what)
-    return loc
-
-
-def _require_concurrent(device_id: int, what: str) -> None:
-    """Raise :class:`UnsupportedError` unless the device has concurrentManagedAccess."""
-    if not _driver.device_attribute("CONCURRENT_MANAGED_ACCESS", device_id):
-        raise UnsupportedError(
-            f"{what}: device {device_id} has no concurrentManagedAccess (e.g. Windows/WDDM or an old "
-            "GPU): the driver cannot prefetch to it, prefer it or map managed memory for it")
-
-
-def _not_supported(exc: CudaError, what: str) -> Exception:
-    if exc.name == "CUDA_ERROR_NOT_SUPPORTED":
-        return UnsupportedError(f"{what}: the driver does not support this here ({exc})")
-    return exc
-
-
-# ---------------------------------------------------------------------------
 # Reading and writing advice.
 
-def _advise(region: _Region, advice: MemAdvice, loc: Location | None) -> None:
-    what = f"{advice.name} on {region.label}"
+def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
+    what = f"{advice.name} on {span.label}"
     # The driver ignores the location of location-less advice, but the call needs one.
-    cu = (loc or Location.device(region.device_id)).to_cu()
+    cu = (loc or Location.device(span.device_id)).to_cu()
     api = _driver.api()
-    with _driver.device_context(region.device_id):
+    with _driver.device_context(span.device_id):
         try:
-            _driver.check(api.mem_advise(region.ptr, region.nbytes, _consts().advice[advice], cu),
+            _driver.check(api.mem_advise(span.ptr, span.nbytes, api.c.advise(int(advice)), cu),
                           "cuMemAdvise", what + (f" for {loc}" if loc else ""))
         except CudaError as exc:
-            raise _not_supported(exc, what) from exc
+            unsupported = unsupported_from(exc, what)
+            if unsupported is None:
+                raise
+            raise unsupported from exc
 
 
-def _range_attr(region: _Region, attr: Any, size: int = 4) -> list[int]:
+def _range_attr(span: ManagedSpan, attr: Any, size: int = 4) -> list[int]:
     """A range attribute as a list of 32-bit values (one for the scalar attributes)."""
-    with _driver.device_context(region.device_id):
-        raw = _driver.call("cuMemRangeGetAttribute", size, attr, region.ptr, region.nbytes,
-                           detail=f"reading hints of {region.label}")
+    with _driver.device_context(span.device_id):
+        raw = _driver.call("cuMemRangeGetAttribute", size, attr, span.ptr, span.nbytes,
+                           detail=f"reading hints of {span.label}")
     return [int(v) for v in raw] if isinstance(raw, (list, tuple)) else [int(raw)]
 
 
-def _read_flag(region: _Region, attr: Any) -> bool:
-    return bool(_range_attr(region, attr)[0])
+def _read_flag(span: ManagedSpan, attr: Any) -> bool:
+    return bool(_range_attr(span, attr)[0])
 
 
-def _read_location(region: _Region, attr: Any) -> Location | None:
-    return Location.from_legacy_id(_range_attr(region, attr)[0])
+def _read_location(span: ManagedSpan, attr: Any) -> Location | None:
+    return Location.from_legacy_id(_range_attr(span, attr)[0])
 
 
-def _read_accessed_by(region: _Region) -> frozenset[Location]:
+def _read_accessed_by(span: ManagedSpan) -> frozenset[Location]:
     # One slot per device plus the host; the driver pads unused slots with -2.
     slots = _driver.device_count() + 1
-    ids = _range_attr(region, _consts().accessed_by, 4 * slots)
+    ids = _range_attr(span, _driver.consts().range_accessed_by, 4 * slots)
     return frozenset(loc for loc in map(Location.from_legacy_id, ids) if loc is not None)
 
 
@@ -339,7 +187,7 @@ class MigrationPolicy:
             return
         if self.kind not in ("prefer_device", "host_mapped"):
             raise ValueError(f"the {_NAMES[self.kind]} policy takes no device (got {device!r})")
-        loc = _parse_target(device, f"MigrationPolicy {_NAMES[self.kind]}")
+        loc = as_location(device, check=False, what=f"MigrationPolicy {_NAMES[self.kind]}")
         if loc.is_host:
             raise ValueError(f"MigrationPolicy {_NAMES[self.kind]} needs a device, not the host "
                              "(use PREFER_HOST for host memory)")
@@ -428,15 +276,15 @@ class ManagedMemoryHints:
     __slots__ = ("_obj", "_start", "_stop")
 
     def __init__(self, obj: Any, start: int | None = None, stop: int | None = None) -> None:
-        size, _ = _extent(obj, "ManagedMemoryHints")
+        size = element_count(obj, "ManagedMemoryHints")
         self._obj = obj
-        self._start, self._stop = _check_range(start, stop, size, "ManagedMemoryHints")
+        self._start, self._stop = check_range(start, stop, size, "ManagedMemoryHints")
 
-    def _region(self, what: str) -> _Region:
-        size, _ = _extent(self._obj, what)
+    def _span(self, what: str) -> ManagedSpan:
+        size = element_count(self._obj, what)
         if self._stop > size:  # cannot happen for our buffers; guards a resized foreign array
             raise IndexError(f"{what}: range [{self._start}, {self._stop}) no longer fits {size} element(s)")
-        return _region(self._obj, self._start, self._stop, what)
+        return managed_span(self._obj, self._start, self._stop, what)
 
     # -- range ------------------------------------------------------------------
     @property
@@ -451,36 +299,36 @@ class ManagedMemoryHints:
 
     def range(self, start: int, stop: int) -> "ManagedMemoryHints":
         """Hints for elements ``[start, stop)`` of *this* range (like slicing a slice)."""
-        lo, hi = _check_range(start, stop, self._stop - self._start, "ManagedMemoryHints.range")
+        lo, hi = check_range(start, stop, self._stop - self._start, "ManagedMemoryHints.range")
         return ManagedMemoryHints(self._obj, self._start + lo, self._start + hi)
 
     # -- live state ---------------------------------------------------------------
     @property
     def read_mostly(self) -> bool:
         """Whether every page of the range is read-mostly (driver state)."""
-        return _read_flag(self._region("read_mostly"), _consts().read_mostly)
+        return _read_flag(self._span("read_mostly"), _driver.consts().range_read_mostly)
 
     @property
     def preferred_location(self) -> Location | None:
         """The preferred location of every page, or ``None`` (none, or pages disagree)."""
-        return _read_location(self._region("preferred_location"), _consts().preferred)
+        return _read_location(self._span("preferred_location"), _driver.consts().range_preferred)
 
     @property
     def accessed_by(self) -> frozenset[Location]:
         """Devices (and the host) with accessed-by advice on the whole range."""
-        return _read_accessed_by(self._region("accessed_by"))
+        return _read_accessed_by(self._span("accessed_by"))
 
     @property
     def last_prefetch_location(self) -> Location | None:
         """Where every page was last prefetched, or ``None`` (never, or to different places)."""
-        return _read_location(self._region("last_prefetch_location"), _consts().last_prefetch)
+        return _read_location(self._span("last_prefetch_location"), _driver.consts().range_last_prefetch)
 
     def state(self) -> HintState:
         """All four hints at once, read from the driver."""
-        region = self._region("state")
-        c = _consts()
-        return HintState(_read_flag(region, c.read_mostly), _read_location(region, c.preferred),
-                         _read_accessed_by(region), _read_location(region, c.last_prefetch))
+        span = self._span("state")
+        c = _driver.consts()
+        return HintState(_read_flag(span, c.range_read_mostly), _read_location(span, c.range_preferred),
+                         _read_accessed_by(span), _read_location(span, c.range_last_prefetch))
 
     # -- advice ---------------------------------------------------------------------
     def advise(self, advice: MemAdvice, target: Target | None = None) -> None:
@@ -506,15 +354,15 @@ class ManagedMemoryHints:
         if advice.takes_location:
             if target is None:
                 raise ValueError(f"{what} needs a target: a device, an ordinal or 'cpu'")
-            loc: Location | None = _parse_target(target, what)
+            loc: Location | None = as_location(target, check=False, what=what)
         elif target is not None:
             raise ValueError(f"{what} takes no target (the driver ignores it); got {target!r}")
         else:
             loc = None
-        region = self._region(what)
+        span = self._span(what)
         if loc is not None:
-            _check_target(loc, what, concurrent=advice in _NEEDS_CONCURRENT)
-        _advise(region, advice, loc)
+            as_location(loc, require_concurrent=advice in _NEEDS_CONCURRENT, what=what)
+        _advise(span, advice, loc)
 
     def set_read_mostly(self) -> None:
         """Mark the range read-mostly: readers get read-only copies until someone writes."""
@@ -565,13 +413,13 @@ class ManagedMemoryHints:
         if not isinstance(policy, MigrationPolicy):
             raise TypeError(f"policy must be a MigrationPolicy, got {type(policy).__name__} {policy!r}")
         what = f"apply_policy({policy!r})"
-        region = self._region(what)
-        wanted = policy.advice_for(region.device_id)
+        span = self._span(what)
+        wanted = policy.advice_for(span.device_id)
         for advice, loc in wanted:
             if loc is not None:
-                _check_target(loc, what, concurrent=advice in _NEEDS_CONCURRENT)
+                as_location(loc, require_concurrent=advice in _NEEDS_CONCURRENT, what=what)
         want_accessed = {loc for a, loc in wanted if a is MemAdvice.SET_ACCESSED_BY}
-        have_accessed = _read_accessed_by(region)
+        have_accessed = _read_accessed_by(span)
         undo: list[tuple[MemAdvice, Location | None]] = []
         if not any(a is MemAdvice.SET_READ_MOSTLY for a, _ in wanted):
             undo.append((MemAdvice.UNSET_READ_MOSTLY, None))
@@ -580,13 +428,11 @@ class ManagedMemoryHints:
         undo += [(MemAdvice.UNSET_ACCESSED_BY, loc) for loc in sorted(have_accessed - want_accessed, key=str)]
         todo = [(a, loc) for a, loc in wanted if not (a is MemAdvice.SET_ACCESSED_BY and loc in have_accessed)]
         for advice, loc in undo + todo:
-            _advise(region, advice, loc)
+            _advise(span, advice, loc)
 
     # -- prefetch ---------------------------------------------------------------------
     def prefetch(self, target: Target, stream: StreamLike = None) -> None:
         """Prefetch the range to ``target`` asynchronously on ``stream`` (see ManagedBuffer.prefetch)."""
-        from ._prefetch import prefetch
-
         prefetch(self._obj, target, stream, self._start, self._stop)
 
     def __repr__(self) -> str:

@@ -1,9 +1,7 @@
-"""Ownership and array behaviour shared by every umem_numba buffer.
+"""Array behaviour shared by every umem_numba buffer.
 
-An :class:`Allocation` owns one driver allocation: it alone frees it, exactly
-once, either when the owning buffer is closed or when the last object that
-refers to it (the buffer, its views, numpy views of it) is collected.  A
-buffer is a typed, strided window (shape, strides, byte offset) onto an
+An :class:`~umem_numba._lifetime.Allocation` owns the memory and frees it
+exactly once (see :mod:`umem_numba._lifetime`).  A buffer is a typed, strided window (shape, strides, byte offset) onto an
 allocation; slicing makes another window onto the same allocation.
 
 Close semantics
@@ -21,120 +19,22 @@ Close semantics
 from __future__ import annotations
 
 import ctypes
-import threading
-import warnings
 import weakref
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
-from . import _layout, _stats
-from ._coherence import Tracker, _launching
+from . import _driver, _events, _layout
 from ._errors import BufferClosedError, UnsupportedError
-
-#: Errors that mean the context is already gone (interpreter shutdown): the
-#: driver has released everything, so there is nothing left to free.
-_GONE = frozenset({"CUDA_ERROR_DEINITIALIZED", "CUDA_ERROR_CONTEXT_IS_DESTROYED"})
-
-
-def _release(kind: str, ptr: int, nbytes: int, free: Callable[[], None], tracker: Tracker) -> None:
-    """Free an allocation; called once, by close() or by the finalizer."""
-    from ._errors import CudaError
-
-    try:
-        if tracker.pending or tracker.unknown:
-            try:
-                tracker.wait(extra="context" if tracker.unknown else None)
-            except Exception as exc:  # e.g. at interpreter exit: still try to free
-                if getattr(exc, "name", None) not in _GONE:
-                    warnings.warn(f"umem_numba: could not wait for device work before releasing "
-                                  f"{kind} memory at {ptr:#x}: {exc}", RuntimeWarning, stacklevel=2)
-        free()
-    except CudaError as exc:
-        if exc.name not in _GONE:
-            # A failed free is reported, never hidden (the memory may be lost).
-            warnings.warn(f"umem_numba: releasing {kind} memory at {ptr:#x} ({nbytes} bytes) failed: {exc}",
-                          RuntimeWarning, stacklevel=2)
-    finally:
-        _stats.record_free(kind, nbytes)
-
-
-class Allocation:
-    """One driver allocation and who frees it.
-
-    Parameters
-    ----------
-    kind : {"managed", "pinned", "vmm"}
-        Statistics bucket.
-    ptr : int
-        Address used by the host (managed, pinned) or the device (vmm).
-    nbytes : int
-        Size in bytes.
-    device_id : int
-        Device whose context owns it.
-    free : callable
-        Frees the memory; called exactly once.
-    device_ptr : int, optional
-        Device address when it differs from ``ptr`` (mapped pinned memory).
-    concurrent : bool
-        The device's concurrentManagedAccess (see :class:`Tracker`).
-    """
-
-    __slots__ = ("kind", "ptr", "device_ptr", "nbytes", "device_id", "tracker", "closed",
-                 "_exports", "_finalizer", "_lock", "__weakref__")
-
-    def __init__(self, kind: str, ptr: int, nbytes: int, device_id: int,
-                 free: Callable[[], None] | None, *, device_ptr: int | None = None,
-                 concurrent: bool = True) -> None:
-        self.kind = kind
-        self.ptr = ptr
-        self.device_ptr = ptr if device_ptr is None else device_ptr
-        self.nbytes = nbytes
-        self.device_id = device_id
-        self.tracker = Tracker(device_id, concurrent)
-        self.closed = False
-        self._exports = 0
-        self._lock = threading.Lock()
-        if free is None:  # zero-size buffer: nothing was allocated
-            self._finalizer = None
-        else:
-            _stats.record_alloc(kind, nbytes)
-            self._finalizer = weakref.finalize(self, _release, kind, ptr, nbytes, free, self.tracker)
-
-    def close(self) -> None:
-        """Release now, or as soon as the last numpy host view is gone."""
-        with self._lock:
-            if self.closed:
-                return
-            self.tracker.before_host_access(f"closing {self.kind} buffer")
-            self.closed = True
-            deferred = self._exports > 0
-        if not deferred and self._finalizer is not None:
-            self._finalizer()
-
-    def export_host(self) -> None:
-        with self._lock:
-            self._exports += 1
-
-    def host_export_gone(self) -> None:
-        with self._lock:
-            self._exports -= 1
-            release = self.closed and self._exports == 0
-        if release and self._finalizer is not None:
-            self._finalizer()
-
-    @property
-    def released(self) -> bool:
-        """Whether the memory has been returned to the driver."""
-        return self._finalizer is None or not self._finalizer.alive
-
+from ._lifetime import Allocation
+from ._tracker import Tracker, _launching, check_policy
 
 class _HostExport:
     """Base object of a numpy host view: keeps the allocation mapped while alive."""
 
     __slots__ = ("__array_interface__", "__weakref__")
 
-    def __init__(self, alloc: Allocation, interface: dict) -> None:
+    def __init__(self, alloc: Allocation, interface: dict[str, Any]) -> None:
         self.__array_interface__ = interface
         alloc.export_host()
         weakref.finalize(self, alloc.host_export_gone)
@@ -173,6 +73,15 @@ class Buffer:
     _host_accessible: ClassVar[bool] = True
     #: Whether kernels may use this buffer (subclasses may decide per instance).
     _device_accessible: ClassVar[bool] = True
+    #: The constructors to name when someone calls the class directly.
+    _constructors: ClassVar[tuple[str, ...]] = ("ManagedBuffer.empty", "PinnedBuffer.empty", "VMMBuffer.empty")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        name = type(self).__name__
+        raise TypeError(
+            f"{name}() cannot be called directly; use {', '.join(self._constructors)} "
+            "(or their zeros / from_array variants)"
+        )
 
     # -- construction -----------------------------------------------------------
     def _init(self, alloc: Allocation, offset: int, shape: tuple[int, ...],
@@ -396,6 +305,18 @@ class Buffer:
         alloc = self._device_export()
         return ctypes.c_void_p(alloc.device_ptr + self._offset if self.size else 0)
 
+    def _fill_zero(self, stream: int) -> None:
+        """Zero every byte on the device (``cuMemsetD8Async``), tracked like a kernel."""
+        if not self.nbytes:
+            return
+        alloc = self._live()
+        if not self.is_c_contiguous:
+            raise ValueError("zeroing needs a C-contiguous buffer")
+        with _driver.device_context(alloc.device_id):
+            _driver.call("cuMemsetD8Async", alloc.device_ptr + self._offset, 0, self.nbytes, stream,
+                         detail=f"zeroing a {type(self).__name__}")
+            alloc.tracker.add(stream, _events.record(stream, alloc.device_id))
+
     # -- host side ----------------------------------------------------------------
     def _host_array(self, what: str) -> np.ndarray:
         alloc = self._live()
@@ -461,8 +382,7 @@ class Buffer:
 
     @coherence_policy.setter
     def coherence_policy(self, policy: str | None) -> None:
-        from ._coherence import _check_policy
-        self._live().tracker.policy = None if policy is None else _check_policy(policy)
+        self._live().tracker.policy = None if policy is None else check_policy(policy)
 
     @property
     def _coherence_tracker(self) -> Tracker | None:

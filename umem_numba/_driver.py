@@ -6,34 +6,88 @@ Loading is lazy: importing umem_numba never touches the driver, and the first
 call that needs it raises one :class:`~umem_numba.CudaUnavailableError` on a
 machine with no driver, no GPU, or with numba's CUDA simulator switched on.
 
-cuda-bindings 12.9 exposes the location forms of ``cuMemAdvise`` and
-``cuMemPrefetchAsync`` as ``*_v2``; 13.x has them under the plain names.  The
-:class:`_Api` object resolves those differences once.
+Everything version-dependent is resolved once, in :class:`_Api`: the binding's
+enums that umem_numba uses (:attr:`_Api.c`), and the entry points that
+cuda-bindings 12.9 spells ``*_v2`` and 13.x spells plainly.  No other module
+writes a driver constant as a literal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 from ._errors import CudaError, CudaUnavailableError, OutOfMemoryError
 
+#: Results that mean the context is already gone (interpreter shutdown): the
+#: driver released everything itself, so there is nothing left to free.
+_GONE = frozenset({"CUDA_ERROR_DEINITIALIZED", "CUDA_ERROR_CONTEXT_IS_DESTROYED"})
 _OOM_NAMES = frozenset({"CUDA_ERROR_OUT_OF_MEMORY"})
 
 
+def _constants(drv: Any) -> SimpleNamespace:
+    """The binding's enum members umem_numba uses, looked up once."""
+    attr = drv.CUmem_range_attribute
+    vmm_handle = drv.CUmemAllocationHandleType
+    granularity = drv.CUmemAllocationGranularity_flags
+    return SimpleNamespace(
+        success=drv.CUresult.CUDA_SUCCESS,
+        not_ready=int(drv.CUresult.CUDA_ERROR_NOT_READY),
+        invalid_value=int(drv.CUresult.CUDA_ERROR_INVALID_VALUE),
+        # managed memory attachment
+        attach_global=int(drv.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL),
+        attach_host=int(drv.CUmemAttach_flags.CU_MEM_ATTACH_HOST),
+        attach_single=int(drv.CUmemAttach_flags.CU_MEM_ATTACH_SINGLE),
+        # the special stream handles
+        stream_legacy=int(drv.CU_STREAM_LEGACY),
+        stream_per_thread=int(drv.CU_STREAM_PER_THREAD),
+        event_disable_timing=int(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+        # pinned host memory
+        hostalloc_portable=int(drv.CU_MEMHOSTALLOC_PORTABLE),
+        hostalloc_devicemap=int(drv.CU_MEMHOSTALLOC_DEVICEMAP),
+        hostalloc_writecombined=int(drv.CU_MEMHOSTALLOC_WRITECOMBINED),
+        # locations
+        device_cpu=int(drv.CU_DEVICE_CPU),
+        location_device=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE,
+        location_host=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST,
+        # advice and range attributes (the legacy int-valued forms: cuda-bindings
+        # 13.3 rejects the *_TYPE/*_ID forms in cuMemRangeGetAttribute)
+        advise=drv.CUmem_advise,
+        range_read_mostly=attr.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
+        range_preferred=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+        range_accessed_by=attr.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
+        range_last_prefetch=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+        pointer_is_managed=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        # virtual memory management
+        vmm_pinned=drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
+        vmm_posix_fd=vmm_handle.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        vmm_no_handle=vmm_handle.CU_MEM_HANDLE_TYPE_NONE,
+        granularity_minimum=granularity.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        granularity_recommended=granularity.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        access=drv.CUmemAccess_flags,
+    )
+
+
 class _Api:
-    """The loaded binding plus the version-dependent entry points."""
+    """The loaded binding, its constants and the version-dependent entry points."""
 
     def __init__(self, drv: Any, version: str) -> None:
         self.drv = drv
         self.version = version
+        self.c = _constants(drv)
         self.mem_advise = getattr(drv, "cuMemAdvise_v2", None) or drv.cuMemAdvise
         self.mem_prefetch = getattr(drv, "cuMemPrefetchAsync_v2", None) or drv.cuMemPrefetchAsync
-        # cuda-bindings 13 only: one driver call for a whole prefetch plan.
-        self.mem_prefetch_batch = getattr(drv, "cuMemPrefetchBatchAsync", None)
-        self.success = drv.CUresult.CUDA_SUCCESS
+        err, driver_version = drv.cuDriverGetVersion()
+        self.driver_version = int(driver_version) if err == self.c.success else 0
+        # One driver call for a whole prefetch plan: in cuda-bindings 13 *and* a
+        # CUDA 13 driver (the binding may know a call the driver lacks).
+        batch = getattr(drv, "cuMemPrefetchBatchAsync", None)
+        self.mem_prefetch_batch = batch if self.driver_version >= 13000 else None
+        self.stream_get_device = getattr(drv, "cuStreamGetDevice", None)
 
 
 _lock = threading.Lock()
@@ -58,11 +112,13 @@ def _probe() -> str:
     """Load the binding and initialise the driver; return '' or why not."""
     global _api
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        return ("numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM); "
-                "umem_numba allocates real CUDA memory and needs a real GPU")
+        return (
+            "numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM); "
+            "umem_numba allocates real CUDA memory and needs a real GPU"
+        )
     try:
-        from cuda.bindings import driver as drv
         import cuda.bindings as bindings
+        from cuda.bindings import driver as drv
     except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
         return f"cuda-bindings is not importable ({exc}); install numba-cuda[cu12] or [cu13]"
     try:
@@ -80,7 +136,7 @@ def _probe() -> str:
 
 def _result_name(drv: Any, err: Any) -> str:
     try:
-        return drv.CUresult(err).name
+        return str(drv.CUresult(err).name)
     except Exception:
         return f"CUresult {int(err)}"
 
@@ -96,8 +152,19 @@ def api() -> _Api:
     return _api if _api is not None else _load()
 
 
+def consts() -> SimpleNamespace:
+    """The driver constants (see :func:`_constants`), loading the driver on first use."""
+    return api().c
+
+
 def available() -> bool:
-    """Whether a CUDA driver and at least one GPU can be used."""
+    """Whether a CUDA driver and at least one GPU can be used.
+
+    Returns
+    -------
+    bool
+        ``False`` with no driver, no GPU, or numba's CUDA simulator enabled.
+    """
     try:
         api()
     except CudaUnavailableError:
@@ -122,7 +189,7 @@ def raise_for(result: Any, call: str, detail: str = "") -> None:
     raise cls(call, int(result), name, detail)
 
 
-def check(result: tuple, call: str, detail: str = "") -> Any:
+def check(result: tuple[Any, ...], call: str, detail: str = "") -> Any:
     """Unpack a binding's ``(CUresult, *values)`` tuple or raise.
 
     Returns
@@ -145,12 +212,35 @@ def call(name: str, *args: Any, detail: str = "") -> Any:
     return check(getattr(api().drv, name)(*args), name, detail)
 
 
+def is_finished(result: Any, call: str, detail: str = "") -> bool:
+    """Decode a query's result (``cuEventQuery``, ``cuStreamQuery``): done, not ready, or raise."""
+    err = int(result[0])
+    if err == 0:
+        return True
+    if err == api().c.not_ready:
+        return False
+    raise_for(err, call, detail)
+    return False  # unreachable
+
+
+def context_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the context was already torn down (nothing left to free)."""
+    return isinstance(exc, CudaError) and exc.name in _GONE
+
+
+def shutting_down() -> bool:
+    """Whether the interpreter is finalizing (finalizers must stay quiet then)."""
+    return sys.is_finalizing()
+
+
 # --------------------------------------------------------------------------
 # Contexts.  umem_numba shares numba's primary contexts, so that memory it
 # allocates is valid in every kernel numba launches.
 
+
 def _numba_cuda() -> Any:
     from numba import cuda as nbcuda
+
     return nbcuda
 
 
@@ -165,23 +255,50 @@ def ensure_context() -> int:
     return int(ctx.device.id)
 
 
+class _Scope(threading.local):
+    device: int | None = None
+
+
+_scope = _Scope()
+
+
 @contextlib.contextmanager
 def device_context(device_id: int | None) -> Iterator[int]:
     """Run the block with numba's context of ``device_id`` current.
 
-    ``None`` means the current device.  The previous context is restored.
+    ``None`` means the current device.  The previous context is restored;
+    nested blocks for the device already entered cost nothing.
     """
+    if device_id is not None and _scope.device == device_id:
+        yield device_id
+        return
     current = ensure_context()
     if device_id is None or device_id == current:
         yield current
         return
     with _numba_cuda().gpus[device_id]:
-        yield device_id
+        outer, _scope.device = _scope.device, device_id
+        try:
+            yield device_id
+        finally:
+            _scope.device = outer
+
+
+def call_on(device_id: int, name: str, *args: Any, detail: str = "") -> Any:
+    """A checked driver call with numba's context of ``device_id`` current."""
+    with device_context(device_id):
+        return call(name, *args, detail=detail)
+
+
+_count: int | None = None
 
 
 def device_count() -> int:
-    """Number of CUDA devices visible to the driver."""
-    return int(call("cuDeviceGetCount"))
+    """Number of CUDA devices visible to the driver (it does not change in a process)."""
+    global _count
+    if _count is None:
+        _count = int(call("cuDeviceGetCount"))
+    return _count
 
 
 _attr_cache: dict[tuple[int, str], int] = {}
@@ -197,6 +314,18 @@ def device_attribute(name: str, device_id: int) -> int:
         value = int(call("cuDeviceGetAttribute", attr, device_id))
         _attr_cache[key] = value
     return value
+
+
+def concurrent_managed_access(device_id: int) -> bool:
+    """The device's concurrentManagedAccess attribute."""
+    return bool(device_attribute("CONCURRENT_MANAGED_ACCESS", device_id))
+
+
+def current_device() -> int:
+    """Ordinal of the device whose context is current (no driver call with one GPU)."""
+    if device_count() == 1:
+        return 0
+    return int(check(api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
 
 
 def mem_get_info() -> tuple[int, int]:

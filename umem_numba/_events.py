@@ -27,25 +27,16 @@ class Event:
 
     def done(self) -> bool:
         """Whether all work before the record has finished (never blocks)."""
-        err = _driver.api().drv.cuEventQuery(self.handle)[0]
-        if err == 0:
-            return True
-        if int(err) == _NOT_READY:
-            return False
-        _driver.raise_for(err, "cuEventQuery", "checking device work on a buffer")
-        return False  # unreachable
+        return _driver.is_finished(
+            _driver.api().drv.cuEventQuery(self.handle), "cuEventQuery", "checking device work on a buffer"
+        )
 
     def synchronize(self) -> None:
         """Block until the recorded work has finished."""
-        _driver.call("cuEventSynchronize", self.handle,
-                     detail="waiting for device work on a buffer")
+        _driver.call("cuEventSynchronize", self.handle, detail="waiting for device work on a buffer")
 
     def __del__(self) -> None:
         _pool(self.device_id).append(self.handle)
-
-
-_NOT_READY = 600  # CUDA_ERROR_NOT_READY
-_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 
 
 def _pool(device_id: int) -> list[Any]:
@@ -57,14 +48,16 @@ def _pool(device_id: int) -> list[Any]:
 
 def record(stream: int, device_id: int) -> Event:
     """Record a pooled event on ``stream`` (in the current context, whose device is ``device_id``)."""
-    drv = _driver.api().drv
+    api = _driver.api()
+    drv = api.drv
     pool = _pool(device_id)
     try:
         handle = pool.pop()
     except IndexError:
-        handle = _driver.check(drv.cuEventCreate(_DISABLE_TIMING), "cuEventCreate")
+        handle = _driver.check(drv.cuEventCreate(api.c.event_disable_timing), "cuEventCreate")
     err = drv.cuEventRecord(handle, stream)[0]
     if err != 0:
-        pool.append(handle)
-        _driver.raise_for(err, "cuEventRecord", f"recording launch completion on stream {stream:#x}")
+        # A handle whose record failed is in an unknown state: never reuse it.
+        drv.cuEventDestroy(handle)
+        _driver.raise_for(err, "cuEventRecord", f"recording completion on stream {stream:#x}")
     return Event(handle, device_id, stream)

@@ -8,7 +8,7 @@ to the start of their allocation, exactly like a numpy array over a buffer.
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -27,6 +27,17 @@ def normalize_dtype(dtype: Any) -> np.dtype:
         raise TypeError(f"dtype {dt} holds Python objects, which cannot live in GPU memory")
     if dt.itemsize == 0:
         raise TypeError(f"dtype {dt} has no fixed size")
+    if dt.subdtype is not None:
+        base, sub = dt.subdtype
+        raise TypeError(
+            f"subarray dtype {dt} is not supported: numpy expands it into extra dimensions; "
+            f"use dtype {base} with {len(sub)} more trailing dimension(s) {sub} in the shape instead"
+        )
+    if not dt.isnative:
+        raise TypeError(
+            f"dtype {dt} is not in the machine's byte order; GPU kernels need native-endian data "
+            f"(use {dt.newbyteorder('=')})"
+        )
     return dt
 
 
@@ -163,6 +174,48 @@ def extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> t
         else:
             hi += span
     return lo, hi + itemsize
+
+
+class DeviceArrayInfo(NamedTuple):
+    """What a ``__cuda_array_interface__`` describes, validated."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def is_c_contiguous(self) -> bool:
+        """Whether the elements are dense in row-major order."""
+        return is_c_contiguous(self.shape, self.strides, self.dtype.itemsize)
+
+
+def cuda_array_info(obj: Any, what: str) -> DeviceArrayInfo:
+    """Parse another library's ``__cuda_array_interface__`` (numba, CuPy, PyTorch ...).
+
+    Raises
+    ------
+    TypeError
+        ``obj`` has no CUDA Array Interface, or an unusable dtype.
+    """
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if not isinstance(iface, dict):
+        raise TypeError(f"{what}: expected a device array with __cuda_array_interface__ (numba, CuPy, "
+                        f"PyTorch) or a umem_numba buffer (ManagedBuffer, PinnedBuffer, VMMBuffer), got {type(obj).__name__}")
+    descr = iface.get("descr")
+    dtype = normalize_dtype(descr if descr and len(descr) > 1 else iface["typestr"])
+    shape = tuple(int(d) for d in iface["shape"])
+    strides = iface.get("strides")
+    strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(int(s) for s in strides)
+    return DeviceArrayInfo(int(iface["data"][0]), shape, strides, dtype)
 
 
 def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:

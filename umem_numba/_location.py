@@ -12,11 +12,15 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Union
 
+import numpy as np
+
 from . import _driver
+from ._errors import UnsupportedError
 
-__all__ = ["Location", "HOST", "as_location", "stream_handle", "Target", "StreamLike"]
+__all__ = ["Location", "HOST", "as_location", "as_device", "stream_handle", "stream_device", "Target", "StreamLike"]
 
-#: The driver's legacy id for the host in range attributes (``CU_DEVICE_CPU``).
+#: The driver's legacy id for the host in range attributes (``CU_DEVICE_CPU``; a
+#: test checks it against the binding: it is needed before the driver loads).
 _CU_DEVICE_CPU = -1
 _HOST_NAMES = frozenset({"cpu", "host"})
 
@@ -71,13 +75,13 @@ class Location:
         """This location as a ``CUmemLocation`` (cached per location)."""
         cu = _CU_CACHE.get(self)
         if cu is None:
-            drv = _driver.api().drv
-            cu = drv.CUmemLocation()
+            api = _driver.api()
+            cu = api.drv.CUmemLocation()
             if self.is_host:
-                cu.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+                cu.type = api.c.location_host
                 cu.id = 0
             else:
-                cu.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                cu.type = api.c.location_device
                 cu.id = self.id
             _CU_CACHE[self] = cu
         return cu
@@ -104,72 +108,159 @@ Target = Union[Location, int, str, Any]
 StreamLike = Any
 
 
-def as_location(target: Target, *, check: bool = True) -> Location:
-    """Normalise a target to a :class:`Location`.
+def _ordinal(value: Any, what: str) -> int | None:
+    """``value`` as an int (Python or numpy integer), ``None`` if it is not one; bools refused."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}a bool is not a device, an ordinal or 'cpu'")
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def as_location(
+    target: Target,
+    *,
+    check: bool = True,
+    allow_host: bool = True,
+    require_concurrent: bool = False,
+    what: str = "",
+) -> Location:
+    """Normalise a target to a :class:`Location`: the one parser of devices and the host.
 
     Parameters
     ----------
-    target : Location, int, str, numba device or None
-        ``None`` is the current device; an ``int`` is a device ordinal;
+    target : Location, int, numpy integer, str, numba device or None
+        ``None`` is the current device; an integer is a device ordinal;
         ``"cpu"`` or ``"host"`` is the host; a numba ``Device`` (or
         ``cuda.gpus[n]``) is that device.
     check : bool
         Verify that a device ordinal exists (asks the driver).
+    allow_host : bool
+        ``False`` refuses the host (for device-only memory such as VMM).
+    require_concurrent : bool
+        Refuse a device without concurrentManagedAccess
+        (:class:`~umem_numba.UnsupportedError`); implies ``check``.
+    what : str
+        The caller's name for the operation, put at the front of messages.
+
+    Returns
+    -------
+    Location
 
     Raises
     ------
     TypeError
         For anything else (a bool, a float, an unknown string).
     ValueError
-        For a device ordinal the driver does not have.
+        A negative ordinal, a device the driver does not have, or the host
+        where ``allow_host`` is ``False``.
+    UnsupportedError
+        ``require_concurrent`` and the device lacks concurrentManagedAccess.
     """
+    prefix = f"{what}: " if what else ""
     if isinstance(target, Location):
         loc = target
     elif target is None:
-        return Location.device(_driver.ensure_context())
-    elif isinstance(target, bool):
-        raise TypeError("a target must be a device, an ordinal or 'cpu', not a bool")
-    elif isinstance(target, int):
-        if target < 0:
-            raise ValueError(f"device ordinal must be >= 0, got {target} (use 'cpu' for the host)")
-        loc = Location.device(target)
+        loc = Location.device(_driver.ensure_context())
     elif isinstance(target, str):
-        if target.lower() in _HOST_NAMES:
-            return HOST
-        raise TypeError(f"unknown target {target!r}: expected 'cpu', 'host', a device or an ordinal")
-    elif isinstance(getattr(target, "id", None), int):
-        loc = Location.device(target.id)  # numba Device or gpus[n] proxy
+        if target.lower() not in _HOST_NAMES:
+            raise TypeError(f"{prefix}unknown target {target!r}: expected 'cpu', 'host', a device or an ordinal")
+        loc = HOST
     else:
-        raise TypeError(f"cannot use {type(target).__name__} as a memory location; "
-                        "expected a numba device, an ordinal, 'cpu' or a Location")
-    if check and not loc.is_host:
+        n = _ordinal(target, prefix)
+        if n is None:
+            n = _ordinal(getattr(target, "id", None), prefix)  # numba Device or gpus[n] proxy
+            if n is None:
+                raise TypeError(
+                    f"{prefix}cannot use {type(target).__name__} as a memory location; "
+                    "expected a numba device, an ordinal, 'cpu' or a Location"
+                )
+        if n < 0:
+            raise ValueError(f"{prefix}device ordinal must be >= 0, got {n} (use 'cpu' for the host)")
+        loc = Location.device(n)
+    if loc.is_host:
+        if not allow_host:
+            raise ValueError(f"{prefix}this needs a device (an ordinal or a numba device), not the host")
+        return loc
+    if check or require_concurrent:
         count = _driver.device_count()
         if loc.id >= count:
-            raise ValueError(f"device {loc.id} does not exist: this machine has {count} CUDA device(s)")
+            raise ValueError(f"{prefix}device {loc.id} does not exist: this machine has {count} CUDA device(s)")
+    if require_concurrent and not _driver.concurrent_managed_access(loc.id):
+        raise UnsupportedError(
+            f"{prefix}device {loc.id} has no concurrentManagedAccess (e.g. Windows/WDDM or an old GPU): "
+            "the driver cannot prefetch to it, prefer it or map managed memory for it"
+        )
     return loc
 
 
-def stream_handle(stream: StreamLike) -> int:
-    """The raw ``CUstream`` handle of a stream-like value, as an ``int``.
+def as_device(target: Target, *, what: str = "", require_concurrent: bool = False) -> int:
+    """The ordinal of an existing device (:func:`as_location` without the host)."""
+    return as_location(target, allow_host=False, require_concurrent=require_concurrent, what=what).id
 
-    ``None`` and ``0`` are the legacy default stream; a numba ``Stream``
-    (including ``cuda.default_stream()``) gives its handle; an ``int`` is
-    taken as a raw handle; objects with ``__cuda_stream__`` (cuda.core, CuPy)
-    are understood too.
+
+_MAX_HANDLE = 1 << 64
+
+
+def stream_handle(stream: StreamLike, *, what: str = "") -> int:
+    """The raw ``CUstream`` handle of a stream-like value, as an ``int``: the one stream parser.
+
+    Parameters
+    ----------
+    stream : numba stream, CuPy/PyTorch/cuda.core stream, int, numpy integer or None
+        ``None`` and ``0`` are the legacy default stream; objects with
+        ``__cuda_stream__`` (cuda.core, CuPy, PyTorch) give their handle, as
+        do a numba ``Stream`` (``.handle``) and a PyTorch stream
+        (``.cuda_stream``); an integer is taken as a raw handle.
+    what : str
+        The caller's name for the operation, put at the front of messages.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    TypeError
+        Not a stream (a bool, a string, ...).
+    ValueError
+        A negative handle or one wider than 64 bits.
     """
+    prefix = f"{what}: " if what else ""
     if stream is None:
         return 0
-    handle = getattr(stream, "handle", None)
-    if handle is not None:
-        return int(handle)
-    if isinstance(stream, bool):
-        raise TypeError("a stream cannot be a bool")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"a stream handle cannot be negative ({stream})")
-        return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
-        return int((proto() if callable(proto) else proto)[1])
-    raise TypeError(f"cannot use {type(stream).__name__} as a CUDA stream; "
-                    "pass a numba stream, 0 or None")
+        value: Any = (proto() if callable(proto) else proto)[1]
+    elif getattr(stream, "handle", None) is not None:
+        value = stream.handle
+        value = getattr(value, "value", value)  # a ctypes c_void_p: None means 0
+        value = 0 if value is None else value
+    elif getattr(stream, "cuda_stream", None) is not None:
+        value = stream.cuda_stream
+    else:
+        value = stream
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{prefix}a stream cannot be a bool")
+    try:
+        handle = operator.index(value) if not hasattr(value, "getPtr") else int(value)
+    except TypeError:
+        raise TypeError(
+            f"{prefix}cannot use {type(stream).__name__} as a CUDA stream; pass a numba stream, a stream "
+            "with __cuda_stream__ (CuPy, PyTorch, cuda.core), 0 or None"
+        ) from None
+    if not 0 <= handle < _MAX_HANDLE:
+        raise ValueError(f"{prefix}a CUDA stream handle is a 64-bit address; {handle} is not one")
+    return handle
+
+
+def stream_device(handle: int) -> int:
+    """Ordinal of the device a stream belongs to (events must be recorded in its context)."""
+    c = _driver.consts()
+    if handle in (0, c.stream_legacy, c.stream_per_thread):
+        return _driver.ensure_context()
+    get = _driver.api().stream_get_device
+    if get is None:  # cuda-bindings older than 12.8: assume the current device's stream
+        return _driver.ensure_context()
+    return int(_driver.check(get(handle), "cuStreamGetDevice", f"finding the device of stream {handle:#x}"))

@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from . import _driver
-from ._buffer import Allocation, Buffer, new_layout
+from . import _driver, _events
+from ._advice import ManagedMemoryHints, MigrationPolicy
+from ._buffer import Buffer, new_layout
+from ._lifetime import Allocation, DriverMemory
 from ._location import StreamLike, Target, stream_handle
-
-if TYPE_CHECKING:
-    from ._advice import ManagedMemoryHints, MigrationPolicy
+from ._prefetch import prefetch
+from ._tracker import Tracker
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_zeros", "managed_like", "managed_from"]
 
-_ATTACH = {"global": 1, "host": 2}  # CU_MEM_ATTACH_GLOBAL, CU_MEM_ATTACH_HOST
-_ATTACH_SINGLE = 4  # CU_MEM_ATTACH_SINGLE
+_ATTACH_NAMES = ("global", "host")
+
+
+def _check_attach(attach: Any) -> str:
+    if not isinstance(attach, str) or attach not in _ATTACH_NAMES:
+        raise ValueError(f"attach must be 'global' or 'host', got {attach!r}")
+    return attach
 
 
 def _attach_flag(attach: str) -> int:
-    try:
-        return _ATTACH[attach]
-    except (KeyError, TypeError):
-        raise ValueError(f"attach must be 'global' or 'host', got {attach!r}") from None
+    c = _driver.consts()
+    return c.attach_global if attach == "global" else c.attach_host
 
 
 class ManagedBuffer(Buffer):
@@ -53,6 +57,7 @@ class ManagedBuffer(Buffer):
     """
 
     __slots__ = ()
+    _constructors = ("ManagedBuffer.empty", "ManagedBuffer.zeros", "ManagedBuffer.from_array")
 
     # -- constructors ------------------------------------------------------------
     @classmethod
@@ -84,19 +89,16 @@ class ManagedBuffer(Buffer):
             No GPU or driver.
         """
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
-        flag = _attach_flag(attach)
+        attach = _check_attach(attach)
         device_id = _driver.ensure_context()
-        concurrent = bool(_driver.device_attribute("CONCURRENT_MANAGED_ACCESS", device_id))
+        tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
+        memory = None
+        ptr = 0
         if nbytes:
-            ptr = int(_driver.call("cuMemAllocManaged", nbytes, flag,
+            ptr = int(_driver.call("cuMemAllocManaged", nbytes, _attach_flag(attach),
                                    detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}"))
-            drv = _driver.api().drv
-
-            def free(ptr: int = ptr) -> None:
-                _driver.check(drv.cuMemFree(ptr), "cuMemFree")
-        else:
-            ptr, free = 0, None
-        alloc = Allocation("managed", ptr, nbytes, device_id, free, concurrent=concurrent)
+            memory = DriverMemory("managed", ptr, nbytes, "cuMemFree", device_id)
+        alloc = Allocation("managed", memory, ptr, device_id, tracker)
         if attach == "host":
             alloc.tracker.attached = "host"
         buf = object.__new__(cls)
@@ -110,13 +112,9 @@ class ManagedBuffer(Buffer):
 
         The memset is tracked like a kernel: host access waits for it.
         """
+        handle = stream_handle(stream, what="ManagedBuffer.zeros")
         buf = cls.empty(shape, dtype, attach=attach)
-        if buf.nbytes:
-            from . import _events
-            alloc = buf._live()
-            handle = stream_handle(stream)
-            _driver.call("cuMemsetD8Async", alloc.ptr, 0, buf.nbytes, handle, detail="zeroing a managed buffer")
-            alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        buf._fill_zero(handle)
         return buf
 
     @classmethod
@@ -139,15 +137,14 @@ class ManagedBuffer(Buffer):
 
     # -- advice and prefetch (umem_numba._advice, umem_numba._prefetch) -------------
     @property
-    def hints(self) -> "ManagedMemoryHints":
+    def hints(self) -> ManagedMemoryHints:
         """Advice for the whole buffer, read live from the driver (see :class:`ManagedMemoryHints`).
 
         ``buf.hints.range(start, stop)`` narrows it to elements ``[start, stop)``.
         """
-        from ._advice import ManagedMemoryHints
         return ManagedMemoryHints(self)
 
-    def apply_policy(self, policy: "MigrationPolicy") -> None:
+    def apply_policy(self, policy: MigrationPolicy) -> None:
         """Make ``policy``'s advice, and only it, be in effect (see :meth:`ManagedMemoryHints.apply_policy`)."""
         self.hints.apply_policy(policy)
 
@@ -158,12 +155,10 @@ class ManagedBuffer(Buffer):
         :class:`~umem_numba.UnsupportedError` where the target device or the
         stream's device lacks concurrentManagedAccess.
         """
-        from ._prefetch import prefetch
         prefetch(self, target, stream)
 
     def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
         """Prefetch elements ``[start, stop)`` of the flat C-ordered buffer (no negative wrap-around)."""
-        from ._prefetch import prefetch
         prefetch(self, target, stream, start, stop)
 
     # -- host holds ----------------------------------------------------------------
@@ -206,25 +201,27 @@ class ManagedBuffer(Buffer):
         is still checked against recorded work.
         """
         alloc = self._live()
+        target: str | int | None
         if isinstance(to, str):
-            if to not in ("global", "host"):
+            if to not in _ATTACH_NAMES:
                 raise ValueError(f"attach target must be a stream, 'host' or 'global', got {to!r}")
-            flag, target = (_ATTACH[to], None if to == "global" else "host")
-            handle = stream_handle(stream)
+            target = None if to == "global" else "host"
+            handle = stream_handle(stream, what="attach")
+            flag = None
         else:
-            target = stream_handle(to)
+            target = stream_handle(to, what="attach")
             if target == 0:
                 raise ValueError("cannot attach to the legacy default stream (handle 0): "
                                  "pass a created stream, 'host' or 'global'")
-            flag = _ATTACH_SINGLE
-            handle = target if stream is None else stream_handle(stream)
+            handle = target if stream is None else stream_handle(stream, what="attach")
         if not alloc.nbytes:
             alloc.tracker.attached = target
             return
-        from . import _events
-        _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag,
-                     detail=f"attaching a managed buffer to {to!r}")
-        alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        flag = _attach_flag(to) if isinstance(to, str) else _driver.consts().attach_single
+        with _driver.device_context(alloc.device_id):
+            _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag,
+                         detail=f"attaching a managed buffer to {to!r}")
+            alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
         alloc.tracker.attached = target
 
     @property

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 from typing import Any
 
 import numpy as np
 
-from . import _driver, _events
-from ._buffer import Allocation, Buffer, _check_same, new_layout
+from . import _driver, _events, _layout
+from ._buffer import Buffer, _check_same, new_layout
+from ._lifetime import Allocation, DriverMemory, Transaction
 from ._location import StreamLike, stream_handle
+from ._tracker import Tracker
 
 __all__ = ["HostAllocFlags", "PinnedBuffer"]
 
 
 class HostAllocFlags(enum.IntFlag):
     """Flags of ``cuMemHostAlloc``; combine with ``|``, test with ``in`` or ``&``.
+
+    The values are the driver's ``CU_MEMHOSTALLOC_*`` (checked against
+    ``cuda.bindings`` by the test suite), so the enum works without a driver.
 
     Attributes
     ----------
@@ -48,35 +54,27 @@ _ALL_FLAGS = int(HostAllocFlags.PORTABLE | HostAllocFlags.DEVICEMAP | HostAllocF
 
 
 def _as_flags(flags: Any) -> HostAllocFlags:
-    if isinstance(flags, bool) or not isinstance(flags, int):
-        raise TypeError(f"flags must be HostAllocFlags, got {type(flags).__name__}")
-    if int(flags) & ~_ALL_FLAGS:
-        raise ValueError(f"unknown host allocation flag bits {int(flags) & ~_ALL_FLAGS:#x}")
-    return HostAllocFlags(flags)
+    if isinstance(flags, (bool, np.bool_)):
+        raise TypeError("flags must be HostAllocFlags, not a bool")
+    try:
+        value = operator.index(flags)
+    except TypeError:
+        raise TypeError(f"flags must be HostAllocFlags, got {type(flags).__name__}") from None
+    if value & ~_ALL_FLAGS or value < 0:
+        raise ValueError(f"unknown host allocation flag bits {value & ~_ALL_FLAGS:#x}")
+    return HostAllocFlags(value)
 
 
-def _device_view(obj: Any, what: str) -> tuple[int, tuple[int, ...], np.dtype, Any]:
+def _device_view(obj: Any, what: str) -> tuple[int, tuple[int, ...], np.dtype, Tracker | None]:
     """``(device pointer, shape, dtype, tracker)`` of a contiguous device-side array."""
-    from ._buffer import Buffer as _Buf
-
-    if isinstance(obj, _Buf):
+    if isinstance(obj, Buffer):
         if not obj.is_c_contiguous:
             raise ValueError(f"{what}: the buffer view must be C-contiguous")
-        alloc = obj._live()
-        return obj.ptr, obj.shape, obj.dtype, alloc.tracker
-    iface = getattr(obj, "__cuda_array_interface__", None)
-    if iface is None:
-        raise TypeError(f"{what}: expected a numba device array or a umem_numba buffer, "
-                        f"got {type(obj).__name__}")
-    shape = tuple(iface["shape"])
-    dtype = np.dtype(iface["typestr"]) if not iface.get("descr") or len(iface["descr"]) == 1 \
-        else np.dtype(iface["descr"])
-    strides = iface.get("strides")
-    if strides is not None:
-        from ._layout import c_strides
-        if tuple(strides) != c_strides(shape, dtype.itemsize):
-            raise ValueError(f"{what}: the device array must be C-contiguous")
-    return int(iface["data"][0]), shape, dtype, None
+        return obj.ptr, obj.shape, obj.dtype, obj._live().tracker
+    info = _layout.cuda_array_info(obj, what)
+    if not info.is_c_contiguous:
+        raise ValueError(f"{what}: the device array must be C-contiguous")
+    return info.ptr, info.shape, info.dtype, None
 
 
 class PinnedBuffer(Buffer):
@@ -95,6 +93,7 @@ class PinnedBuffer(Buffer):
     """
 
     __slots__ = ("_flags",)
+    _constructors = ("PinnedBuffer.empty", "PinnedBuffer.zeros", "PinnedBuffer.from_array")
 
     def _copy_extra(self, view: Buffer) -> None:
         view._flags = self._flags  # type: ignore[attr-defined]
@@ -123,24 +122,19 @@ class PinnedBuffer(Buffer):
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
         flags = _as_flags(flags)
         device_id = _driver.ensure_context()
+        ptr = 0
         device_ptr = None
+        memory = None
         if nbytes:
-            ptr = int(_driver.call("cuMemHostAlloc", nbytes, int(flags),
-                                   detail=f"pinning {nbytes} bytes of host memory"))
-            drv = _driver.api().drv
-
-            def free(ptr: int = ptr) -> None:
-                _driver.check(drv.cuMemFreeHost(ptr), "cuMemFreeHost")
-
-            if HostAllocFlags.DEVICEMAP in flags:
-                try:
+            with Transaction() as tx:
+                ptr = int(_driver.call("cuMemHostAlloc", nbytes, int(flags),
+                                       detail=f"pinning {nbytes} bytes of host memory"))
+                tx.append(_driver.call, "cuMemFreeHost", ptr)
+                if HostAllocFlags.DEVICEMAP in flags:
                     device_ptr = int(_driver.call("cuMemHostGetDevicePointer", ptr, 0))
-                except BaseException:
-                    free()
-                    raise
-        else:
-            ptr, free = 0, None
-        alloc = Allocation("pinned", ptr, nbytes, device_id, free, device_ptr=device_ptr)
+                tx.commit()
+            memory = DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id)
+        alloc = Allocation("pinned", memory, ptr, device_id, Tracker(device_id), device_ptr=device_ptr)
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._flags = flags

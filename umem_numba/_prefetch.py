@@ -11,13 +11,10 @@ target device and on the stream's device; elsewhere it raises
 :class:`~umem_numba.UnsupportedError` instead of doing nothing.
 
 "Asynchronous" is the driver's word: it orders the migration on the stream,
-but the call itself may do much of the work before returning.  Measured on an
-H200 with driver 580 (1 GiB): a prefetch to the device held the calling thread
-for about 10 of its 21 ms, one to the host for all of its 54 ms, and a batched
-plan (:class:`PrefetchPlan`) for all of its duration.  Device->host prefetch
-ran at 19-23 GB/s against 55 GB/s for a pinned copy, however it was issued
-(one call, an explicit host NUMA node, 64 batched ranges): use a pinned copy
-when the host needs the data fast.
+but the call itself may do much of the work before returning (a batched plan
+returns only when its migration is done).  A device-to-host prefetch is
+bounded by the driver's migration into host pages, well below a pinned
+copy: when the host needs the data fast, copy it (``copy_to_host``).
 """
 
 from __future__ import annotations
@@ -25,52 +22,32 @@ from __future__ import annotations
 from typing import Any, Iterable, NamedTuple
 
 from . import _driver, _events
-from ._advice import (
-    _check_range,
-    _check_target,
-    _extent,
-    _not_supported,
-    _parse_target,
-    _region,
-    _Region,
-    _require_concurrent,
-)
 from ._errors import CudaError
-from ._location import Location, StreamLike, Target, stream_handle
+from ._location import Location, StreamLike, Target, as_location, stream_device, stream_handle
+from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
 
-__all__ = ["PrefetchPlan"]
-
-#: Stream handles that mean "a default stream of the current context":
-#: 0 and CU_STREAM_LEGACY (1) are the legacy stream, 2 is CU_STREAM_PER_THREAD.
-_DEFAULT_STREAMS = frozenset({0, 1, 2})
-#: cuMemPrefetchBatchAsync refuses the legacy NULL stream.
-_LEGACY_STREAMS = frozenset({0, 1})
-
-#: Set when the binding has cuMemPrefetchBatchAsync but the installed driver does not.
-_batch_missing = False
+__all__ = ["PrefetchPlan", "prefetch"]
 
 
-def _stream_device(handle: int) -> int:
-    """Ordinal of the device a stream belongs to (events must be recorded in its context)."""
-    if handle in _DEFAULT_STREAMS:
-        return _driver.ensure_context()
-    get = getattr(_driver.api().drv, "cuStreamGetDevice", None)
-    if get is None:  # cuda-bindings older than 12.8: assume the current device's stream
-        return _driver.ensure_context()
-    return int(_driver.check(get(handle), "cuStreamGetDevice", f"finding the device of stream {handle:#x}"))
-
-
-def _issue_one(region: _Region, loc: Location, handle: int, what: str) -> None:
-    res = _driver.api().mem_prefetch(region.ptr, region.nbytes, loc.to_cu(), 0, handle)
+def _check(res: tuple[Any, ...], call: str, detail: str, what: str) -> None:
+    """Check a prefetch call, turning ``CUDA_ERROR_NOT_SUPPORTED`` into UnsupportedError."""
     try:
-        _driver.check(res, "cuMemPrefetchAsync", f"{what}: prefetching {region.label} to {loc}")
+        _driver.check(res, call, detail)
     except CudaError as exc:
-        raise _not_supported(exc, what) from exc
+        unsupported = unsupported_from(exc, what)
+        if unsupported is None:
+            raise
+        raise unsupported from exc
 
 
-def _record(handle: int, device_id: int, regions: Iterable[_Region]) -> None:
+def _issue_one(span: ManagedSpan, loc: Location, handle: int, what: str) -> None:
+    res = _driver.api().mem_prefetch(span.ptr, span.nbytes, loc.to_cu(), 0, handle)
+    _check(res, "cuMemPrefetchAsync", f"{what}: prefetching {span.label} to {loc}", what)
+
+
+def _record(handle: int, device_id: int, spans: Iterable[ManagedSpan]) -> None:
     """File one event after the prefetches under every buffer they touched."""
-    trackers = {id(r.tracker): r.tracker for r in regions if r.tracker is not None}
+    trackers = {id(r.tracker): r.tracker for r in spans if r.tracker is not None}
     if not trackers:
         return
     event = _events.record(handle, device_id)
@@ -78,11 +55,10 @@ def _record(handle: int, device_id: int, regions: Iterable[_Region]) -> None:
         tracker.add(handle, event)
 
 
-def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tuple[_Region, Location]:
-    size, _ = _extent(obj, what)
-    lo, hi = _check_range(start, stop, size, what)
-    loc = _parse_target(target, what)
-    return _region(obj, lo, hi, what), _check_target(loc, what)
+def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tuple[ManagedSpan, Location]:
+    lo, hi = check_range(start, stop, element_count(obj, what), what)
+    loc = as_location(target, check=False, what=what)
+    return managed_span(obj, lo, hi, what), as_location(loc, require_concurrent=True, what=what)
 
 
 def prefetch(obj: Any, target: Target, stream: StreamLike = None,
@@ -108,32 +84,32 @@ def prefetch(obj: Any, target: Target, stream: StreamLike = None,
     """
     whole = start is None and stop is None
     what = "prefetch" if whole else f"prefetch_range({start}, {stop})"
-    handle = stream_handle(stream)
-    region, loc = _prepare(obj, target, start, stop, what)
-    device = _stream_device(handle)
-    _require_concurrent(device, f"{what} (device of the stream)")
+    handle = stream_handle(stream, what=what)
+    span, loc = _prepare(obj, target, start, stop, what)
+    device = stream_device(handle)
+    as_location(device, require_concurrent=True, what=f"{what} (device of the stream)")
     with _driver.device_context(device):
         try:
-            _issue_one(region, loc, handle, what)
+            _issue_one(span, loc, handle, what)
         finally:
             # Recorded even after a failure: the driver may have queued part of it.
-            _record(handle, device, (region,))
+            _record(handle, device, (span,))
 
 
 def _batch_possible(handle: int, count: int) -> bool:
     """Whether a plan of ``count`` entries on ``handle`` goes out as one batched call."""
-    if count < 2 or _batch_missing or handle in _LEGACY_STREAMS:
-        return False
-    if _driver.api().mem_prefetch_batch is None:
+    api = _driver.api()
+    # The batch call refuses the legacy NULL stream.
+    if count < 2 or api.mem_prefetch_batch is None or handle in (0, api.c.stream_legacy):
         return False
     # The batch call needs concurrentManagedAccess on every device of the system.
-    return all(_driver.device_attribute("CONCURRENT_MANAGED_ACCESS", d) for d in range(_driver.device_count()))
+    return all(_driver.concurrent_managed_access(d) for d in range(_driver.device_count()))
 
 
-def _issue_batch(prepared: list[tuple[_Region, Location]], handle: int) -> bool:
-    """Issue all entries with cuMemPrefetchBatchAsync; False if the driver lacks it."""
-    global _batch_missing
-    drv = _driver.api().drv
+def _issue_batch(prepared: list[tuple[ManagedSpan, Location]], handle: int) -> None:
+    """Issue all entries with one cuMemPrefetchBatchAsync."""
+    api = _driver.api()
+    drv = api.drv
     locs: list[Any] = []
     first: list[int] = []
     previous: Location | None = None
@@ -146,19 +122,9 @@ def _issue_batch(prepared: list[tuple[_Region, Location]], handle: int) -> bool:
             previous = loc
     ptrs = [drv.CUdeviceptr(r.ptr) for r, _ in prepared]
     sizes = [r.nbytes for r, _ in prepared]
-    try:
-        res = _driver.api().mem_prefetch_batch(ptrs, sizes, len(prepared), locs, first, len(locs), 0, handle)
-    except RuntimeError as exc:
-        if isinstance(exc, CudaError) or "not found" not in str(exc):
-            raise
-        _batch_missing = True  # the binding knows the call, this driver does not
-        return False
-    try:
-        _driver.check(res, "cuMemPrefetchBatchAsync",
-                      f"prefetching {len(prepared)} ranges to {len(locs)} location run(s)")
-    except CudaError as exc:
-        raise _not_supported(exc, "PrefetchPlan.execute") from exc
-    return True
+    res = api.mem_prefetch_batch(ptrs, sizes, len(prepared), locs, first, len(locs), 0, handle)
+    _check(res, "cuMemPrefetchBatchAsync", f"prefetching {len(prepared)} ranges to {len(locs)} location run(s)",
+           "PrefetchPlan.execute")
 
 
 class _Entry(NamedTuple):
@@ -187,11 +153,6 @@ class PrefetchPlan:
     driver that has it, the whole plan is one ``cuMemPrefetchBatchAsync``
     call; otherwise (including the legacy default stream, which the batch
     call refuses) one ``cuMemPrefetchAsync`` per entry, in order.
-
-    Measured on an H200, driver 580, 64 ranges of 16 MiB to the device: the
-    batched call finished 1.15-1.6x sooner than 64 single calls, but returned
-    only when the migration was done (26 ms on the host, against 3.5 ms to
-    issue the single calls).  One whole-buffer prefetch beat both.
     """
 
     __slots__ = ("_entries",)
@@ -220,11 +181,10 @@ class PrefetchPlan:
 
     def _add(self, obj: Any, start: Any, stop: Any, target: Target, name: str) -> "PrefetchPlan":
         what = f"{name} (entry {len(self._entries)})"
-        size, _ = _extent(obj, what)
-        lo, hi = _check_range(start, stop, size, what)
-        loc = _parse_target(target, what)
-        _region(obj, lo, hi, what)  # asks the driver whether a foreign array is managed
-        _check_target(loc, what)
+        lo, hi = check_range(start, stop, element_count(obj, what), what)
+        loc = as_location(target, check=False, what=what)
+        managed_span(obj, lo, hi, what)  # asks the driver whether a foreign array is managed
+        as_location(loc, require_concurrent=True, what=what)
         self._entries.append(_Entry(obj, lo, hi, loc))
         return self
 
@@ -254,26 +214,26 @@ class PrefetchPlan:
         BufferClosedError, IndexError, ValueError, UnsupportedError
             An entry is invalid (message names its index): nothing was issued.
         """
-        handle = stream_handle(stream)
-        prepared: list[tuple[_Region, Location]] = []
+        handle = stream_handle(stream, what="PrefetchPlan.execute")
+        prepared: list[tuple[ManagedSpan, Location]] = []
         for i, e in enumerate(self._entries):
             what = f"PrefetchPlan.execute: entry {i} (elements [{e.start}, {e.stop}) to {e.target})"
-            size, _ = _extent(e.obj, what)
+            size = element_count(e.obj, what)
             if e.stop > size:  # a foreign array shrank since it was added
                 raise IndexError(f"{what}: out of bounds for {size} element(s)")
-            prepared.append((_region(e.obj, e.start, e.stop, what), _check_target(e.target, what)))
+            prepared.append((managed_span(e.obj, e.start, e.stop, what),
+                             as_location(e.target, require_concurrent=True, what=what)))
         if not prepared:
             return
-        device = _stream_device(handle)
-        _require_concurrent(device, "PrefetchPlan.execute (device of the stream)")
+        device = stream_device(handle)
+        as_location(device, require_concurrent=True, what="PrefetchPlan.execute (device of the stream)")
         issued = 0
         with _driver.device_context(device):
             try:
                 if _batch_possible(handle, len(prepared)):
                     issued = len(prepared)  # a failed batch may have queued any part of it
-                    if not _issue_batch(prepared, handle):
-                        issued = 0
-                if not issued:
+                    _issue_batch(prepared, handle)
+                else:
                     for region, loc in prepared:
                         issued += 1
                         _issue_one(region, loc, handle, "PrefetchPlan.execute")

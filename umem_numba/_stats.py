@@ -61,8 +61,8 @@ def record_alloc(kind: str, nbytes: int) -> None:
             c.peak_bytes = c.live_bytes
 
 
-def record_grow(kind: str, delta: int) -> None:
-    """An allocation changed size in place (VMM grow/shrink)."""
+def record_resize(kind: str, delta: int) -> None:
+    """An allocation changed size in place by ``delta`` bytes (VMM grow: > 0, shrink: < 0)."""
     with _lock:
         c = _counters[kind]
         c.live_bytes += delta

@@ -33,90 +33,33 @@ contents.
 from __future__ import annotations
 
 import operator
-import threading
-import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import _driver, _events, _layout, _stats
+from . import _driver, _events, _layout
 from ._buffer import Buffer, _check_same, new_layout
-from ._coherence import Tracker
 from ._errors import BufferClosedError, UnsupportedError
-from ._location import StreamLike, Target, stream_handle
-from ._vmm import (AccessFlags, AddressRange, _as_access, _check_offset, _check_size, _device_location,
-                   _get_access, _granularity, _on_device, _round_up, _set_access)
-from ._vmm_chunks import _State
+from ._lifetime import Transaction
+from ._location import StreamLike, Target, as_device, stream_handle
+from ._vmm import AddressRange
+from ._vmm_access import (
+    AccessFlags,
+    as_access,
+    check_nonnegative,
+    check_size,
+    get_access,
+    granularity,
+    round_up,
+    set_access,
+)
+from ._vmm_allocation import VMMAllocation, VMMChunks
 
 __all__ = ["VMMBuffer"]
 
 
-class _VMMAllocation:
-    """The owner object that :class:`Buffer` and every view of a VMMBuffer share.
-
-    It offers what the base class reads from an ``Allocation`` (``ptr``,
-    ``device_ptr``, ``nbytes``, ``tracker``, ``close()``...) and holds the
-    growable state: chunks, access grants, the shrink history.
-    """
-
-    kind = "vmm"
-
-    __slots__ = ("ptr", "device_ptr", "device_id", "tracker", "closed", "state", "granularity",
-                 "chunk_bytes", "length_nbytes", "grants", "shrinks", "lock", "_finalizer", "__weakref__")
-
-    def __init__(self, state: _State, granularity: int, chunk_bytes: int | None, length_nbytes: int) -> None:
-        self.ptr = self.device_ptr = state.base
-        self.device_id = state.device_id
-        self.tracker = state.tracker
-        self.closed = False
-        self.state = state
-        self.granularity = granularity
-        self.chunk_bytes = chunk_bytes
-        self.length_nbytes = length_nbytes
-        # Access given to every chunk mapped from now on (set_access on the whole buffer).
-        self.grants: dict[int, AccessFlags] = {state.device_id: AccessFlags.READ_WRITE}
-        # Logical byte length after each shrink: views made before a shrink check against it.
-        self.shrinks: list[int] = []
-        self.lock = threading.RLock()
-        _stats.record_alloc("vmm", state.mapped)
-        state.counted = True
-        self._finalizer = weakref.finalize(self, state.release)
-
-    @property
-    def nbytes(self) -> int:
-        """Physical bytes mapped now."""
-        return self.state.mapped
-
-    @property
-    def released(self) -> bool:
-        """Whether the memory has been returned to the driver."""
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            self.tracker.before_host_access("closing VMMBuffer")
-            self.closed = True
-        self._finalizer()
-
-    def export_host(self) -> None:
-        raise UnsupportedError("VMM memory is device memory: the host cannot map it")
-
-    def host_export_gone(self) -> None:
-        """Nothing to do: no host view of VMM memory ever exists."""
-
-
 def _check_length(n: Any, what: str) -> int:
-    if isinstance(n, bool):
-        raise TypeError(f"{what} must be an int, not a bool")
-    try:
-        v = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(n).__name__} {n!r}") from None
-    if v < 0:
-        raise ValueError(f"{what} must be >= 0, got {v}")
-    return v
+    return check_nonnegative(n, what)
 
 
 def _row_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -140,7 +83,7 @@ def _check_capacity(capacity: Any, length: int, row: int) -> int | None:
 def _check_chunk_bytes(chunk_bytes: Any) -> int | None:
     if chunk_bytes is None:
         return None
-    return _check_size(chunk_bytes, "chunk_bytes")
+    return check_size(chunk_bytes, "chunk_bytes")
 
 
 def _layout_of(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...], int]:
@@ -180,6 +123,7 @@ class VMMBuffer(Buffer):
     __slots__ = ("_capacity", "_epoch", "_end")
 
     _host_accessible = False
+    _constructors = ("VMMBuffer.empty", "VMMBuffer.zeros", "VMMBuffer.from_array", "VMMBuffer.from_shareable_handle")
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -225,25 +169,22 @@ class VMMBuffer(Buffer):
         shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
         cap = _check_capacity(capacity, shape[0], row)
         chunk = _check_chunk_bytes(chunk_bytes)
-        loc = _device_location(device)
+        device_id = as_device(device, what="VMMBuffer.empty")
         exportable = bool(exportable)
-        gran = _granularity(loc.id, exportable=exportable)
+        gran = granularity(device_id, exportable=exportable)
         if chunk is not None and chunk % gran:
             raise ValueError(f"chunk_bytes ({chunk}) must be a multiple of the allocation granularity ({gran} bytes)")
         if cap is None:
-            cap = _default_capacity(loc.id, shape[0], row, gran)
-        reserve = _round_up(cap * row, gran)
-        with _on_device(loc.id):
-            rng = AddressRange._reserve(reserve, gran, loc.id) if reserve else None
-            state = _State(rng, loc.id, Tracker(loc.id), exportable)
-            alloc = _VMMAllocation(state, gran, chunk, nbytes)
-            try:
-                if nbytes:
-                    state.map_tail(_round_up(nbytes, gran), chunk, alloc.grants)
-                    _stats.record_grow("vmm", state.mapped)
-            except BaseException:
-                alloc.close()
-                raise
+            cap = _default_capacity(device_id, shape[0], row, gran)
+        reserve = round_up(cap * row, gran)
+        rng = AddressRange._reserve(reserve, gran, device_id) if reserve else None
+        alloc = VMMAllocation(VMMChunks(rng, device_id, exportable), gran, chunk)
+        with Transaction() as tx:
+            tx.append(alloc.close)
+            if nbytes:
+                alloc.map_more(round_up(nbytes, gran))
+            tx.commit()
+        alloc.length_nbytes = nbytes
         return cls._wrap(alloc, shape, strides, dtype, cap)
 
     @classmethod
@@ -255,15 +196,10 @@ class VMMBuffer(Buffer):
         Host reads wait for the memset (coherence).  Memory mapped by later
         growth is not zeroed.
         """
+        handle = stream_handle(stream, what="VMMBuffer.zeros")
         buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable,
                         chunk_bytes=chunk_bytes)
-        alloc = buf._live()
-        if buf.nbytes:
-            handle = stream_handle(stream)
-            with _on_device(alloc.device_id):
-                _driver.call("cuMemsetD8Async", alloc.device_ptr, 0, buf.nbytes, handle,
-                             detail="zeroing a VMMBuffer")
-                alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        buf._fill_zero(handle)
         return buf
 
     @classmethod
@@ -315,45 +251,44 @@ class VMMBuffer(Buffer):
         """
         shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
         pieces = _import_pieces(handle, nbytes)
-        loc = _device_location(device)
-        gran = _granularity(loc.id, exportable=True)
-        pieces = [(fd, _round_up(nbytes, gran) if size is None else size) for fd, size in pieces]
-        for _, size in pieces:
+        device_id = as_device(device, what="VMMBuffer.from_shareable_handle")
+        gran = granularity(device_id, exportable=True)
+        sized = [(fd, round_up(nbytes, gran) if size is None else size) for fd, size in pieces]
+        for _, size in sized:
             if size % gran:
                 raise ValueError(f"imported chunk size {size} is not a multiple of the granularity {gran}")
-        total = sum(size for _, size in pieces)
+        total = sum(size for _, size in sized)
         if nbytes > total:
             raise ValueError(f"shape {shape} of {dtype} needs {nbytes} bytes but the imported memory has {total}")
-        with _on_device(loc.id):
-            state = _State(AddressRange._reserve(total, gran, loc.id), loc.id, Tracker(loc.id), False)
-            try:
-                state.import_chunks(pieces)
-            except BaseException:
-                state.release()
-                raise
-            alloc = _VMMAllocation(state, gran, None, nbytes)
+        chunks = VMMChunks(AddressRange._reserve(total, gran, device_id), device_id, False)
+        alloc = VMMAllocation(chunks, gran, None)
+        with Transaction() as tx:
+            tx.append(alloc.close)
+            chunks.import_chunks(sized)
+            tx.commit()
+        alloc.length_nbytes = nbytes
         return cls._wrap(alloc, shape, strides, dtype, shape[0])
 
     @classmethod
-    def _wrap(cls, alloc: _VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...],
+    def _wrap(cls, alloc: VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...],
               dtype: np.dtype, capacity: int) -> "VMMBuffer":
         buf = object.__new__(cls)
-        buf._init(alloc, 0, shape, strides, dtype, True)  # type: ignore[arg-type]
+        buf._init(alloc, 0, shape, strides, dtype, True)
         buf._capacity = capacity
         buf._epoch = 0
         buf._end = -1
         return buf
 
     def _copy_extra(self, view: Buffer) -> None:
-        alloc: _VMMAllocation = self._alloc  # type: ignore[assignment]
+        alloc: VMMAllocation = self._alloc  # type: ignore[assignment]
         view._capacity = self._capacity  # type: ignore[attr-defined]
         view._epoch = len(alloc.shrinks)  # type: ignore[attr-defined]
         _, hi = _layout.extent(view._shape, view._strides, view._dtype.itemsize)
         view._end = view._offset + hi  # type: ignore[attr-defined]
 
     # -- lifetime -------------------------------------------------------------------
-    def _live(self) -> _VMMAllocation:  # type: ignore[override]
-        alloc: _VMMAllocation = super()._live()  # type: ignore[assignment]
+    def _live(self) -> VMMAllocation:  # type: ignore[override]
+        alloc: VMMAllocation = super()._live()  # type: ignore[assignment]
         if not self._owner:
             later = alloc.shrinks[self._epoch:]
             if later and self._end > min(later):
@@ -375,7 +310,7 @@ class VMMBuffer(Buffer):
             self._live()
         return Buffer._strided_memory_view_shim.fget(self)  # type: ignore[attr-defined]
 
-    def _owner_alloc(self, what: str) -> _VMMAllocation:
+    def _owner_alloc(self, what: str) -> VMMAllocation:
         alloc = self._live()
         if not self._owner:
             raise ValueError(f"{what}() changes the length of the owning buffer; this is a view of it")
@@ -390,12 +325,12 @@ class VMMBuffer(Buffer):
     @property
     def mapped_nbytes(self) -> int:
         """Physical bytes mapped now (the length rounded up to whole chunks)."""
-        return self._live().state.mapped
+        return self._live().chunks.nbytes
 
     @property
     def reserved_nbytes(self) -> int:
         """Bytes of address space reserved for the capacity."""
-        rng = self._live().state.range
+        rng = self._live().chunks.range
         return rng.size if rng is not None else 0
 
     @property
@@ -406,7 +341,7 @@ class VMMBuffer(Buffer):
     @property
     def chunk_count(self) -> int:
         """Number of physical allocations mapped now."""
-        return len(self._live().state.chunks)
+        return len(self._live().chunks.chunks)
 
     @property
     def chunk_bytes(self) -> int | None:
@@ -416,7 +351,7 @@ class VMMBuffer(Buffer):
     @property
     def exportable(self) -> bool:
         """Whether :meth:`export_fds` can share the memory."""
-        return self._live().state.exportable
+        return self._live().chunks.exportable
 
     def grow(self, new_length: int) -> None:
         """Grow the first axis to ``new_length`` in place.
@@ -445,13 +380,10 @@ class VMMBuffer(Buffer):
         if n > self._capacity:
             raise ValueError(f"cannot grow to {n}: the capacity is {self._capacity} "
                              "(set capacity= when creating the buffer)")
-        with alloc.lock:
-            state = alloc.state
-            need = _round_up(n * _row_bytes(self._shape, self._dtype), alloc.granularity)
-            if need > state.mapped:
-                size = need - state.mapped
-                state.map_tail(size, alloc.chunk_bytes, alloc.grants)
-                _stats.record_grow("vmm", size)
+        with alloc.resize_lock:
+            need = round_up(n * _row_bytes(self._shape, self._dtype), alloc.granularity)
+            if need > alloc.chunks.nbytes:
+                alloc.map_more(need - alloc.chunks.nbytes)
             self._set_length(alloc, n)
 
     def shrink(self, new_length: int) -> None:
@@ -474,11 +406,10 @@ class VMMBuffer(Buffer):
             raise ValueError(f"shrink({n}) is larger than the current length {self._shape[0]}; use grow()")
         if n == self._shape[0]:
             return
-        with alloc.lock:
+        with alloc.resize_lock:
             alloc.tracker.before_host_access("shrinking a VMMBuffer")
             new_nbytes = n * _row_bytes(self._shape, self._dtype)
-            released = alloc.state.release_tail(_round_up(new_nbytes, alloc.granularity))
-            _stats.record_grow("vmm", -released)
+            alloc.release_past(round_up(new_nbytes, alloc.granularity))
             alloc.shrinks.append(new_nbytes)
             self._set_length(alloc, n)
 
@@ -502,7 +433,7 @@ class VMMBuffer(Buffer):
         else:
             self.shrink(n)
 
-    def _set_length(self, alloc: _VMMAllocation, n: int) -> None:
+    def _set_length(self, alloc: VMMAllocation, n: int) -> None:
         self._shape = (n,) + self._shape[1:]
         self._strides = _layout.c_strides(self._shape, self._dtype.itemsize)
         # numba's cached type and launch view describe the old shape.
@@ -544,15 +475,15 @@ class VMMBuffer(Buffer):
         Revoke access only when no kernel uses the range.
         """
         alloc = self._live()
-        fl = _as_access(flags)
-        loc = _device_location(device)
+        fl = as_access(flags)
+        target = as_device(device, what="VMMBuffer.set_access")
         start, stop = self._access_span(alloc)
-        with alloc.lock, _on_device(alloc.device_id):
+        with alloc.resize_lock, _driver.device_context(alloc.device_id):
             if stop > start:
-                _set_access(alloc.device_ptr + start, stop - start, {loc.id: fl},
-                            f"granting device {loc.id} {fl.name} access to a VMMBuffer")
+                set_access(alloc.device_ptr + start, stop - start, {target: fl},
+                           f"granting device {target} {fl.name} access to a VMMBuffer")
             if self._owner:
-                alloc.grants[loc.id] = fl
+                alloc.grants[target] = fl
 
     def get_access(self, device: Target) -> AccessFlags:
         """The access ``device`` has to this buffer's first byte, as ``cuMemGetAccess`` reports it.
@@ -572,24 +503,24 @@ class VMMBuffer(Buffer):
             An empty buffer or view (no byte to ask about).
         """
         alloc = self._live()
-        loc = _device_location(device)
+        target = as_device(device, what="VMMBuffer.get_access")
         if self.size == 0:
             raise ValueError("get_access() needs a non-empty buffer: nothing is mapped at an empty view")
-        with _on_device(alloc.device_id):
-            return _get_access(self.ptr, loc.id)
+        with _driver.device_context(alloc.device_id):
+            return get_access(self.ptr, target)
 
-    def _access_span(self, alloc: _VMMAllocation) -> tuple[int, int]:
+    def _access_span(self, alloc: VMMAllocation) -> tuple[int, int]:
         """Byte range ``[start, stop)`` of the allocation that set_access covers."""
         if self._owner:
-            return 0, alloc.state.mapped
+            return 0, alloc.chunks.nbytes
         lo, hi = _layout.extent(self._shape, self._strides, self._dtype.itemsize)
         start, stop = self._offset + lo, self._offset + hi
         if stop <= start:
             raise ValueError("set_access() on an empty view: it covers no memory")
-        state = alloc.state
+        chunks = alloc.chunks
         if stop >= alloc.length_nbytes:
-            stop = state.mapped  # the tail of the last chunk belongs to the view's range
-        bounds = [c.offset for c in state.chunks] + [state.mapped]
+            stop = chunks.nbytes  # the tail of the last chunk belongs to the view's range
+        bounds = [c.offset for c in chunks.chunks] + [chunks.nbytes]
         if start not in bounds or stop not in bounds:
             raise ValueError(
                 f"set_access() on a view must start and end on chunk boundaries (the driver sets access on "
@@ -618,10 +549,10 @@ class VMMBuffer(Buffer):
             Called on a view (the export covers the whole allocation).
         """
         alloc = self._owner_alloc("export_fds")
-        if not alloc.state.exportable:
+        if not alloc.chunks.exportable:
             raise UnsupportedError("this VMMBuffer was created without exportable=True: its memory cannot be "
                                    "exported as a file descriptor")
-        return alloc.state.export_fds()
+        return alloc.chunks.export_fds()
 
     def export_fd(self) -> int:
         """Export a single-chunk buffer as one POSIX file descriptor.
@@ -635,8 +566,8 @@ class VMMBuffer(Buffer):
             Not exportable, or made of several chunks (or none).
         """
         alloc = self._owner_alloc("export_fd")
-        n = len(alloc.state.chunks)
-        if n != 1 and alloc.state.exportable:
+        n = len(alloc.chunks.chunks)
+        if n != 1 and alloc.chunks.exportable:
             raise UnsupportedError(f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
                                    "use export_fds() and pass its list to from_shareable_handle()")
         return self.export_fds()[0][0]
@@ -674,8 +605,8 @@ class VMMBuffer(Buffer):
         alloc.tracker.before_host_access("copy_to_host")
         nbytes = self.nbytes
         if nbytes:
-            handle = stream_handle(stream)
-            with _on_device(alloc.device_id):
+            handle = stream_handle(stream, what="copy_to_host")
+            with _driver.device_context(alloc.device_id):
                 _driver.call("cuMemcpyDtoHAsync", out.ctypes.data, self.ptr, nbytes, handle,
                              detail="copying a VMMBuffer to the host")
                 _driver.call("cuStreamSynchronize", handle, detail="waiting for a copy to the host")
@@ -699,8 +630,8 @@ class VMMBuffer(Buffer):
             raise ValueError("copy_from_host() needs a C-contiguous view of the buffer")
         src = np.ascontiguousarray(array)
         _check_same(src.shape, src.dtype, self._shape, self._dtype, "copy_from_host")
-        handle = stream_handle(stream)
-        with _on_device(alloc.device_id):
+        handle = stream_handle(stream, what="copy_from_host")
+        with _driver.device_context(alloc.device_id):
             alloc.tracker.order_before(handle, "copy_from_host")
             nbytes = self.nbytes
             if nbytes:
@@ -710,7 +641,7 @@ class VMMBuffer(Buffer):
 
     def _repr_extra(self) -> str:
         alloc = self._alloc
-        mapped = alloc.state.mapped if alloc is not None else 0  # type: ignore[union-attr]
+        mapped = alloc.nbytes if alloc is not None else 0
         return f", mapped={mapped}, capacity={self._capacity}"
 
 
@@ -723,7 +654,7 @@ def _default_capacity(device_id: int, length: int, row: int, gran: int) -> int:
     if row == 0:
         return max(length, 1)
     total = int(_driver.call("cuDeviceTotalMem", device_id, detail=f"total memory of device {device_id}"))
-    return max(length, _round_up(total, gran) // row)
+    return max(length, round_up(total, gran) // row)
 
 
 def _some(values: list[int]) -> str:
@@ -742,11 +673,11 @@ def _import_pieces(handle: Any, nbytes: int) -> list[tuple[int, int | None]]:
         for item in handle:
             if not isinstance(item, (list, tuple)) or len(item) != 2:
                 raise TypeError(f"from_shareable_handle: expected (fd, nbytes) pairs, got {item!r}")
-            pieces.append((_check_offset(item[0], "file descriptor"), _check_size(item[1], "imported chunk size")))
+            pieces.append((check_nonnegative(item[0], "file descriptor"), check_size(item[1], "imported chunk size")))
         total = sum(size for _, size in pieces if size is not None)
         if nbytes > total:
             raise ValueError(f"the shape needs {nbytes} bytes but the imported chunks hold {total}")
         return pieces
     if nbytes == 0:
         raise ValueError("from_shareable_handle: an empty shape maps no memory; pass the exported shape")
-    return [(_check_offset(handle, "file descriptor"), None)]
+    return [(check_nonnegative(handle, "file descriptor"), None)]

@@ -1,0 +1,331 @@
+"""One lifetime model: who frees driver memory, when, and how failures are reported.
+
+Every kind of memory (managed, pinned, VMM, pool) is a :class:`Memory`: the
+part that knows how to give itself back to the driver.  An
+:class:`Allocation` owns one and frees it exactly once, through one release
+path (:func:`_release`): wait for device work that may still use it, free,
+count it in the statistics, report a failed free as a warning (never hide
+it), and stay quiet at interpreter exit, when the driver has already let go
+of everything.
+
+The VMM building blocks (address ranges, physical memory, mappings) depend on
+one another; :class:`Resource` frees such an object once its dependants are
+gone.  :class:`Transaction` undoes the steps of a multi-step construction
+that failed half way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+import weakref
+from typing import Any, Callable
+
+from . import _driver, _stats
+from ._errors import BufferClosedError
+from ._tracker import Tracker
+
+__all__ = ["Allocation", "Memory", "DriverMemory", "Resource", "Transaction", "report_failed_free"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL_FILES = (weakref.__file__, contextlib.__file__)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside umem_numba.
+
+    From a finalizer run by the garbage collector there is no such frame: the
+    warning then points at this package (never into ``weakref.py``).
+    """
+    frame = sys._getframe(2)
+    level = 2
+    deepest_ours = 2
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_PACKAGE_DIR):
+            deepest_ours = level
+        elif name not in _INTERNAL_FILES:
+            return level
+        frame = frame.f_back
+        level += 1
+    return deepest_ours
+
+
+def report_failed_free(what: str, exc: BaseException) -> None:
+    """Warn that freeing memory failed (the memory may be lost); quiet when the context is gone.
+
+    Parameters
+    ----------
+    what : str
+        What was being freed, e.g. ``"releasing managed memory at 0x7f..."``.
+    exc : BaseException
+        The failure.
+    """
+    if _driver.context_gone(exc) or _driver.shutting_down():
+        return
+    warnings.warn(f"umem_numba: {what} failed: {exc}", RuntimeWarning, stacklevel=_caller_stacklevel())
+
+
+class Memory:
+    """Driver memory that knows how to give itself back.
+
+    Attributes
+    ----------
+    kind : str
+        Statistics bucket (``umem_numba.stats()`` key).
+    nbytes : int
+        Bytes held now.
+    stream_ordered : bool
+        ``True`` when :meth:`free` orders the free after pending device work
+        on a stream itself, so the release path must not wait on the host.
+    """
+
+    kind: str = ""
+    nbytes: int = 0
+    stream_ordered: bool = False
+
+    def free(self, tracker: Tracker) -> None:
+        """Give the memory back to the driver (called exactly once)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Words for messages, e.g. ``"managed memory at 0x7f00 (4096 bytes)"``."""
+        return f"{self.kind} memory ({self.nbytes} bytes)"
+
+
+class DriverMemory(Memory):
+    """One driver allocation freed by one call (``cuMemFree``, ``cuMemFreeHost`` ...).
+
+    Parameters
+    ----------
+    kind : str
+        Statistics bucket.
+    ptr : int
+        The address the free call takes.
+    nbytes : int
+        Size in bytes.
+    free_call : str
+        The driver function that frees it.
+    device_id : int
+        Whose context frees it.
+    """
+
+    __slots__ = ("kind", "ptr", "nbytes", "free_call", "device_id")
+
+    def __init__(self, kind: str, ptr: int, nbytes: int, free_call: str, device_id: int) -> None:
+        self.kind = kind
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.free_call = free_call
+        self.device_id = device_id
+
+    def free(self, tracker: Tracker) -> None:
+        _driver.call_on(self.device_id, self.free_call, self.ptr)
+
+    def describe(self) -> str:
+        return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
+
+
+def _release(memory: Memory, tracker: Tracker) -> None:
+    """The one release path: wait, free, count, report.  Never raises."""
+    what = memory.describe()
+    try:
+        if not memory.stream_ordered and (tracker.pending or tracker.unknown):
+            tracker.wait(extra="context" if tracker.unknown else None)
+    except Exception as exc:  # the free below still runs
+        report_failed_free(f"waiting for device work before releasing {what}", exc)
+    try:
+        memory.free(tracker)
+    except Exception as exc:
+        report_failed_free(f"releasing {what}", exc)
+    finally:
+        _stats.record_free(memory.kind, memory.nbytes)
+
+
+class Allocation:
+    """Owns one :class:`Memory` and frees it exactly once.
+
+    It is freed when the owning buffer is closed, or when the last object
+    that refers to it (the buffer, its views, numpy arrays over it) is
+    collected.  A numpy array over the memory defers the release until it
+    is gone, so host code never touches freed memory.
+
+    Parameters
+    ----------
+    memory : Memory or None
+        What to free; ``None`` for a zero-size buffer (nothing allocated).
+    ptr : int
+        Address the host uses (managed, pinned) or the device uses (VMM).
+    device_id : int
+        Device whose context owns the memory.
+    tracker : Tracker
+        Device work on the memory.
+    device_ptr : int, optional
+        Device address when it differs from ``ptr`` (mapped pinned memory).
+    """
+
+    __slots__ = (
+        "kind",
+        "ptr",
+        "device_ptr",
+        "device_id",
+        "tracker",
+        "closed",
+        "memory",
+        "_exports",
+        "_finalizer",
+        "_lock",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        memory: Memory | None,
+        ptr: int,
+        device_id: int,
+        tracker: Tracker,
+        *,
+        device_ptr: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.ptr = ptr
+        self.device_ptr = ptr if device_ptr is None else device_ptr
+        self.device_id = device_id
+        self.tracker = tracker
+        self.closed = False
+        self.memory = memory
+        self._exports = 0
+        self._lock = threading.RLock()
+        if memory is None:
+            self._finalizer: weakref.finalize | None = None
+        else:
+            _stats.record_alloc(memory.kind, memory.nbytes)
+            self._finalizer = weakref.finalize(self, _release, memory, tracker)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return 0 if self.memory is None else self.memory.nbytes
+
+    def close(self) -> None:
+        """Release now, or as soon as the last numpy host view is gone.
+
+        Device work is settled first (per the coherence policy) without
+        holding the lock, so a finalizer that runs during the wait cannot
+        deadlock on it.
+        """
+        if self.closed:
+            return
+        self.tracker.before_host_access(f"closing {self.kind} buffer")
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            deferred = self._exports > 0
+        if not deferred and self._finalizer is not None:
+            self._finalizer()
+
+    def export_host(self) -> None:
+        """Count a numpy array over the memory (refused once closed)."""
+        with self._lock:
+            if self.closed:
+                raise BufferClosedError(f"this {self.kind} buffer is closed")
+            self._exports += 1
+
+    def host_export_gone(self) -> None:
+        """A numpy array over the memory was collected; release if it was the last after close."""
+        with self._lock:
+            self._exports -= 1
+            release = self.closed and self._exports == 0
+        if release and self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def released(self) -> bool:
+        """Whether the memory has been returned to the driver."""
+        return self._finalizer is None or not self._finalizer.alive
+
+
+class Resource:
+    """One driver object, freed exactly once and only after the objects built on it.
+
+    ``retain``/``unretain`` count the dependants (mappings); ``close`` marks it
+    closed and frees it at once, or when the last dependant goes.
+
+    Parameters
+    ----------
+    what : str
+        Words for messages.
+    free : callable
+        Frees the object; its failure is reported by :func:`report_failed_free`.
+    """
+
+    __slots__ = ("what", "_free", "_users", "closed", "freed", "_lock")
+
+    def __init__(self, what: str, free: Callable[[], None]) -> None:
+        self.what = what
+        self._free = free
+        self._users = 0
+        self.closed = False
+        self.freed = False
+        self._lock = threading.Lock()
+
+    def retain(self) -> None:
+        """Count a dependant; refused once closed."""
+        with self._lock:
+            if self.closed:
+                raise BufferClosedError(f"{self.what} is closed")
+            self._users += 1
+
+    def unretain(self) -> None:
+        """A dependant is gone; free now if closed and it was the last."""
+        with self._lock:
+            self._users -= 1
+            run = self.closed and self._users == 0 and not self.freed
+            if run:
+                self.freed = True
+        if run:
+            self._run()
+
+    def close(self) -> None:
+        """Mark closed; free now unless dependants remain."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            run = self._users == 0
+            if run:
+                self.freed = True
+        if run:
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self._free()
+        except Exception as exc:
+            report_failed_free(f"freeing {self.what}", exc)
+
+
+class Transaction(contextlib.ExitStack):
+    """Undo steps of a construction unless it completes (:meth:`commit`).
+
+    Examples
+    --------
+    >>> with Transaction() as tx:            # doctest: +SKIP
+    ...     ptr = allocate()
+    ...     tx.append(free, ptr)             # runs if anything below raises
+    ...     map_it(ptr)
+    ...     tx.commit()                      # success: keep everything
+    """
+
+    def append(self, undo: Callable[..., Any], *args: Any) -> None:
+        """Register ``undo(*args)``, run (last first) if the block exits without :meth:`commit`."""
+        self.callback(undo, *args)
+
+    def commit(self) -> None:
+        """Keep what was done: drop every registered undo step."""
+        self.pop_all()
