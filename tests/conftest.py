@@ -1,13 +1,12 @@
-"""Shared fixtures: GPU gating, fresh random data, leak checks."""
+"""Shared fixtures: GPU gating, fresh random data, leak checks (helpers live in ``helpers.py``)."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
 
-import umem_numba
+from helpers import test_seed
+
 from umem_numba import _driver
 
 
@@ -29,11 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def rng() -> np.random.Generator:
-    """A generator with a fresh seed per test (printed on failure)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"random seed: {seed}")
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator with a fresh seed per test; ``UMEM_TEST_SEED`` fixes it; a failure reports it."""
+    seed = test_seed()
+    request.node.user_properties.append(("random seed", seed))
+    print(f"random seed: {seed} (rerun with UMEM_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "random seed":
+                report.sections.append(("random seed", f"UMEM_TEST_SEED={value}"))
 
 
 @pytest.fixture
@@ -52,15 +62,3 @@ def device_memory():
         assert before - after <= slack, f"device memory leaked: {(before - after) / 2**20:.1f} MiB"
 
     return check
-
-
-def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Random, never-zero data of any numeric dtype."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return (rng.random(shape) + 0.5).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(1, 100, size=shape).astype(dtype)
-    if dtype.kind == "c":
-        return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
-    raise TypeError(dtype)

@@ -15,7 +15,7 @@ import pytest
 from numba import cuda
 
 import umem_numba as um
-from conftest import random_array
+from helpers import random_array
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import random_array
+from helpers import random_array
 from umem_numba import kernels as K
 
 _WORKER = textwrap.dedent("""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import umem_numba as um
 from umem_numba import _layout
+from umem_numba import _layout as layout
 
 
 @pytest.mark.parametrize("shape,expected", [(5, (5,)), ((2, 3), (2, 3)), ([4], (4,)), ((), ()),
@@ -94,3 +96,27 @@ def test_numba_type_layouts():
     assert _layout.numba_type(a.dtype, a.shape, a.strides) == types.Array(types.float32, 2, "C")
     s = a[:, 1:3]
     assert _layout.numba_type(a.dtype, s.shape, s.strides) == types.Array(types.float32, 2, "A")
+
+
+@pytest.mark.parametrize(
+    "dtype, message",
+    [
+        (("f4", (3,)), r"subarray dtype .* use dtype float32 with 1 more trailing dimension"),
+        (np.dtype(("i2", (2, 2))), "subarray dtype"),
+        (">f4", "byte order"),
+        (np.dtype([("a", ">i4"), ("b", "<f8")]), "byte order"),
+    ],
+)
+@pytest.mark.parametrize("make", [um.ManagedBuffer.empty, um.PinnedBuffer.empty, um.VMMBuffer.empty])
+def test_dtypes_kernels_cannot_use_are_refused_before_the_driver(make, dtype, message):
+    with pytest.raises(TypeError, match=message):
+        make(4, dtype)
+
+
+def test_numpy_integers_are_ints_everywhere():
+    from umem_numba._pinned import _as_flags
+    from umem_numba._vmm_access import as_access
+
+    assert _as_flags(np.int32(3)) == um.HostAllocFlags.PORTABLE | um.HostAllocFlags.DEVICEMAP
+    assert as_access(np.int64(3)) is um.AccessFlags.READ_WRITE
+    assert layout.normalize_shape((np.int64(2), np.uint8(3))) == (2, 3)

@@ -11,7 +11,7 @@ import pytest
 
 import umem_numba as um
 from umem_numba import _driver
-from conftest import random_array
+from helpers import random_array
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import random_array
+from helpers import random_array
 from umem_numba import _png
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import umem_numba as um
-from conftest import random_array
+from helpers import random_array
 from umem_numba import kernels as K
 
 pytestmark = pytest.mark.gpu

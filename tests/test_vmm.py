@@ -28,7 +28,7 @@ from umem_numba._vmm_access import AccessFlags, allocation_granularity, check_mu
 from umem_numba._vmm_access import as_access as _as_access
 from umem_numba._vmm_buffer import VMMBuffer
 
-from conftest import random_array
+from helpers import random_array
 
 gpu = pytest.mark.gpu
 MiB = 1 << 20

@@ -12,7 +12,8 @@ import pytest
 import umem_numba as um
 from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan
 from umem_numba import _driver
-from conftest import random_array
+from umem_numba._errors import CudaError, UnsupportedError
+from helpers import random_array
 
 #: 64 KiB of float32: a whole number of CPU pages on x86-64 (4 KiB) and arm64 (up to 64 KiB),
 #: so ranges built from it never share a page with their neighbours.
@@ -583,3 +584,35 @@ def test_targets_reach_device_n(rng, affine):
         np.testing.assert_array_equal(buf.host, data * np.float32(2) + np.float32(1))
         assert buf.hints.range(0, PAGE).last_prefetch_location == DEV0
         assert buf.hints.range(PAGE, 4 * PAGE).last_prefetch_location == dev_n
+
+
+def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
+    """Only an unknown address means 'not managed'; a sticky launch failure is reported as itself."""
+    from types import SimpleNamespace
+
+    from umem_numba import _driver, _managed_span
+
+    drv = pytest.importorskip("cuda.bindings.driver")
+    results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, 0)}
+    fake = SimpleNamespace(drv=SimpleNamespace(cuPointerGetAttribute=lambda attr, ptr: results["answer"],
+                                               CUresult=drv.CUresult),
+                           c=_driver._constants(drv))
+    monkeypatch.setattr(_driver, "api", lambda: fake)
+    with pytest.raises(CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS") as info:
+        _managed_span._require_managed(0x1000, "prefetch")
+    assert not isinstance(info.value, UnsupportedError)
+    results["answer"] = (drv.CUresult.CUDA_ERROR_INVALID_VALUE, 0)
+    with pytest.raises(UnsupportedError, match="not managed memory"):
+        _managed_span._require_managed(0x1000, "prefetch")
+    results["answer"] = (drv.CUresult.CUDA_SUCCESS, 0)
+    with pytest.raises(UnsupportedError, match="not managed memory"):
+        _managed_span._require_managed(0x1000, "prefetch")
+
+
+def test_an_unsupported_error_is_not_its_own_cause():
+    from umem_numba._managed_span import unsupported_from
+
+    other = CudaError("cuMemAdvise", 1, "CUDA_ERROR_INVALID_VALUE")
+    assert unsupported_from(other, "advise") is None
+    converted = unsupported_from(CudaError("cuMemAdvise", 801, "CUDA_ERROR_NOT_SUPPORTED"), "advise")
+    assert isinstance(converted, UnsupportedError) and "does not support" in str(converted)

@@ -1,0 +1,94 @@
+"""The one release path: wait, free, count, report a failed free, stay quiet at exit (no GPU needed)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import warnings
+
+import pytest
+
+import umem_numba as um
+from umem_numba import _driver, _lifetime, _stats
+from umem_numba._errors import CudaError
+from umem_numba._lifetime import Allocation, Memory, Transaction
+from umem_numba._tracker import Tracker
+
+
+class _FailingMemory(Memory):
+    kind = "managed"
+
+    def __init__(self, exc: BaseException, nbytes: int = 4096) -> None:
+        self.exc = exc
+        self.nbytes = nbytes
+        self.freed = 0
+
+    def free(self, tracker: Tracker) -> None:
+        self.freed += 1
+        raise self.exc
+
+
+def _allocation(memory: Memory) -> Allocation:
+    return Allocation("managed", memory, 0x1000, 0, Tracker(0))
+
+
+def test_a_failed_free_warns_at_the_callers_line_and_still_counts():
+    before = _stats.stats()["managed"].live_count
+    memory = _FailingMemory(CudaError("cuMemFree", 1, "CUDA_ERROR_INVALID_VALUE"))
+    alloc = _allocation(memory)
+    assert _stats.stats()["managed"].live_count == before + 1
+    with pytest.warns(RuntimeWarning, match="releasing managed memory.*CUDA_ERROR_INVALID_VALUE") as record:
+        alloc.close()
+    assert memory.freed == 1 and alloc.released
+    assert record[0].filename == __file__, record[0].filename  # not weakref.py
+    assert _stats.stats()["managed"].live_count == before
+
+
+def test_a_non_cuda_exception_from_free_does_not_escape_the_finalizer():
+    memory = _FailingMemory(ValueError("binding refused the handle"))
+    alloc = _allocation(memory)
+    with pytest.warns(RuntimeWarning, match="binding refused the handle") as record:
+        del alloc
+        gc.collect()
+    assert memory.freed == 1
+    assert not record[0].filename.endswith("weakref.py")
+    assert record[0].filename in (__file__, _lifetime.__file__)
+
+
+def test_quiet_when_the_context_is_gone_or_the_interpreter_exits(monkeypatch):
+    gone = _FailingMemory(CudaError("cuMemFree", 4, "CUDA_ERROR_DEINITIALIZED"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _allocation(gone).close()
+        monkeypatch.setattr(_driver, "shutting_down", lambda: True)
+        late = _FailingMemory(CudaError("cuMemFree", 1, "CUDA_ERROR_INVALID_VALUE"))
+        _allocation(late).close()
+    assert gone.freed == 1 and late.freed == 1
+
+
+def test_host_export_is_refused_after_close():
+    memory = _FailingMemory(CudaError("cuMemFree", 4, "CUDA_ERROR_DEINITIALIZED"))
+    alloc = _allocation(memory)
+    alloc.close()
+    with pytest.raises(um.BufferClosedError):
+        alloc.export_host()
+
+
+def test_transaction_undoes_in_reverse_unless_committed():
+    done: list[str] = []
+    with pytest.raises(RuntimeError), Transaction() as tx:
+        tx.append(done.append, "free a")
+        tx.append(done.append, "unmap b")
+        raise RuntimeError("third step failed")
+    assert done == ["unmap b", "free a"]
+    done.clear()
+    with Transaction() as tx:
+        tx.append(done.append, "free a")
+        tx.commit()
+    assert done == []
+
+
+@pytest.mark.parametrize("cls", [um.ManagedBuffer, um.PinnedBuffer, um.VMMBuffer])
+def test_buffers_are_not_called_directly(cls):
+    with pytest.raises(TypeError, match=rf"{cls.__name__}\(\) cannot be called directly; use {cls.__name__}.empty"):
+        cls((4,), "f4")
