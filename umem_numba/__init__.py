@@ -6,6 +6,8 @@ Importing never touches the GPU; the first call that needs one raises
 
 from __future__ import annotations
 
+from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
+from ._driver import available as gpu_available
 from ._errors import (
     BufferClosedError,
     CoherenceError,
@@ -15,19 +17,17 @@ from ._errors import (
     UmemError,
     UnsupportedError,
 )
-from ._driver import available as gpu_available
+from ._info import info
+from ._launch import CoherentKernel, coherent, jit, launch
 from ._location import HOST, Location, as_location
-from ._stats import KindStats, reset_peak, stats
-from ._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
-from ._prefetch import PrefetchPlan
-from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
 from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._pinned import HostAllocFlags, PinnedBuffer
-from ._vmm_access import AccessFlags, allocation_granularity
+from ._prefetch import PrefetchPlan
+from ._stats import KindStats, reset_peak, stats
+from ._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
 from ._vmm import AddressRange, Mapping, PhysicalMemory
+from ._vmm_access import AccessFlags, allocation_granularity
 from ._vmm_buffer import VMMBuffer
-from ._launch import CoherentKernel, coherent, jit, launch
-from ._info import info
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from . import _driver
 from ._errors import CudaError
@@ -37,7 +37,7 @@ from ._location import HOST, Location, StreamLike, Target, as_location
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
 from ._prefetch import prefetch
 
-__all__ = ["MemAdvice", "MigrationPolicy", "ManagedMemoryHints", "HintState"]
+__all__ = ["HintState", "ManagedMemoryHints", "MemAdvice", "MigrationPolicy"]
 
 
 class MemAdvice(enum.IntEnum):
@@ -174,6 +174,11 @@ class MigrationPolicy:
     (prefetch for that).
     """
 
+    DEFAULT: ClassVar[MigrationPolicy]
+    READ_MOSTLY: ClassVar[MigrationPolicy]
+    PREFER_HOST: ClassVar[MigrationPolicy]
+    HOST_MAPPED: ClassVar[MigrationPolicy]
+
     kind: str
     device: int | None = None
 
@@ -194,7 +199,7 @@ class MigrationPolicy:
         object.__setattr__(self, "device", loc.id)
 
     @staticmethod
-    def PREFER_DEVICE(device: Any) -> "MigrationPolicy":  # noqa: N802 - reads like the constants
+    def PREFER_DEVICE(device: Any) -> MigrationPolicy:
         """Preferred location ``device`` (a numba device or an ordinal; not the host)."""
         return MigrationPolicy("prefer_device", device)
 
@@ -215,6 +220,7 @@ class MigrationPolicy:
         if self.kind == "read_mostly":
             return ((MemAdvice.SET_READ_MOSTLY, None),)
         if self.kind == "prefer_device":
+            assert self.device is not None  # PREFER_DEVICE always names one
             return ((MemAdvice.SET_PREFERRED_LOCATION, Location.device(self.device)),)
         if self.kind == "prefer_host":
             return ((MemAdvice.SET_PREFERRED_LOCATION, HOST),)
@@ -232,10 +238,10 @@ class MigrationPolicy:
         return f"MigrationPolicy.{_NAMES[self.kind]}"
 
 
-MigrationPolicy.DEFAULT = MigrationPolicy("default")  # type: ignore[attr-defined]
-MigrationPolicy.READ_MOSTLY = MigrationPolicy("read_mostly")  # type: ignore[attr-defined]
-MigrationPolicy.PREFER_HOST = MigrationPolicy("prefer_host")  # type: ignore[attr-defined]
-MigrationPolicy.HOST_MAPPED = MigrationPolicy("host_mapped")  # type: ignore[attr-defined]
+MigrationPolicy.DEFAULT = MigrationPolicy("default")
+MigrationPolicy.READ_MOSTLY = MigrationPolicy("read_mostly")
+MigrationPolicy.PREFER_HOST = MigrationPolicy("prefer_host")
+MigrationPolicy.HOST_MAPPED = MigrationPolicy("host_mapped")
 
 
 # ---------------------------------------------------------------------------
@@ -297,7 +303,7 @@ class ManagedMemoryHints:
         """One past the last element of the range."""
         return self._stop
 
-    def range(self, start: int, stop: int) -> "ManagedMemoryHints":
+    def range(self, start: int, stop: int) -> ManagedMemoryHints:
         """Hints for elements ``[start, stop)`` of *this* range (like slicing a slice)."""
         lo, hi = check_range(start, stop, self._stop - self._start, "ManagedMemoryHints.range")
         return ManagedMemoryHints(self._obj, self._start + lo, self._start + hi)

@@ -1,8 +1,9 @@
 """Array behaviour shared by every umem_numba buffer.
 
 An :class:`~umem_numba._lifetime.Allocation` owns the memory and frees it
-exactly once (see :mod:`umem_numba._lifetime`).  A buffer is a typed, strided window (shape, strides, byte offset) onto an
-allocation; slicing makes another window onto the same allocation.
+exactly once (see :mod:`umem_numba._lifetime`).  A buffer is a typed,
+strided window (shape, strides, byte offset) onto an allocation; slicing
+makes another window onto the same allocation.
 
 Close semantics
 ---------------
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from . import _driver, _events, _layout
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Allocation
 from ._tracker import Tracker, _launching, check_policy
+
 
 class _HostExport:
     """Base object of a numpy host view: keeps the allocation mapped while alive."""
@@ -40,7 +42,7 @@ class _HostExport:
         weakref.finalize(self, alloc.host_export_gone)
 
 
-class _NotOnDevice(UnsupportedError, AttributeError):
+class _NotOnDeviceError(UnsupportedError, AttributeError):
     """Also an AttributeError, so ``hasattr(buf, "__cuda_array_interface__")`` is False."""
 
 
@@ -66,17 +68,29 @@ class Buffer:
     or :class:`VMMBuffer` constructors.
     """
 
-    __slots__ = ("_alloc", "_owner", "_offset", "_shape", "_strides", "_dtype", "_nbtype", "_shim",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_alloc",
+        "_dtype",
+        "_nbtype",
+        "_offset",
+        "_owner",
+        "_shape",
+        "_shim",
+        "_strides",
+    )
 
     #: Whether the host may dereference this kind of memory.
     _host_accessible: ClassVar[bool] = True
     #: Whether kernels may use this buffer (subclasses may decide per instance).
-    _device_accessible: ClassVar[bool] = True
+    _device_accessible: bool = True
+    #: Whether views can be retired while the allocation lives (VMM shrink): a
+    #: launch must then check the view, not only the allocation.
+    _views_can_retire: ClassVar[bool] = False
     #: The constructors to name when someone calls the class directly.
     _constructors: ClassVar[tuple[str, ...]] = ("ManagedBuffer.empty", "PinnedBuffer.empty", "VMMBuffer.empty")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         name = type(self).__name__
         raise TypeError(
             f"{name}() cannot be called directly; use {', '.join(self._constructors)} "
@@ -92,17 +106,17 @@ class Buffer:
         self._shape = shape
         self._strides = strides
         self._dtype = dtype
-        self._nbtype = None
-        self._shim = None
+        self._nbtype: Any = None
+        self._shim: _layout.StridedViewShim | None = None
 
     def _view(self, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
-              dtype: np.dtype | None = None) -> "Buffer":
+              dtype: np.dtype | None = None) -> Buffer:
         view = object.__new__(type(self))
         view._init(self._live(), offset, shape, strides, self._dtype if dtype is None else dtype, False)
         self._copy_extra(view)
         return view
 
-    def _copy_extra(self, view: "Buffer") -> None:
+    def _copy_extra(self, view: Buffer) -> None:
         """Subclasses copy their own per-buffer fields into a new view."""
 
     # -- lifetime -----------------------------------------------------------------
@@ -132,7 +146,7 @@ class Buffer:
         self._alloc = None
         self._shim = None
 
-    def __enter__(self) -> "Buffer":
+    def __enter__(self) -> Buffer:
         self._live()
         return self
 
@@ -205,13 +219,13 @@ class Buffer:
         return self._live().device_id
 
     # -- views --------------------------------------------------------------------
-    def __getitem__(self, key: Any) -> "Buffer":
+    def __getitem__(self, key: Any) -> Buffer:
         """Basic indexing: ints, slices (any step) and ``...``; returns a view."""
         self._live()
         offset, shape, strides = _layout.index_view(self._shape, self._strides, key)
         return self._view(self._offset + offset, shape, strides)
 
-    def view(self, dtype: Any) -> "Buffer":
+    def view(self, dtype: Any) -> Buffer:
         """Reinterpret a C-contiguous buffer as another dtype of the same itemsize."""
         dt = _layout.normalize_dtype(dtype)
         if dt.itemsize != self._dtype.itemsize:
@@ -219,7 +233,7 @@ class Buffer:
                              f"{dt} has {dt.itemsize}")
         return self._view(self._offset, self._shape, self._strides, dt)
 
-    def reshape(self, *shape: Any) -> "Buffer":
+    def reshape(self, *shape: Any) -> Buffer:
         """A view with another shape (C-contiguous buffers only; one ``-1`` allowed)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
@@ -248,7 +262,7 @@ class Buffer:
     def _device_export(self) -> Allocation:
         alloc = self._live()
         if not self._device_accessible:
-            raise _NotOnDevice(f"this {type(self).__name__} is not accessible from the device "
+            raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device "
                                "(pinned memory needs HostAllocFlags.DEVICEMAP)")
         alloc.tracker.on_device_export()
         return alloc
@@ -278,7 +292,9 @@ class Buffer:
         # Read by numba's typing on every launch: kept short.
         alloc = self._alloc
         if alloc is None or alloc.closed or not self._device_accessible:
-            self._device_export()  # raises the right error
+            alloc = self._device_export()  # raises the right error
+        if self._views_can_retire and not self._owner:
+            self._live()
         if not _launching.active:
             alloc.tracker.on_device_export()
         t = self._nbtype
@@ -290,7 +306,9 @@ class Buffer:
     def _strided_memory_view_shim(self) -> _layout.StridedViewShim:
         alloc = self._alloc
         if alloc is None or alloc.closed or not self._device_accessible:
-            self._device_export()
+            alloc = self._device_export()
+        if self._views_can_retire and not self._owner:
+            self._live()
         if not _launching.active:
             alloc.tracker.on_device_export()
         shim = self._shim

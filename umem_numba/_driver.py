@@ -18,8 +18,9 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 from ._errors import CudaError, CudaUnavailableError, OutOfMemoryError
 
@@ -96,7 +97,7 @@ _unavailable: str | None = None
 
 
 def _load() -> _Api:
-    global _api, _unavailable
+    global _unavailable
     with _lock:
         if _api is not None:
             return _api
@@ -117,7 +118,7 @@ def _probe() -> str:
             "umem_numba allocates real CUDA memory and needs a real GPU"
         )
     try:
-        import cuda.bindings as bindings
+        from cuda import bindings
         from cuda.bindings import driver as drv
     except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
         return f"cuda-bindings is not importable ({exc}); install numba-cuda[cu12] or [cu13]"

@@ -9,13 +9,13 @@ asked raises the ordinary Python exception for it (``TypeError``,
 from __future__ import annotations
 
 __all__ = [
-    "UmemError",
-    "CudaError",
-    "OutOfMemoryError",
-    "CudaUnavailableError",
-    "UnsupportedError",
-    "CoherenceError",
     "BufferClosedError",
+    "CoherenceError",
+    "CudaError",
+    "CudaUnavailableError",
+    "OutOfMemoryError",
+    "UmemError",
+    "UnsupportedError",
 ]
 
 
@@ -48,7 +48,7 @@ class CudaError(UmemError, RuntimeError):
             msg += f": {detail}"
         super().__init__(msg)
 
-    def __reduce__(self):  # keep pickling (multiprocessing) working
+    def __reduce__(self) -> tuple[type[CudaError], tuple[str, int, str, str]]:  # pickling (multiprocessing)
         return (type(self), (self.call, self.code, self.name, self.detail))
 
 

@@ -18,7 +18,7 @@ _free: dict[int, list[Any]] = {}
 class Event:
     """A recorded CUDA event; returns its handle to the pool when collected."""
 
-    __slots__ = ("handle", "device_id", "stream")
+    __slots__ = ("device_id", "handle", "stream")
 
     def __init__(self, handle: Any, device_id: int, stream: int) -> None:
         self.handle = handle

@@ -37,7 +37,7 @@ def _device_info(ordinal: int) -> dict[str, Any]:
         "vmm_posix_fd_export": bool(attr("HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", ordinal)),
     }
     if info["vmm_supported"]:
-        from ._vmm import allocation_granularity
+        from ._vmm_access import allocation_granularity
         info["vmm_granularity"] = allocation_granularity(ordinal)
     with _driver.device_context(ordinal):
         free, total = _driver.mem_get_info()

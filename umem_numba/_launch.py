@@ -17,7 +17,7 @@ from ._errors import CoherenceError
 from ._location import stream_handle
 from ._tracker import Tracker, _launching
 
-__all__ = ["launch", "coherent", "jit", "CoherentKernel"]
+__all__ = ["CoherentKernel", "coherent", "jit", "launch"]
 
 
 def _trackers_of(args: tuple[Any, ...]) -> list[Tracker]:

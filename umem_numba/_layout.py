@@ -8,7 +8,8 @@ to the start of their allocation, exactly like a numpy array over a buffer.
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: 
     if 0 in shape:
         return True
     expected = itemsize
-    for d, s in zip(reversed(shape), reversed(strides)):
+    for d, s in zip(reversed(shape), reversed(strides), strict=True):
         if d != 1 and s != expected:
             return False
         expected *= d
@@ -102,7 +103,7 @@ def is_f_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: 
     if 0 in shape:
         return True
     expected = itemsize
-    for d, s in zip(shape, strides):
+    for d, s in zip(shape, strides, strict=True):
         if d != 1 and s != expected:
             return False
         expected *= d
@@ -140,7 +141,7 @@ def index_view(shape: tuple[int, ...], strides: tuple[int, ...], key: Any
     offset = 0
     new_shape: list[int] = []
     new_strides: list[int] = []
-    for axis, (k, dim, stride) in enumerate(zip(key, shape, strides)):
+    for axis, (k, dim, stride) in enumerate(zip(key, shape, strides, strict=True)):
         if isinstance(k, slice):
             start, stop, step = k.indices(dim)
             length = len(range(start, stop, step))
@@ -167,7 +168,7 @@ def extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> t
     if 0 in shape:
         return 0, 0
     lo = hi = 0
-    for d, s in zip(shape, strides):
+    for d, s in zip(shape, strides, strict=True):
         span = (d - 1) * s
         if span < 0:
             lo += span
@@ -209,7 +210,8 @@ def cuda_array_info(obj: Any, what: str) -> DeviceArrayInfo:
     iface = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(iface, dict):
         raise TypeError(f"{what}: expected a device array with __cuda_array_interface__ (numba, CuPy, "
-                        f"PyTorch) or a umem_numba buffer (ManagedBuffer, PinnedBuffer, VMMBuffer), got {type(obj).__name__}")
+                        "PyTorch) or a umem_numba buffer (ManagedBuffer, PinnedBuffer, VMMBuffer), "
+                        f"got {type(obj).__name__}")
     descr = iface.get("descr")
     dtype = normalize_dtype(descr if descr and len(descr) > 1 else iface["typestr"])
     shape = tuple(int(d) for d in iface["shape"])
@@ -224,6 +226,7 @@ def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
     from numba.np.numpy_support import from_dtype
 
     ndim = len(shape)
+    layout: Literal[C, F, A]
     if is_c_contiguous(shape, strides, dtype.itemsize):
         layout = "C"
     elif is_f_contiguous(shape, strides, dtype.itemsize):
@@ -236,7 +239,7 @@ def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
 class _StridedLayoutShim:
     """What numba-cuda's launch path reads from a device array's layout."""
 
-    __slots__ = ("strides_in_bytes", "is_contiguous_c", "is_contiguous_f", "is_contiguous_any")
+    __slots__ = ("is_contiguous_any", "is_contiguous_c", "is_contiguous_f", "strides_in_bytes")
 
     def __init__(self, strides: tuple[int, ...], c: bool, f: bool) -> None:
         self.strides_in_bytes = strides
@@ -254,7 +257,7 @@ class StridedViewShim:
     ``__cuda_array_interface__`` dict on every launch.
     """
 
-    __slots__ = ("ptr", "shape", "dtype", "size", "_layout")
+    __slots__ = ("_layout", "dtype", "ptr", "shape", "size")
 
     def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> None:
         size = 1

@@ -22,13 +22,15 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from . import _driver, _stats
 from ._errors import BufferClosedError
 from ._tracker import Tracker
 
-__all__ = ["Allocation", "Memory", "DriverMemory", "Resource", "Transaction", "report_failed_free"]
+__all__ = ["Allocation", "DriverMemory", "Memory", "Resource", "Transaction", "report_failed_free"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL_FILES = (weakref.__file__, contextlib.__file__)
@@ -40,7 +42,7 @@ def _caller_stacklevel() -> int:
     From a finalizer run by the garbage collector there is no such frame: the
     warning then points at this package (never into ``weakref.py``).
     """
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     level = 2
     deepest_ours = 2
     while frame is not None:
@@ -113,7 +115,7 @@ class DriverMemory(Memory):
         Whose context frees it.
     """
 
-    __slots__ = ("kind", "ptr", "nbytes", "free_call", "device_id")
+    __slots__ = ("device_id", "free_call", "kind", "nbytes", "ptr")
 
     def __init__(self, kind: str, ptr: int, nbytes: int, free_call: str, device_id: int) -> None:
         self.kind = kind
@@ -168,17 +170,17 @@ class Allocation:
     """
 
     __slots__ = (
-        "kind",
-        "ptr",
-        "device_ptr",
-        "device_id",
-        "tracker",
-        "closed",
-        "memory",
+        "__weakref__",
         "_exports",
         "_finalizer",
         "_lock",
-        "__weakref__",
+        "closed",
+        "device_id",
+        "device_ptr",
+        "kind",
+        "memory",
+        "ptr",
+        "tracker",
     )
 
     def __init__(
@@ -264,7 +266,7 @@ class Resource:
         Frees the object; its failure is reported by :func:`report_failed_free`.
     """
 
-    __slots__ = ("what", "_free", "_users", "closed", "freed", "_lock")
+    __slots__ = ("_free", "_lock", "_users", "closed", "freed", "what")
 
     def __init__(self, what: str, free: Callable[[], None]) -> None:
         self.what = what

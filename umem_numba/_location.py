@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from . import _driver
 from ._errors import UnsupportedError
 
-__all__ = ["Location", "HOST", "as_location", "as_device", "stream_handle", "stream_device", "Target", "StreamLike"]
+__all__ = ["HOST", "Location", "StreamLike", "Target", "as_device", "as_location", "stream_device", "stream_handle"]
 
 #: The driver's legacy id for the host in range attributes (``CU_DEVICE_CPU``; a
 #: test checks it against the binding: it is needed before the driver loads).
@@ -57,7 +57,7 @@ class Location:
             raise ValueError(f"Location kind must be 'device' or 'host', got {self.kind!r}")
 
     @classmethod
-    def device(cls, ordinal: int) -> "Location":
+    def device(cls, ordinal: int) -> Location:
         """The location of device ``ordinal``."""
         return cls("device", operator.index(ordinal))
 
@@ -87,7 +87,7 @@ class Location:
         return cu
 
     @classmethod
-    def from_legacy_id(cls, value: int) -> "Location | None":
+    def from_legacy_id(cls, value: int) -> Location | None:
         """Decode a legacy range-attribute id; ``None`` for 'no location' (-2)."""
         if value == _CU_DEVICE_CPU:
             return HOST
@@ -104,7 +104,7 @@ _CU_CACHE: dict[Location, Any] = {}
 #: The host (CPU) location.
 HOST = Location("host", _CU_DEVICE_CPU)
 
-Target = Union[Location, int, str, Any]
+Target = Location | int | str | Any | None
 StreamLike = Any
 
 

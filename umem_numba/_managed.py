@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ._location import StreamLike, Target, stream_handle
 from ._prefetch import prefetch
 from ._tracker import Tracker
 
-__all__ = ["ManagedBuffer", "managed_empty", "managed_zeros", "managed_like", "managed_from"]
+__all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
 
 _ATTACH_NAMES = ("global", "host")
 
@@ -61,7 +62,7 @@ class ManagedBuffer(Buffer):
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> "ManagedBuffer":
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
         """Allocate without initialising.
 
         Parameters
@@ -107,7 +108,7 @@ class ManagedBuffer(Buffer):
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-              stream: StreamLike = 0) -> "ManagedBuffer":
+              stream: StreamLike = 0) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
         The memset is tracked like a kernel: host access waits for it.
@@ -118,7 +119,7 @@ class ManagedBuffer(Buffer):
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, attach: str = "global") -> "ManagedBuffer":
+    def from_array(cls, array: Any, *, attach: str = "global") -> ManagedBuffer:
         """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
 
         Parameters

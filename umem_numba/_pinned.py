@@ -92,19 +92,18 @@ class PinnedBuffer(Buffer):
     :attr:`HostAllocFlags.DEVICEMAP` kernels can use the buffer directly.
     """
 
-    __slots__ = ("_flags",)
+    __slots__ = ("_device_accessible", "_flags")
+    _flags: HostAllocFlags
     _constructors = ("PinnedBuffer.empty", "PinnedBuffer.zeros", "PinnedBuffer.from_array")
 
     def _copy_extra(self, view: Buffer) -> None:
-        view._flags = self._flags  # type: ignore[attr-defined]
-
-    @property
-    def _device_accessible(self) -> bool:  # type: ignore[override]
-        return HostAllocFlags.DEVICEMAP in self._flags
+        assert isinstance(view, PinnedBuffer)
+        view._flags = self._flags
+        view._device_accessible = self._device_accessible
 
     @classmethod
     def empty(cls, shape: Any, dtype: Any = np.float32,
-              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> "PinnedBuffer":
+              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
         Parameters
@@ -138,11 +137,12 @@ class PinnedBuffer(Buffer):
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._flags = flags
+        buf._device_accessible = HostAllocFlags.DEVICEMAP in flags
         return buf
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32,
-              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> "PinnedBuffer":
+              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
         """Allocate and zero every byte (``nbytes``, not ``size``)."""
         buf = cls.empty(shape, dtype, flags)
         alloc = buf._live()
@@ -151,7 +151,7 @@ class PinnedBuffer(Buffer):
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> "PinnedBuffer":
+    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
         """A pinned copy of ``array``."""
         src = np.asarray(array)
         buf = cls.empty(src.shape, src.dtype, flags)

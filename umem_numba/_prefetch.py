@@ -19,7 +19,8 @@ copy: when the host needs the data fast, copy it (``copy_to_host``).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from . import _driver, _events
 from ._errors import CudaError
@@ -122,6 +123,7 @@ def _issue_batch(prepared: list[tuple[ManagedSpan, Location]], handle: int) -> N
             previous = loc
     ptrs = [drv.CUdeviceptr(r.ptr) for r, _ in prepared]
     sizes = [r.nbytes for r, _ in prepared]
+    assert api.mem_prefetch_batch is not None  # _batch_possible said so
     res = api.mem_prefetch_batch(ptrs, sizes, len(prepared), locs, first, len(locs), 0, handle)
     _check(res, "cuMemPrefetchBatchAsync", f"prefetching {len(prepared)} ranges to {len(locs)} location run(s)",
            "PrefetchPlan.execute")
@@ -160,7 +162,7 @@ class PrefetchPlan:
     def __init__(self) -> None:
         self._entries: list[_Entry] = []
 
-    def add(self, obj: Any, target: Target) -> "PrefetchPlan":
+    def add(self, obj: Any, target: Target) -> PrefetchPlan:
         """Add all of ``obj`` (a ManagedBuffer, view or managed array) to go to ``target``.
 
         Returns
@@ -175,11 +177,11 @@ class PrefetchPlan:
         """
         return self._add(obj, None, None, target, "PrefetchPlan.add")
 
-    def add_range(self, obj: Any, start: int, stop: int, target: Target) -> "PrefetchPlan":
+    def add_range(self, obj: Any, start: int, stop: int, target: Target) -> PrefetchPlan:
         """Add elements ``[start, stop)`` of ``obj`` to go to ``target`` (checked like :meth:`add`)."""
         return self._add(obj, start, stop, target, "PrefetchPlan.add_range")
 
-    def _add(self, obj: Any, start: Any, stop: Any, target: Target, name: str) -> "PrefetchPlan":
+    def _add(self, obj: Any, start: Any, stop: Any, target: Target, name: str) -> PrefetchPlan:
         what = f"{name} (entry {len(self._entries)})"
         lo, hi = check_range(start, stop, element_count(obj, what), what)
         loc = as_location(target, check=False, what=what)
@@ -194,7 +196,7 @@ class PrefetchPlan:
     @property
     def entries(self) -> tuple[tuple[Any, int, int, Location], ...]:
         """``(array, start, stop, target)`` of every entry, in order."""
-        return tuple(tuple(e) for e in self._entries)  # type: ignore[misc]
+        return tuple((e.obj, e.start, e.stop, e.target) for e in self._entries)
 
     def clear(self) -> None:
         """Remove every entry."""

@@ -39,7 +39,7 @@ class KindStats:
 
 
 class _Counters:
-    __slots__ = ("live_count", "live_bytes", "peak_bytes", "total_allocations", "total_bytes")
+    __slots__ = ("live_bytes", "live_count", "peak_bytes", "total_allocations", "total_bytes")
 
     def __init__(self) -> None:
         self.live_count = self.live_bytes = self.peak_bytes = 0
@@ -57,8 +57,7 @@ def record_alloc(kind: str, nbytes: int) -> None:
         c.live_bytes += nbytes
         c.total_allocations += 1
         c.total_bytes += nbytes
-        if c.live_bytes > c.peak_bytes:
-            c.peak_bytes = c.live_bytes
+        c.peak_bytes = max(c.peak_bytes, c.live_bytes)
 
 
 def record_resize(kind: str, delta: int) -> None:
@@ -68,8 +67,7 @@ def record_resize(kind: str, delta: int) -> None:
         c.live_bytes += delta
         if delta > 0:
             c.total_bytes += delta
-        if c.live_bytes > c.peak_bytes:
-            c.peak_bytes = c.live_bytes
+        c.peak_bytes = max(c.peak_bytes, c.live_bytes)
 
 
 def record_free(kind: str, nbytes: int) -> None:

@@ -37,7 +37,7 @@ import contextlib
 import contextvars
 import threading
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
 
 from . import _driver, _events
 from ._errors import CoherenceError
@@ -46,10 +46,10 @@ __all__ = [
     "POLICIES",
     "CoherenceWarning",
     "Tracker",
-    "coherence_policy",
-    "set_coherence_policy",
-    "get_coherence_policy",
     "check_policy",
+    "coherence_policy",
+    "get_coherence_policy",
+    "set_coherence_policy",
 ]
 
 POLICIES = ("sync", "raise", "warn", "off")
@@ -123,8 +123,16 @@ class Tracker:
         whole context.
     """
 
-    __slots__ = ("pending", "unknown", "holds", "policy", "device_id", "concurrent",
-                 "attached", "_lock")
+    __slots__ = (
+        "_lock",
+        "attached",
+        "concurrent",
+        "device_id",
+        "holds",
+        "pending",
+        "policy",
+        "unknown",
+    )
 
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
         self.pending: dict[int, _events.Event] = {}

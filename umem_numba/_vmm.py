@@ -40,7 +40,7 @@ from ._vmm_access import (
     set_access,
 )
 
-__all__ = ["AddressRange", "PhysicalMemory", "Mapping"]
+__all__ = ["AddressRange", "Mapping", "PhysicalMemory"]
 
 
 class AddressRange:
@@ -56,10 +56,16 @@ class AddressRange:
     then the range is marked closed and refuses new mappings.
     """
 
-    __slots__ = ("_ptr", "_size", "_device_id", "_res", "_maps", "_starts", "__weakref__")
+    __slots__ = ("__weakref__", "_device_id", "_maps", "_ptr", "_res", "_size", "_starts")
+    _ptr: int
+    _size: int
+    _device_id: int
+    _res: Resource
+    _maps: dict[int, int]  # offset -> size of each live mapping
+    _starts: list[int]  # the same offsets, sorted (overlap checks in O(log n))
 
     @classmethod
-    def reserve(cls, size: int, alignment: int = 0, *, device: Target = None) -> "AddressRange":
+    def reserve(cls, size: int, alignment: int = 0, *, device: Target = None) -> AddressRange:
         """Reserve ``size`` bytes of virtual address space.
 
         Parameters
@@ -93,15 +99,15 @@ class AddressRange:
         return cls._reserve(size, alignment or gran, device_id)
 
     @classmethod
-    def _reserve(cls, size: int, alignment: int, device_id: int) -> "AddressRange":
+    def _reserve(cls, size: int, alignment: int, device_id: int) -> AddressRange:
         ptr = int(_driver.call_on(device_id, "cuMemAddressReserve", size, alignment, 0, 0,
                                   detail=f"reserving {size} bytes of device address space"))
         self = object.__new__(cls)
         self._ptr = ptr
         self._size = size
         self._device_id = device_id
-        self._maps: dict[int, int] = {}  # offset -> size of each live mapping
-        self._starts: list[int] = []  # the same offsets, sorted (overlap checks in O(log n))
+        self._maps = {}
+        self._starts = []
 
         def free() -> None:
             _driver.call_on(device_id, "cuMemAddressFree", ptr, size, detail="freeing a VMM address range")
@@ -161,7 +167,7 @@ class AddressRange:
         """Free the reservation now, or after its last mapping is unmapped."""
         self._res.close()
 
-    def __enter__(self) -> "AddressRange":
+    def __enter__(self) -> AddressRange:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -184,10 +190,15 @@ class PhysicalMemory:
     mapped defers the ``cuMemRelease`` until the last mapping is unmapped.
     """
 
-    __slots__ = ("_handle", "_size", "_device_id", "_exportable", "_res", "__weakref__")
+    __slots__ = ("__weakref__", "_device_id", "_exportable", "_handle", "_res", "_size")
+    _handle: Any
+    _size: int
+    _device_id: int
+    _exportable: bool
+    _res: Resource
 
     @classmethod
-    def create(cls, size: int, device: Target = None, *, exportable: bool = False) -> "PhysicalMemory":
+    def create(cls, size: int, device: Target = None, *, exportable: bool = False) -> PhysicalMemory:
         """Allocate ``size`` bytes of physical memory on a device.
 
         Parameters
@@ -220,7 +231,7 @@ class PhysicalMemory:
         return cls._adopt(handle, size, device_id, bool(exportable))
 
     @classmethod
-    def from_shareable_handle(cls, fd: int, size: int, device: Target = None) -> "PhysicalMemory":
+    def from_shareable_handle(cls, fd: int, size: int, device: Target = None) -> PhysicalMemory:
         """Import physical memory that another process exported with :meth:`export_fd`.
 
         Parameters
@@ -254,7 +265,7 @@ class PhysicalMemory:
         return cls._adopt(handle, size, device_id, True)
 
     @classmethod
-    def _adopt(cls, handle: Any, size: int, device_id: int, exportable: bool) -> "PhysicalMemory":
+    def _adopt(cls, handle: Any, size: int, device_id: int, exportable: bool) -> PhysicalMemory:
         self = object.__new__(cls)
         self._handle = handle
         self._size = size
@@ -332,7 +343,7 @@ class PhysicalMemory:
         """Release now, or after the last mapping of it is unmapped."""
         self._res.close()
 
-    def __enter__(self) -> "PhysicalMemory":
+    def __enter__(self) -> PhysicalMemory:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -373,7 +384,7 @@ class Mapping:
     garbage collection) unmaps it, after which they are freed if closed.
     """
 
-    __slots__ = ("_range", "_physical", "_offset", "_res", "__weakref__")
+    __slots__ = ("__weakref__", "_offset", "_physical", "_range", "_res")
 
     def __init__(self, address_range: AddressRange, physical: PhysicalMemory, offset: int = 0) -> None:
         if not isinstance(address_range, AddressRange):
@@ -488,7 +499,7 @@ class Mapping:
         """Unmap (then free the range and memory if they were closed)."""
         self._res.close()
 
-    def __enter__(self) -> "Mapping":
+    def __enter__(self) -> Mapping:
         return self
 
     def __exit__(self, *exc: Any) -> None:

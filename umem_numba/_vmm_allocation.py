@@ -54,7 +54,7 @@ class VMMChunks(Memory):
 
     kind = "vmm"
 
-    __slots__ = ("range", "chunks", "nbytes", "device_id", "exportable")
+    __slots__ = ("chunks", "device_id", "exportable", "nbytes", "range")
 
     def __init__(self, address_range: AddressRange | None, device_id: int, exportable: bool) -> None:
         self.range = address_range
@@ -95,7 +95,7 @@ class VMMChunks(Memory):
                                        f"creating {n} bytes of physical memory on device {self.device_id}")
                 self._map(_Chunk(handle, offset, n), new)
                 offset += n
-            live = {d: f for d, f in grants.items() if f != AccessFlags.NONE}
+            live: dict[int, AccessFlags] = {d: f for d, f in grants.items() if f != AccessFlags.NONE}
             set_access(rng.ptr + start, size, live, f"granting access to {size} newly mapped bytes")
             tx.commit()
         self.chunks.extend(new)
@@ -213,7 +213,7 @@ class VMMAllocation(Allocation):
         Largest chunk new memory is created in (``None``: one per growth step).
     """
 
-    __slots__ = ("chunks", "granularity", "chunk_bytes", "length_nbytes", "grants", "shrinks", "resize_lock")
+    __slots__ = ("chunk_bytes", "chunks", "grants", "granularity", "length_nbytes", "resize_lock", "shrinks")
 
     def __init__(self, chunks: VMMChunks, granularity: int, chunk_bytes: int | None) -> None:
         super().__init__("vmm", chunks, chunks.base, chunks.device_id, Tracker(chunks.device_id))

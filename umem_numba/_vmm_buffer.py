@@ -32,8 +32,8 @@ contents.
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -120,16 +120,20 @@ class VMMBuffer(Buffer):
     True
     """
 
-    __slots__ = ("_capacity", "_epoch", "_end")
+    __slots__ = ("_capacity", "_end", "_epoch")
+    _capacity: int
+    _epoch: int
+    _end: int
 
     _host_accessible = False
+    _views_can_retire = True
     _constructors = ("VMMBuffer.empty", "VMMBuffer.zeros", "VMMBuffer.from_array", "VMMBuffer.from_shareable_handle")
 
     # -- construction -------------------------------------------------------------
     @classmethod
     def empty(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
               capacity: int | None = None, exportable: bool = False,
-              chunk_bytes: int | None = None) -> "VMMBuffer":
+              chunk_bytes: int | None = None) -> VMMBuffer:
         """Reserve address space for ``capacity`` rows and map memory for ``shape``.
 
         Parameters
@@ -190,7 +194,7 @@ class VMMBuffer(Buffer):
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
               capacity: int | None = None, exportable: bool = False, chunk_bytes: int | None = None,
-              stream: StreamLike = 0) -> "VMMBuffer":
+              stream: StreamLike = 0) -> VMMBuffer:
         """Like :meth:`empty`, then zero every byte on ``stream`` (``cuMemsetD8Async``).
 
         Host reads wait for the memset (coherence).  Memory mapped by later
@@ -204,7 +208,7 @@ class VMMBuffer(Buffer):
 
     @classmethod
     def from_array(cls, array: Any, *, device: Target = None, capacity: int | None = None,
-                   exportable: bool = False, chunk_bytes: int | None = None) -> "VMMBuffer":
+                   exportable: bool = False, chunk_bytes: int | None = None) -> VMMBuffer:
         """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered).
 
         Keyword arguments are :meth:`empty`'s.
@@ -217,7 +221,7 @@ class VMMBuffer(Buffer):
 
     @classmethod
     def from_shareable_handle(cls, handle: int | Sequence[tuple[int, int]], shape: Any,
-                              dtype: Any = np.float32, *, device: Target = None) -> "VMMBuffer":
+                              dtype: Any = np.float32, *, device: Target = None) -> VMMBuffer:
         """Map memory that another process exported (:meth:`export_fd` / :meth:`export_fds`).
 
         Parameters
@@ -249,7 +253,7 @@ class VMMBuffer(Buffer):
         CudaError
             A descriptor that is not an exported CUDA allocation.
         """
-        shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
+        shape, dtype, nbytes, strides, _ = _layout_of(shape, dtype)
         pieces = _import_pieces(handle, nbytes)
         device_id = as_device(device, what="VMMBuffer.from_shareable_handle")
         gran = granularity(device_id, exportable=True)
@@ -271,7 +275,7 @@ class VMMBuffer(Buffer):
 
     @classmethod
     def _wrap(cls, alloc: VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...],
-              dtype: np.dtype, capacity: int) -> "VMMBuffer":
+              dtype: np.dtype, capacity: int) -> VMMBuffer:
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._capacity = capacity
@@ -280,15 +284,17 @@ class VMMBuffer(Buffer):
         return buf
 
     def _copy_extra(self, view: Buffer) -> None:
-        alloc: VMMAllocation = self._alloc  # type: ignore[assignment]
-        view._capacity = self._capacity  # type: ignore[attr-defined]
-        view._epoch = len(alloc.shrinks)  # type: ignore[attr-defined]
+        alloc = self._live()
+        assert isinstance(view, VMMBuffer)
+        view._capacity = self._capacity
+        view._epoch = len(alloc.shrinks)
         _, hi = _layout.extent(view._shape, view._strides, view._dtype.itemsize)
-        view._end = view._offset + hi  # type: ignore[attr-defined]
+        view._end = view._offset + hi
 
     # -- lifetime -------------------------------------------------------------------
-    def _live(self) -> VMMAllocation:  # type: ignore[override]
-        alloc: VMMAllocation = super()._live()  # type: ignore[assignment]
+    def _live(self) -> VMMAllocation:
+        alloc = super()._live()
+        assert isinstance(alloc, VMMAllocation)
         if not self._owner:
             later = alloc.shrinks[self._epoch:]
             if later and self._end > min(later):
@@ -296,19 +302,6 @@ class VMMBuffer(Buffer):
                     f"this view of a VMMBuffer (bytes up to {self._end}) lies beyond a shrink of the buffer "
                     f"to {min(later)} bytes: its memory was released, so the view can no longer be used")
         return alloc
-
-    # numba's launch reads these two without _live(): a retired view must not launch.
-    @property
-    def _numba_type_(self) -> Any:
-        if not self._owner:
-            self._live()
-        return Buffer._numba_type_.fget(self)  # type: ignore[attr-defined]
-
-    @property
-    def _strided_memory_view_shim(self) -> _layout.StridedViewShim:
-        if not self._owner:
-            self._live()
-        return Buffer._strided_memory_view_shim.fget(self)  # type: ignore[attr-defined]
 
     def _owner_alloc(self, what: str) -> VMMAllocation:
         alloc = self._live()
@@ -434,7 +427,7 @@ class VMMBuffer(Buffer):
             self.shrink(n)
 
     def _set_length(self, alloc: VMMAllocation, n: int) -> None:
-        self._shape = (n,) + self._shape[1:]
+        self._shape = (n, *self._shape[1:])
         self._strides = _layout.c_strides(self._shape, self._dtype.itemsize)
         # numba's cached type and launch view describe the old shape.
         self._nbtype = None
@@ -573,7 +566,7 @@ class VMMBuffer(Buffer):
         return self.export_fds()[0][0]
 
     # -- host copies ------------------------------------------------------------------
-    def copy_to_host(self, out: np.ndarray | None = None, stream: StreamLike = 0) -> np.ndarray:  # type: ignore[override]
+    def copy_to_host(self, out: np.ndarray | None = None, stream: StreamLike = 0) -> np.ndarray:
         """Copy the elements to a new (or the given) numpy array; returns when done.
 
         Parameters
