@@ -226,7 +226,7 @@ def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
     from numba.np.numpy_support import from_dtype
 
     ndim = len(shape)
-    layout: Literal[C, F, A]
+    layout: Literal["C", "F", "A"]
     if is_c_contiguous(shape, strides, dtype.itemsize):
         layout = "C"
     elif is_f_contiguous(shape, strides, dtype.itemsize):
