@@ -1,20 +1,7 @@
 """Memory advice for managed memory: hints, their live driver state, and migration policies.
 
-Ranges
-------
-Every range in umem_numba's advice and prefetch API is ``[start, stop)`` in
-*elements* of the buffer seen as a flat, C-ordered array: element ``i`` is the
-bytes ``[i * itemsize, (i + 1) * itemsize)`` after the buffer's first element.
-Bounds work like a Python slice without the wrap-around: ``0 <= start < stop
-<= size``; a negative bound is an :class:`IndexError`, never "from the end",
-and an empty range is a :class:`ValueError` (there is nothing to advise or
-prefetch).  Views must be C-contiguous; a view's range counts from the view's
-first element.
-
-The driver applies advice and prefetches to whole CPU pages (4 KiB on x86-64,
-up to 64 KiB elsewhere): a range that starts or ends inside a page affects,
-and reads back, that whole page, so neighbouring elements in the same page
-share its hints.
+Ranges are element ranges ``[start, stop)`` of the flat, C-ordered buffer
+(:mod:`umem_numba._managed_span` says exactly how they are checked).
 
 What the driver reports
 -----------------------

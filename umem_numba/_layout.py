@@ -13,6 +13,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from ._checks import as_int
+
 #: No single buffer may claim more bytes than this (well past any GPU); it keeps
 #: size arithmetic exact and turns absurd requests into a clear ValueError.
 MAX_NBYTES = 1 << 60
@@ -54,12 +56,7 @@ def normalize_shape(shape: Any) -> tuple[int, ...]:
         dims = shape
     out = []
     for d in dims:
-        if isinstance(d, (bool, np.bool_)):
-            raise TypeError(f"shape entries must be ints, got a bool in {shape!r}")
-        try:
-            n = operator.index(d)
-        except TypeError:
-            raise TypeError(f"shape entries must be ints, got {type(d).__name__} in {shape!r}") from None
+        n = as_int(d, f"shape entries (in {shape!r})", "ints")
         if n < 0:
             raise ValueError(f"negative dimension {n} in shape {tuple(dims)!r}")
         out.append(n)

@@ -12,12 +12,12 @@ first element.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 from . import _driver, _layout
 from ._buffer import Buffer
+from ._checks import as_int
 from ._errors import BufferClosedError, CudaError, UnsupportedError
 from ._tracker import Tracker
 
@@ -36,13 +36,7 @@ class ManagedSpan:
 
 
 def _index(value: Any, name: str, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what}: {name} must be an integer element index, not a bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what}: {name} must be an integer element index, "
-                        f"got {type(value).__name__} {value!r}") from None
+    return as_int(value, f"{what}: {name}", "an integer element index")
 
 
 def check_range(start: Any, stop: Any, size: int, what: str) -> tuple[int, int]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import operator
 from typing import Any
 
 import numpy as np
 
 from . import _driver, _events, _layout
 from ._buffer import Buffer, _check_same, new_layout
+from ._checks import as_int
 from ._lifetime import Allocation, DriverMemory, Transaction
 from ._location import StreamLike, stream_handle
 from ._tracker import Tracker
@@ -54,12 +54,7 @@ _ALL_FLAGS = int(HostAllocFlags.PORTABLE | HostAllocFlags.DEVICEMAP | HostAllocF
 
 
 def _as_flags(flags: Any) -> HostAllocFlags:
-    if isinstance(flags, (bool, np.bool_)):
-        raise TypeError("flags must be HostAllocFlags, not a bool")
-    try:
-        value = operator.index(flags)
-    except TypeError:
-        raise TypeError(f"flags must be HostAllocFlags, got {type(flags).__name__}") from None
+    value = as_int(flags, "flags", "HostAllocFlags")
     if value & ~_ALL_FLAGS or value < 0:
         raise ValueError(f"unknown host allocation flag bits {value & ~_ALL_FLAGS:#x}")
     return HostAllocFlags(value)

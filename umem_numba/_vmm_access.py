@@ -9,12 +9,10 @@ names the bad value and the nearest valid ones.
 from __future__ import annotations
 
 import enum
-import operator
 from typing import Any
 
-import numpy as np
-
 from . import _driver
+from ._checks import as_int, as_nonnegative_int, as_positive_int
 from ._location import Location, Target, as_device
 
 __all__ = ["AccessFlags", "allocation_granularity"]
@@ -49,12 +47,7 @@ _VALID_ACCESS = frozenset({0, 1, 3})
 
 def as_access(flags: Any) -> AccessFlags:
     """Validate an access value (an :class:`AccessFlags` or the ints 0, 1, 3)."""
-    if isinstance(flags, (bool, np.bool_)):
-        raise TypeError("access flags must be AccessFlags (NONE, READ, READ_WRITE), not a bool")
-    try:
-        value = operator.index(flags)
-    except TypeError:
-        raise TypeError(f"access flags must be AccessFlags (NONE, READ, READ_WRITE), got {flags!r}") from None
+    value = as_int(flags, "access flags", "AccessFlags (NONE, READ, READ_WRITE)")
     if value not in _VALID_ACCESS:
         raise ValueError(f"invalid access flags {value}: use AccessFlags.NONE (0), READ (1) or "
                          "READ_WRITE (3); the driver has no write-only access")
@@ -63,27 +56,12 @@ def as_access(flags: Any) -> AccessFlags:
 
 def check_size(size: Any, what: str) -> int:
     """A positive byte count, or ``TypeError``/``ValueError`` naming it."""
-    if isinstance(size, bool):
-        raise TypeError(f"{what} must be an int number of bytes, not a bool")
-    try:
-        n = operator.index(size)
-    except TypeError:
-        raise TypeError(f"{what} must be an int number of bytes, got {type(size).__name__} {size!r}") from None
-    if n <= 0:
-        raise ValueError(f"{what} must be positive, got {n}")
-    return n
+    return as_positive_int(size, what, "an int number of bytes")
 
 
-def check_nonnegative(offset: Any, what: str) -> int:
-    if isinstance(offset, bool):
-        raise TypeError(f"{what} must be an int, not a bool")
-    try:
-        n = operator.index(offset)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(offset).__name__} {offset!r}") from None
-    if n < 0:
-        raise ValueError(f"{what} must be >= 0, got {n}")
-    return n
+def check_nonnegative(value: Any, what: str) -> int:
+    """A count or offset >= 0, or ``TypeError``/``ValueError`` naming it."""
+    return as_nonnegative_int(value, what)
 
 
 def check_alignment(alignment: Any) -> int:
