@@ -306,10 +306,15 @@ class Resource:
             self._run()
 
     def _run(self) -> None:
+        free, self._free = self._free, _nothing  # drop what the free closure holds
         try:
-            self._free()
+            free()
         except Exception as exc:
             report_failed_free(f"freeing {self.what}", exc)
+
+
+def _nothing() -> None:
+    """What a freed :class:`Resource` holds instead of its free function."""
 
 
 class Transaction(contextlib.ExitStack):

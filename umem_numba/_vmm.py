@@ -43,6 +43,44 @@ from ._vmm_access import (
 __all__ = ["AddressRange", "Mapping", "PhysicalMemory"]
 
 
+class _MappingTable:
+    """Which byte ranges of an address range are mapped; each mapping holds a reference to the range.
+
+    Mappings (and a VMMBuffer's chunks) refer to this table, never to the
+    :class:`AddressRange` object, so dropping the range object still frees
+    the reservation once the last mapping is unmapped.
+    """
+
+    __slots__ = ("maps", "res", "size", "starts")
+
+    def __init__(self, size: int, res: Resource) -> None:
+        self.size = size
+        self.res = res
+        self.maps: dict[int, int] = {}  # offset -> size of each live mapping
+        self.starts: list[int] = []  # the same offsets, sorted (overlap checks in O(log n))
+
+    def claim(self, offset: int, size: int) -> None:
+        """Reserve ``[offset, offset + size)`` for a new mapping: bounds, overlap, and a reference."""
+        if offset + size > self.size:
+            raise ValueError(f"mapping {size} bytes at offset {offset} overflows the reserved range of "
+                             f"{self.size} bytes (offset + size = {offset + size})")
+        k = bisect.bisect_left(self.starts, offset)
+        for other in self.starts[max(0, k - 1):k + 1]:  # only the neighbours can overlap
+            other_size = self.maps[other]
+            if offset < other + other_size and other < offset + size:
+                raise ValueError(f"mapping [{offset}, {offset + size}) overlaps the mapping at "
+                                 f"[{other}, {other + other_size}) of this range")
+        self.res.retain()
+        self.maps[offset] = size
+        bisect.insort(self.starts, offset)
+
+    def unclaim(self, offset: int) -> None:
+        """Forget the mapping at ``offset`` (it was unmapped) and drop its reference to the range."""
+        if self.maps.pop(offset, None) is not None:
+            del self.starts[bisect.bisect_left(self.starts, offset)]
+        self.res.unretain()
+
+
 class AddressRange:
     """A reservation of device virtual address space, with no memory behind it yet.
 
@@ -56,13 +94,12 @@ class AddressRange:
     then the range is marked closed and refuses new mappings.
     """
 
-    __slots__ = ("__weakref__", "_device_id", "_maps", "_ptr", "_res", "_size", "_starts")
+    __slots__ = ("__weakref__", "_device_id", "_mappings", "_ptr", "_res", "_size")
     _ptr: int
     _size: int
     _device_id: int
     _res: Resource
-    _maps: dict[int, int]  # offset -> size of each live mapping
-    _starts: list[int]  # the same offsets, sorted (overlap checks in O(log n))
+    _mappings: _MappingTable
 
     @classmethod
     def reserve(cls, size: int, alignment: int = 0, *, device: Target = None) -> AddressRange:
@@ -106,37 +143,14 @@ class AddressRange:
         self._ptr = ptr
         self._size = size
         self._device_id = device_id
-        self._maps = {}
-        self._starts = []
 
         def free() -> None:
             _driver.call_on(device_id, "cuMemAddressFree", ptr, size, detail="freeing a VMM address range")
 
         self._res = Resource(f"VMM address range {ptr:#x} ({size} bytes)", free)
+        self._mappings = _MappingTable(size, self._res)
         weakref.finalize(self, self._res.close)
         return self
-
-    # -- the bookkeeping of the mappings in this range --------------------------------
-    def _claim(self, offset: int, size: int) -> None:
-        """Reserve ``[offset, offset + size)`` for a new mapping: bounds, overlap, and a reference."""
-        if offset + size > self._size:
-            raise ValueError(f"mapping {size} bytes at offset {offset} overflows the reserved range of "
-                             f"{self._size} bytes (offset + size = {offset + size})")
-        k = bisect.bisect_left(self._starts, offset)
-        for other in self._starts[max(0, k - 1):k + 1]:  # only the neighbours can overlap
-            other_size = self._maps[other]
-            if offset < other + other_size and other < offset + size:
-                raise ValueError(f"mapping [{offset}, {offset + size}) overlaps the mapping at "
-                                 f"[{other}, {other + other_size}) of this range")
-        self._res.retain()
-        self._maps[offset] = size
-        bisect.insort(self._starts, offset)
-
-    def _unclaim(self, offset: int) -> None:
-        """Forget the mapping at ``offset`` (it was unmapped) and drop its reference."""
-        if self._maps.pop(offset, None) is not None:
-            del self._starts[bisect.bisect_left(self._starts, offset)]
-        self._res.unretain()
 
     @property
     def ptr(self) -> int:
@@ -175,7 +189,7 @@ class AddressRange:
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return f"<AddressRange{state} ptr={self._ptr:#x} size={self._size} mappings={len(self._maps)}>"
+        return f"<AddressRange{state} ptr={self._ptr:#x} size={self._size} mappings={len(self._mappings.maps)}>"
 
 
 class PhysicalMemory:
@@ -397,9 +411,10 @@ class Mapping:
         check_multiple(offset, granularity(device_id, exportable=physical.exportable), "mapping offset")
         ptr = address_range.ptr + offset
         pres = physical._res
+        table = address_range._mappings
         with Transaction() as tx:
-            address_range._claim(offset, size)
-            tx.append(address_range._unclaim, offset)
+            table.claim(offset, size)
+            tx.append(table.unclaim, offset)
             pres.retain()
             tx.append(pres.unretain)
             _driver.call_on(device_id, "cuMemMap", ptr, size, 0, physical._handle, 0,
@@ -411,7 +426,7 @@ class Mapping:
                 _driver.call_on(device_id, "cuMemUnmap", ptr, size, detail=f"unmapping {size} bytes at {ptr:#x}")
             finally:
                 pres.unretain()
-                address_range._unclaim(offset)
+                table.unclaim(offset)
 
         self._range = address_range
         self._physical = physical

@@ -108,8 +108,8 @@ class VMMChunks(Memory):
         ptr = rng.ptr + chunk.offset
         with Transaction() as tx:
             tx.append(self._release_handle, chunk)
-            rng._claim(chunk.offset, chunk.size)
-            tx.append(rng._unclaim, chunk.offset)
+            rng._mappings.claim(chunk.offset, chunk.size)
+            tx.append(rng._mappings.unclaim, chunk.offset)
             _driver.call("cuMemMap", ptr, chunk.size, 0, chunk.handle, 0,
                          detail=f"mapping {chunk.size} bytes at {ptr:#x}")
             tx.commit()
@@ -191,7 +191,7 @@ class VMMChunks(Memory):
         except Exception as exc:
             report_failed_free(f"unmapping VMM memory at {ptr:#x}", exc)
         finally:
-            rng._unclaim(chunk.offset)
+            rng._mappings.unclaim(chunk.offset)
 
     def _release_handle(self, chunk: _Chunk) -> None:
         try:

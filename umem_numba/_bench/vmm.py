@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench vmm: {exc}")
         return 2
 
-    from .._vmm import allocation_granularity
+    from .._vmm_access import allocation_granularity
 
     gran = allocation_granularity()
     grow = _bench_grow(sizes["grow"], warmup, repeats)
