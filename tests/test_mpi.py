@@ -186,3 +186,15 @@ def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None
     plate = np.load(out)
     u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)
     assert not np.array_equal(plate, u0)
+
+
+def test_bench_scale_cli_without_gpu_says_why() -> None:
+    from umem_numba import _driver
+    if _driver.available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"], capture_output=True,
+                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    assert r.returncode == 1 and "bench scale: no usable GPU" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"], capture_output=True,
+                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    assert r.returncode == 2 and "--steps and --trials must be >= 1" in r.stderr
