@@ -135,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         decomp = D.Decomposition(shape, nranks, align)
     except ValueError as exc:
         error = error or str(exc)
+    # Collectives first, on every rank (a rank that already failed must still take part).
+    lrank = local_rank(comm)
+    hosts = comm.allgather(socket.gethostname())
     if error is None and not args.cpu:
-        error = _pick_gpu(comm, decomp, dtype)
+        error = _pick_gpu(rank, lrank, hosts.count(socket.gethostname()), decomp, dtype)
     errors = collective_errors(comm, error)
     if errors:
         return _abort(rank, errors)
@@ -196,22 +199,22 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _pick_gpu(comm: Any, decomp: Any, dtype: np.dtype) -> str | None:
-    """Select ``local_rank % GPUs`` and check that this node's share of slabs fits; a message if not."""
+def _pick_gpu(rank: int, lrank: int, on_node: int, decomp: Any, dtype: np.dtype) -> str | None:
+    """Select GPU ``lrank % GPUs`` and check that the slabs of the ranks sharing it fit; a message if not.
+
+    Not a collective: it runs only on ranks that have no error so far.
+    """
     from numba import cuda
 
     from umem_numba import _driver
     from umem_numba.kernels import MemoryBudgetError, require_free_memory
-    from umem_numba.kernels.distributed import local_rank
 
     try:
         count = _driver.device_count()
-        lr = local_rank(comm)
-        dev = lr % count
+        dev = lrank % count
         cuda.select_device(dev)
-        sharing = comm.allgather((socket.gethostname(), dev))
-        same = sum(1 for h in sharing if h == (socket.gethostname(), dev))
-        nbytes = 2 * int(np.prod(decomp.local_shape(comm.Get_rank()))) * dtype.itemsize * same + (64 << 20)
+        same = sum(1 for j in range(on_node) if j % count == dev)
+        nbytes = 2 * int(np.prod(decomp.local_shape(rank))) * dtype.itemsize * same + (64 << 20)
         require_free_memory(nbytes, f"{same} rank(s)' slabs on GPU {dev}")
     except MemoryBudgetError as exc:
         return str(exc)
