@@ -4,6 +4,8 @@
 * :func:`heat3d_step` / :func:`heat3d_kernel`: 3-D seven-point step.
 * :func:`max_abs_diff`: ``max |a - b|`` on the device, for convergence checks.
 * :mod:`.reference`: NumPy versions of each, for tests and checks.
+* :mod:`.decomp`: slab decomposition with halos (several GPUs or MPI ranks);
+  :mod:`.multigpu`: the heat steps on several GPUs of one process.
 
 The kernels take numba device arrays and umem_numba buffers alike (managed,
 VMM, mapped pinned), float32 or float64, and copy the boundary through
@@ -23,6 +25,7 @@ from .reference import (
     heat3d_step_reference,
     max_abs_diff_reference,
 )
+from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
 from .residual import max_abs_diff, max_abs_diff_kernel
 from .stencil2d import TUNED_2D, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
 from .stencil3d import TUNED_3D, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
@@ -47,6 +50,12 @@ __all__ = [
     # residual
     "max_abs_diff",
     "max_abs_diff_kernel",
+    # decomposition (kernels.decomp; kernels.multigpu for several GPUs)
+    "Decomposition",
+    "HaloExchange",
+    "LocalExchange",
+    "split_rows",
+    "heat_slabs_reference",
     # references
     "heat2d_step_reference",
     "heat2d_reference",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil}``."""
+"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil,scale}``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ _BENCHES = {
     "prefetch": "Prefetch bandwidth vs pinned copies, fault-driven first touch, batched plans",
     "vmm": "VMM grow in place vs reallocate+copy, append strategies, kernel bandwidth",
     "stencil": "Heat-equation stencil on every memory kind vs device_array and the copy bandwidth",
+    "scale": "Heat stencil on 1 and N GPUs: weak/strong scaling, peer path and MPI path, halo time per step",
 }
 
 

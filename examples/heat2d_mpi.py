@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Heat flow across a plate on several MPI ranks: one slab of rows per rank (and GPU).
+
+    mpirun -np 2 python examples/heat2d_mpi.py --size 4096 --steps 500
+    mpirun -np 2 python examples/heat2d_mpi.py --cpu --size 256 --steps 50 --check   # no GPU
+
+(as root, Open MPI also wants ``--allow-run-as-root``; more ranks than cores,
+``--oversubscribe``).  Each rank takes the GPU ``local_rank % GPUs`` of its
+node, so ranks share GPUs when there are fewer GPUs than ranks.
+
+Per step each rank computes the two rows its neighbours need first (a small
+launch on a second stream), sends them with non-blocking MPI while the
+full slab step runs, and puts the received rows into its halo.  Where the
+MPI library is CUDA-aware (``MPIX_Query_cuda_support``; override with
+``UMEM_MPI_CUDA_AWARE=0/1``) the halo rows go from device buffers directly,
+otherwise through ``umem_numba.PinnedBuffer`` staging.  Rank 0 gathers the
+plate and writes a PNG (matplotlib if installed, else umem_numba's writer).
+
+The slabs are aligned to the kernel's strips (``umem_numba.kernels.decomp``),
+so the plate is bitwise the one-GPU (``--cpu``: one-rank NumPy) result;
+``--check`` verifies that on rank 0.  Bad input (a grid with fewer rows than
+ranks, ranks started with different settings, a rank without a GPU) is
+reported by every rank, and all ranks exit with status 2, before any halo
+moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="heat2d_mpi.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=4096, metavar="N", help="plate side (default 4096)")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="plate height if different from --size (e.g. weak scaling: rows per rank x ranks)")
+    p.add_argument("--steps", type=int, default=200, metavar="N", help="time steps (default 200)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--alpha", type=float, default=0.25, help="diffusion number, stable up to 0.25")
+    p.add_argument("--init", choices=("discs", "random"), default="discs",
+                   help="starting plate: hot discs and a hot left edge, or random values (--seed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", action="store_true", help="NumPy reference kernels, no GPU")
+    p.add_argument("--staging", choices=("auto", "pinned", "device"), default="auto",
+                   help="halo buffers: auto (device if MPI is CUDA-aware, else pinned), or force one")
+    p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
+    p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
+    p.add_argument("--check", action="store_true",
+                   help="rank 0 also runs the one-GPU (or one-rank NumPy) steps and demands bitwise equality")
+    p.add_argument("--json", default="", metavar="PATH", help="rank 0 writes timings as JSON")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (GPU; default 2)")
+    return p
+
+
+def initial_plate(shape: tuple[int, int], dtype: np.dtype, init: str, seed: int,
+                  rows: slice = slice(None)) -> np.ndarray:
+    """The starting plate (or its ``rows``), identical on every rank."""
+    n, m = shape
+    if init == "random":
+        return np.random.default_rng(seed).random(shape).astype(dtype)[rows]
+    lo, hi, _ = rows.indices(n)
+    u = np.zeros((hi - lo, m), dtype)
+    u[:, 0] = 1.0
+    radius = min(n, m) / 12
+    yy = np.arange(lo, hi)[:, None]
+    xx = np.arange(m)[None, :]
+    for cy, cx in [(0.30, 0.35), (0.70, 0.35), (0.50, 0.60), (0.25, 0.80), (0.75, 0.80)]:
+        u[(yy - cy * n) ** 2 + (xx - cx * m) ** 2 < radius ** 2] = 1.0
+    return u
+
+
+def _say(rank: int, msg: str, *, err: bool = False) -> None:
+    print(f"heat2d_mpi[rank {rank}]: {msg}", file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        print(f"heat2d_mpi: needs mpi4py and an MPI library (pip install -e '.[mpi]'): {exc}", file=sys.stderr)
+        return 1
+    from umem_numba.kernels import decomp as D
+    from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, local_rank, mismatch
+
+    comm = MPI.COMM_WORLD
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+
+    # 1. Arguments: a bad command line on any rank stops every rank (collectively, no hang).
+    error: str | None = None
+    args: Any = None
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse printed its message already
+        if not exc.code:
+            return 0  # --help
+        error = f"bad command line (argparse exit {exc.code})"
+    if args is not None and error is None:
+        if args.size < 3 or (args.rows is not None and args.rows < 3):
+            error = f"--size/--rows must be at least 3, got {args.size}/{args.rows}"
+        elif args.steps < 1:
+            error = f"--steps must be at least 1, got {args.steps}"
+        elif not 0.0 <= args.alpha <= 0.25:
+            error = f"--alpha must be in [0, 0.25], got {args.alpha}"
+    config = {} if args is None else {k: getattr(args, k) for k in
+                                      ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging")}
+    errors = collective_errors(comm, error)
+    if not errors:
+        errors = collective_errors(comm, mismatch(comm, config))
+    if errors:
+        return _abort(rank, errors)
+
+    # 2. Layout and devices.
+    dtype = np.dtype(args.dtype)
+    shape = (args.rows or args.size, args.size)
+    align = 1
+    error = None
+    if not args.cpu:
+        import umem_numba as um
+        from umem_numba.kernels import TUNED_2D
+
+        align = TUNED_2D[dtype][0]
+        if not um.gpu_available():
+            from umem_numba import _driver
+            error = f"no usable GPU on {socket.gethostname()}: {_driver.unavailable_reason()}"
+    decomp = None
+    try:
+        decomp = D.Decomposition(shape, nranks, align)
+    except ValueError as exc:
+        error = error or str(exc)
+    # Collectives first, on every rank (a rank that already failed must still take part).
+    lrank = local_rank(comm)
+    hosts = comm.allgather(socket.gethostname())
+    if error is None and not args.cpu:
+        error = _pick_gpu(rank, lrank, hosts.count(socket.gethostname()), decomp, dtype)
+    errors = collective_errors(comm, error)
+    if errors:
+        return _abort(rank, errors)
+
+    # 3. Transport: every rank agrees.
+    if args.cpu:
+        device_buffers, how = False, "--cpu"
+    elif args.staging == "auto":
+        aware, how = cuda_aware_mpi()
+        device_buffers = bool(comm.allreduce(int(aware), op=MPI.MIN))
+    else:
+        device_buffers, how = args.staging == "device", f"--staging {args.staging}"
+    s = decomp.slabs[rank]
+    local = initial_plate(shape, dtype, args.init, args.seed, slice(s.start, s.stop))
+    if rank == 0:
+        print(f"heat2d_mpi: {shape[0]} x {shape[1]} {dtype} plate, {args.steps} steps, {nranks} rank(s), "
+              f"{'CPU (NumPy)' if args.cpu else 'GPU'}; halos via "
+              f"{'device buffers' if device_buffers else 'pinned host buffers' if not args.cpu else 'host arrays'} "
+              f"[{how}]", flush=True)
+    run = RankHeat(comm, decomp, local, args.alpha, cpu=args.cpu, device_buffers=device_buffers)
+    try:
+        warm = 0 if args.cpu else min(args.warmup, args.steps)
+        run.step(warm)
+        run.synchronize()
+        run.halo_seconds = 0.0
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run.step(args.steps - warm)
+        run.synchronize()
+        comm.Barrier()
+        seconds = time.perf_counter() - t0
+        halo = comm.allreduce(run.halo_seconds, op=MPI.MAX)
+        plate = run.gather(0)
+    finally:
+        run.close()
+    if rank != 0:
+        return 0
+    timed = args.steps - warm
+    per_step = seconds / max(timed, 1)
+    print(f"{timed} timed steps in {seconds:.3f} s: {per_step * 1e3:.3f} ms/step, halo wait "
+          f"{halo / max(timed, 1) * 1e6:.1f} us/step (max over ranks)", flush=True)
+    status = 0
+    if args.save:
+        np.save(args.save, plate)
+        print(f"wrote {args.save}")
+    if args.out:
+        _picture(args.out, plate)
+    if args.check:
+        status = _check(args, shape, dtype, plate)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"ranks": nranks, "shape": list(shape), "dtype": str(dtype), "steps": timed,
+                       "seconds": seconds, "ms_per_step": per_step * 1e3,
+                       "halo_us_per_step": halo / max(timed, 1) * 1e6, "cpu": args.cpu,
+                       "device_buffers": device_buffers, "transport_how": how}, fh, indent=2)
+        print(f"wrote {args.json}")
+    return status
+
+
+def _pick_gpu(rank: int, lrank: int, on_node: int, decomp: Any, dtype: np.dtype) -> str | None:
+    """Select GPU ``lrank % GPUs`` and check that the slabs of the ranks sharing it fit; a message if not.
+
+    Not a collective: it runs only on ranks that have no error so far.
+    """
+    from numba import cuda
+
+    from umem_numba import _driver
+    from umem_numba.kernels import MemoryBudgetError, require_free_memory
+
+    try:
+        count = _driver.device_count()
+        dev = lrank % count
+        cuda.select_device(dev)
+        same = sum(1 for j in range(on_node) if j % count == dev)
+        nbytes = 2 * int(np.prod(decomp.local_shape(rank))) * dtype.itemsize * same + (64 << 20)
+        require_free_memory(nbytes, f"{same} rank(s)' slabs on GPU {dev}")
+    except MemoryBudgetError as exc:
+        return str(exc)
+    except Exception as exc:  # a rank whose GPU cannot be used
+        return f"GPU setup failed on {socket.gethostname()}: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _abort(rank: int, errors: list[str]) -> int:
+    for e in errors:
+        _say(rank, f"error: {e}", err=True)
+    _say(rank, "stopping before any halo exchange", err=True)
+    return 2
+
+
+def _picture(path: str, plate: np.ndarray) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from umem_numba._png import field_to_png
+        field_to_png(path, plate, vmin=0.0, vmax=1.0)
+        print(f"wrote {path} (built-in PNG writer)")
+        return
+    step = max(1, max(plate.shape) // 2048)  # keep the picture a sensible size
+    fig, ax = plt.subplots(figsize=(6, 6 * plate.shape[0] / plate.shape[1] + 0.4))
+    im = ax.imshow(plate[::step, ::step], cmap="inferno", vmin=0.0, vmax=1.0)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    ax.set_title(f"heat2d_mpi {plate.shape[0]} x {plate.shape[1]}")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path} (matplotlib)")
+
+
+def _check(args: Any, shape: tuple[int, int], dtype: np.dtype, plate: np.ndarray) -> int:
+    u0 = initial_plate(shape, dtype, args.init, args.seed)
+    if args.cpu:
+        from umem_numba.kernels import heat2d_reference
+        expected, what = heat2d_reference(u0, args.steps, args.alpha), "one-rank NumPy reference"
+    else:
+        from numba import cuda
+
+        from umem_numba.kernels import heat2d_step
+        a, b = cuda.to_device(u0), cuda.device_array_like(u0)
+        for _ in range(args.steps):
+            heat2d_step(a, b, args.alpha)
+            a, b = b, a
+        expected, what = a.copy_to_host(), "one-GPU run"
+    differ = int(np.count_nonzero(plate != expected))
+    print(f"check against the {what}: {'bitwise equal' if differ == 0 else f'{differ} cells DIFFER'}", flush=True)
+    return 0 if differ == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""Slab decomposition of a 2-D or 3-D grid along its first axis, with halos, for several GPUs or ranks.
+
+Pure Python and NumPy: nothing here touches a GPU, so the same logic drives
+the multi-GPU driver (:mod:`umem_numba.kernels.multigpu`), the MPI example
+(``examples/heat2d_mpi.py``) and the CPU tests.
+
+The grid ``(ny, nx)`` or ``(nz, ny, nx)`` is cut along axis 0 into slabs.
+Slab ``k`` *owns* the rows (planes) ``[lo, hi)``; the owned ranges partition
+``[0, n)``, so the global boundary rows 0 and ``n - 1`` belong to the first
+and last slab and stay fixed (every kernel copies a field's first and last
+row through).  A slab *stores* ``[start, stop) ⊇ [lo - 1, hi + 1) ∩ [0, n)``:
+the owned rows, the halo row on each side that the five/seven-point stencil
+reads, and possibly a few *alignment rows* beyond the halo.
+
+Bitwise equality with the one-domain run
+----------------------------------------
+A slab step is the one-domain kernel launched on the stored range, so every
+owned cell is computed by the same formula from the same operands.  The
+tuned GPU kernels (``heat2d_kernel``, ``heat3d_kernel``) go one step
+further: each thread computes a strip of ``R`` consecutive rows (planes), and
+strips at the first or last row of the launched array take a separate
+per-element code path.  Both paths evaluate the same expression, but the
+compiler may contract multiply-adds differently in each, so equality must not
+depend on it.  With ``align=R`` the stored range starts on a multiple of
+``R`` and reaches far enough that every owned row falls in a strip of the
+*same kind* (hot path or edge path) as in the one-domain launch: the first
+owned strip is preceded by one full strip of alignment rows and the last is
+followed by one extra row.  With ``align=1`` (the NumPy reference kernels,
+whose cells never depend on strip position) the stored range is the owned
+range plus one halo row on each side.
+
+Only the halo row next to the owned range is exchanged each step; alignment
+rows further out are computed from stale data and never read by an owned
+cell, so they are left as they are (see :attr:`Slab.halo_rows`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Slab",
+    "HaloMove",
+    "Decomposition",
+    "split_rows",
+    "HaloExchange",
+    "LocalExchange",
+    "run_slabs",
+    "heat_slabs_reference",
+]
+
+
+@dataclass(frozen=True)
+class Slab:
+    """One slab of a :class:`Decomposition` (all indices are global rows/planes of axis 0).
+
+    Attributes
+    ----------
+    index : int
+        Position of the slab, 0 at the top (row 0).
+    lo, hi : int
+        Owned rows ``[lo, hi)``.
+    start, stop : int
+        Stored rows ``[start, stop)``: the owned rows, one halo row on each
+        side that has a neighbour, and alignment rows.
+    """
+
+    index: int
+    lo: int
+    hi: int
+    start: int
+    stop: int
+
+    @property
+    def stored(self) -> int:
+        """Number of stored rows (axis-0 length of the slab's local field)."""
+        return self.stop - self.start
+
+    @property
+    def owned(self) -> slice:
+        """The owned rows as a slice of the local field."""
+        return slice(self.lo - self.start, self.hi - self.start)
+
+    @property
+    def halo_rows(self) -> tuple[int, ...]:
+        """Local indices of the halo rows that exchanges keep current (``lo - 1`` and ``hi``, where they exist)."""
+        rows = []
+        if self.lo > 0:
+            rows.append(self.lo - 1 - self.start)
+        if self.hi < self.stop:
+            rows.append(self.hi - self.start)
+        return tuple(rows)
+
+    def local(self, row: int) -> int:
+        """The local index of global row ``row`` (which must be stored)."""
+        if not self.start <= row < self.stop:
+            raise IndexError(f"row {row} is not stored by slab {self.index} ([{self.start}, {self.stop}))")
+        return row - self.start
+
+
+@dataclass(frozen=True)
+class HaloMove:
+    """One halo row (plane) to copy after a step: ``src`` slab's local row ``src_row`` into ``dst``'s ``dst_row``."""
+
+    src: int
+    src_row: int
+    dst: int
+    dst_row: int
+
+
+def split_rows(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """Cut ``[0, n)`` into ``parts`` contiguous non-empty ranges of nearly equal length.
+
+    Interior cut points fall on multiples of ``align`` when that keeps every
+    range non-empty (so that slabs need the fewest alignment rows); otherwise
+    they are the plain balanced cuts ``k * n // parts``.
+
+    Parameters
+    ----------
+    n : int
+        Rows (planes) along the split axis.
+    parts : int
+        Number of ranges, ``1 <= parts <= n``.
+    align : int
+        Preferred multiple for the cut points.
+
+    Returns
+    -------
+    list of (lo, hi)
+
+    Raises
+    ------
+    ValueError
+        ``parts < 1``, ``align < 1``, or fewer rows than parts.
+    """
+    n, parts, align = int(n), int(parts), int(align)
+    if parts < 1:
+        raise ValueError(f"the number of slabs must be at least 1, got {parts}")
+    if align < 1:
+        raise ValueError(f"align must be at least 1, got {align}")
+    if n < parts:
+        raise ValueError(f"a grid of {n} rows along the split axis cannot be cut into {parts} slabs "
+                         "of at least one row each: use fewer GPUs/ranks or a larger grid")
+    cuts = [int(round(k * n / parts / align)) * align for k in range(1, parts)]
+    bounds = [0, *cuts, n]
+    if any(b >= c for b, c in zip(bounds, bounds[1:])):
+        bounds = [k * n // parts for k in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class Decomposition:
+    """A grid cut into slabs along axis 0.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Global shape, 2-D ``(ny, nx)`` or 3-D ``(nz, ny, nx)``.
+    parts : int
+        Number of slabs (GPUs, ranks, or simulated domains).
+    align : int
+        The kernel's strip height (``rows_per_thread`` of ``heat2d_kernel``,
+        ``planes_per_thread`` of ``heat3d_kernel``) for bitwise equality with
+        a one-domain launch of that kernel; 1 for the NumPy reference kernels.
+        See the module docstring.
+
+    Raises
+    ------
+    ValueError
+        A shape that is not 2-D or 3-D, a negative extent, or more slabs than rows.
+    """
+
+    def __init__(self, shape: Sequence[int], parts: int, align: int = 1) -> None:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) not in (2, 3):
+            raise ValueError(f"the grid must be 2-D or 3-D, got shape {shape}")
+        if min(shape) < 1:
+            raise ValueError(f"every extent of the grid must be at least 1, got shape {shape}")
+        self.shape = shape
+        self.align = int(align)
+        n = shape[0]
+        r = self.align
+        slabs = []
+        for k, (lo, hi) in enumerate(split_rows(n, parts, r)):
+            first = (lo // r) * r          # strip holding the first owned row
+            last = ((hi - 1) // r) * r     # strip holding the last owned row
+            start = first - r if first > 0 else 0
+            stop = min(n, last + r + 1)
+            slabs.append(Slab(k, lo, hi, start, stop))
+        self.slabs: tuple[Slab, ...] = tuple(slabs)
+
+    @property
+    def parts(self) -> int:
+        """Number of slabs."""
+        return len(self.slabs)
+
+    @property
+    def ndim(self) -> int:
+        """2 or 3."""
+        return len(self.shape)
+
+    def local_shape(self, k: int) -> tuple[int, ...]:
+        """Shape of slab ``k``'s local field."""
+        return (self.slabs[k].stored, *self.shape[1:])
+
+    def halo_cells(self) -> int:
+        """Cells in one halo row (plane): what one :class:`HaloMove` copies."""
+        return int(np.prod(self.shape[1:]))
+
+    def moves(self) -> list[HaloMove]:
+        """The halo copies after a step: each slab's edge owned rows into its neighbours' halo rows."""
+        out = []
+        for a, b in zip(self.slabs, self.slabs[1:]):
+            out.append(HaloMove(a.index, a.local(a.hi - 1), b.index, b.local(b.lo - 1)))  # down
+            out.append(HaloMove(b.index, b.local(b.lo), a.index, a.local(a.hi)))          # up
+        return out
+
+    def band(self, k: int, row: int) -> tuple[int, int]:
+        """The smallest local row range whose kernel launch computes global ``row`` exactly as the full launch does.
+
+        Used to compute a slab's edge rows early (and send them) while the
+        full slab step runs.  Returns local ``(start, stop)``, at most
+        ``2 * align + 1`` rows.
+        """
+        s = self.slabs[k]
+        if not s.lo <= row < s.hi:
+            raise ValueError(f"row {row} is not owned by slab {k} ([{s.lo}, {s.hi}))")
+        r = self.align
+        first = (row // r) * r
+        start = first - r if first > 0 else 0
+        stop = min(s.stop, first + r + 1)
+        return s.local(start), s.local(stop - 1) + 1
+
+    def scatter(self, u: Any) -> list[np.ndarray]:
+        """Copies of every slab's stored rows of the global field ``u``."""
+        u = np.asarray(u)
+        self._check_global(u)
+        return [np.array(u[s.start:s.stop], copy=True) for s in self.slabs]
+
+    def gather(self, fields: Sequence[Any], out: np.ndarray | None = None) -> np.ndarray:
+        """The global field assembled from every slab's owned rows.
+
+        ``fields`` are host arrays (anything ``np.asarray`` takes) of the local
+        shapes, in slab order.
+        """
+        if len(fields) != self.parts:
+            raise ValueError(f"gather needs {self.parts} slab fields, got {len(fields)}")
+        first = np.asarray(fields[0])
+        out = np.empty(self.shape, first.dtype) if out is None else out
+        for s, f in zip(self.slabs, fields):
+            f = np.asarray(f)
+            if f.shape != self.local_shape(s.index):
+                raise ValueError(f"slab {s.index} field has shape {f.shape}, expected {self.local_shape(s.index)}")
+            out[s.lo:s.hi] = f[s.owned]
+        return out
+
+    def _check_global(self, u: np.ndarray) -> None:
+        if tuple(u.shape) != self.shape:
+            raise ValueError(f"field shape {tuple(u.shape)} differs from the decomposition's {self.shape}")
+
+    def __repr__(self) -> str:
+        slabs = ", ".join(f"[{s.lo},{s.hi})@[{s.start},{s.stop})" for s in self.slabs)
+        return f"Decomposition(shape={self.shape}, align={self.align}, slabs: {slabs})"
+
+
+class HaloExchange(abc.ABC):
+    """Moves the halo rows of a decomposition's slab fields after a step.
+
+    Backends: :class:`LocalExchange` (host arrays in one process),
+    ``multigpu.PeerExchange`` (device arrays on several GPUs: peer copies,
+    or pinned staging), and the MPI exchange of ``examples/heat2d_mpi.py``.
+    A backend may be asynchronous; :meth:`exchange` returns once the moves
+    are *ordered* before anything later that uses the fields (for GPU
+    backends: on the fields' streams), not necessarily done.
+    """
+
+    def __init__(self, decomp: Decomposition) -> None:
+        self.decomp = decomp
+        self.moves = decomp.moves()
+
+    @abc.abstractmethod
+    def exchange(self, fields: Sequence[Any]) -> None:
+        """Copy every :class:`HaloMove` of the decomposition between ``fields`` (one per slab)."""
+
+
+class LocalExchange(HaloExchange):
+    """Halo exchange between NumPy slab fields in one process (plain row copies)."""
+
+    def exchange(self, fields: Sequence[Any]) -> None:
+        """Copy every halo row; synchronous."""
+        for m in self.moves:
+            fields[m.dst][m.dst_row] = fields[m.src][m.src_row]
+
+
+def run_slabs(step: Callable[[int, Any, Any], None], exchange: HaloExchange,
+              a: list, b: list, steps: int) -> list:
+    """Run ``steps`` slab steps with double buffering; return the fields that hold the last step.
+
+    ``step(k, src, dst)`` advances slab ``k`` from ``src`` to ``dst``; after
+    every slab has stepped, ``exchange`` refreshes the halos of the new fields.
+    """
+    for _ in range(int(steps)):
+        for k, (src, dst) in enumerate(zip(a, b)):
+            step(k, src, dst)
+        exchange.exchange(b)
+        a, b = b, a
+    return a
+
+
+def heat_slabs_reference(u0: Any, steps: int, parts: int, alpha: float | None = None,
+                         align: int = 1) -> np.ndarray:
+    """The heat steps of ``heat2d_reference`` / ``heat3d_reference``, run on ``parts`` slabs on the host.
+
+    Bitwise equal to the one-domain reference for any ``parts`` and ``align``:
+    the CPU model of what the GPU drivers and the MPI example do.
+
+    Parameters
+    ----------
+    u0 : 2-D or 3-D float32/float64 array
+    steps : int
+    parts : int
+        Number of slabs.
+    alpha : float, optional
+        Diffusion number; 0.25 (2-D) or 1/6 (3-D) by default.
+    align : int
+        See :class:`Decomposition`.
+
+    Returns
+    -------
+    ndarray
+        The gathered field after ``steps`` steps.
+    """
+    from .reference import heat2d_step_reference, heat3d_step_reference
+
+    u0 = np.asarray(u0)
+    decomp = Decomposition(u0.shape, parts, align)
+    step_ref = heat2d_step_reference if decomp.ndim == 2 else heat3d_step_reference
+    if alpha is None:
+        alpha = 0.25 if decomp.ndim == 2 else 1.0 / 6.0
+    a = decomp.scatter(u0)
+    b = [np.empty_like(f) for f in a]
+
+    def step(k: int, src: np.ndarray, dst: np.ndarray) -> None:
+        step_ref(src, alpha, out=dst)
+
+    final = run_slabs(step, LocalExchange(decomp), a, b, steps)
+    return decomp.gather(final)

@@ -1,0 +1,112 @@
+"""Slab decomposition on the host: layout rules, strip-path equivalence, bitwise slab runs vs one domain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import random_array
+from umem_numba import kernels as K
+from umem_numba.kernels import decomp as D
+
+
+def _path(i: int, n: int, r: int) -> str:
+    """Which code path of heat2d_kernel/heat3d_kernel computes row i of an n-row launch with strips of r rows."""
+    i0 = (i // r) * r
+    if 0 < i0 and i0 + r < n:
+        return "hot"
+    return "copy" if i in (0, n - 1) else "edge"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17, 33, 64, 100, 257])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("align", [1, 4, 8, 16])
+def test_layout_covers_and_matches_kernel_paths(n: int, parts: int, align: int) -> None:
+    if n < parts:
+        with pytest.raises(ValueError, match="cannot be cut into"):
+            D.Decomposition((n, 8), parts, align)
+        return
+    d = D.Decomposition((n, 8), parts, align)
+    owned = np.zeros(n, int)
+    for s in d.slabs:
+        assert 0 <= s.start <= s.lo < s.hi <= s.stop <= n
+        assert s.start % align == 0
+        owned[s.lo:s.hi] += 1
+        if s.lo > 0:
+            assert s.start <= s.lo - 1
+        if s.hi < n:
+            assert s.stop >= s.hi + 1
+        # Every owned row takes the same kernel path in the slab launch as in the global one.
+        for i in range(s.lo, s.hi):
+            assert _path(i - s.start, s.stored, align) == _path(i, n, align), (s, i)
+            b0, b1 = d.band(s.index, i)
+            assert _path(i - s.start - b0, b1 - b0, align) == _path(i, n, align), (s, i, b0, b1)
+            assert b1 - b0 <= 2 * align + 1
+    assert (owned == 1).all()
+
+
+def test_split_prefers_aligned_cuts() -> None:
+    assert D.split_rows(1024, 4, 16) == [(0, 256), (256, 512), (512, 768), (768, 1024)]
+    cuts = D.split_rows(1000, 3, 16)
+    assert [lo % 16 for lo, _ in cuts] == [0, 0, 0]
+    assert D.split_rows(5, 4, 16) == [(0, 1), (1, 2), (2, 3), (3, 5)]  # aligning would empty a slab
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        D.split_rows(10, 0)
+    with pytest.raises(ValueError, match="2-D or 3-D"):
+        D.Decomposition((10,), 2)
+    with pytest.raises(ValueError, match="cannot be cut into 4 slabs"):
+        D.Decomposition((3, 100), 4)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_scatter_gather_roundtrip(rng: np.random.Generator, parts: int) -> None:
+    u = random_array(rng, (37, 11), np.float32)
+    d = D.Decomposition(u.shape, parts, align=8)
+    fields = d.scatter(u)
+    assert [f.shape for f in fields] == [d.local_shape(k) for k in range(parts)]
+    np.testing.assert_array_equal(d.gather(fields), u)
+
+
+def test_moves_fill_halos_from_neighbours(rng: np.random.Generator) -> None:
+    u = random_array(rng, (40, 6), np.float64)
+    d = D.Decomposition(u.shape, 3, align=4)
+    fields = [np.full(d.local_shape(k), np.nan) for k in range(3)]
+    for s, f in zip(d.slabs, fields):
+        f[s.owned] = u[s.lo:s.hi]
+    D.LocalExchange(d).exchange(fields)
+    for s, f in zip(d.slabs, fields):
+        for r in s.halo_rows:
+            np.testing.assert_array_equal(f[r], u[s.start + r])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("align", [1, 16])
+def test_slab_run_bitwise_2d(rng: np.random.Generator, dtype, parts: int, align: int) -> None:
+    u0 = random_array(rng, (71, 29), dtype)
+    alpha = float(rng.uniform(0.05, 0.25))
+    expected = K.heat2d_reference(u0, 23, alpha)
+    got = D.heat_slabs_reference(u0, 23, parts, alpha, align=align)
+    assert got.dtype == expected.dtype
+    assert np.array_equal(got, expected)
+    assert not np.array_equal(got, u0)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("align", [1, 8])
+def test_slab_run_bitwise_3d(rng: np.random.Generator, parts: int, align: int) -> None:
+    u0 = random_array(rng, (30, 9, 12), np.float32)
+    expected = K.heat3d_reference(u0, 11)
+    got = D.heat_slabs_reference(u0, 11, parts, align=align)
+    assert np.array_equal(got, expected)
+    assert not np.array_equal(got, u0)
+
+
+def test_slab_run_keeps_global_boundary(rng: np.random.Generator) -> None:
+    u0 = random_array(rng, (20, 10), np.float64)
+    got = D.heat_slabs_reference(u0, 7, 4)
+    for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+        np.testing.assert_array_equal(got[edge], u0[edge])

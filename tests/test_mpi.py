@@ -1,0 +1,200 @@
+"""The MPI example and its pieces: CUDA-awareness detection, collective error reporting, 2 ranks vs 1.
+
+The mpirun tests run ``examples/heat2d_mpi.py`` in a subprocess with a
+timeout (a hang fails the test instead of stalling the suite); they skip
+with the reason where mpirun or mpi4py is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from umem_numba.kernels.distributed import collective_errors, cuda_aware_mpi, mismatch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
+
+
+def _mpirun() -> list[str]:
+    exe = shutil.which("mpirun") or shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("mpirun is not installed (pip install -e '.[mpi]')")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    cmd = [exe]
+    if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
+        cmd += ["--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+    return cmd
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONUNBUFFERED="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _run(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpirun hung (timeout {timeout} s): {' '.join(args)}\n{exc.stdout}\n{exc.stderr}")
+
+
+# -- detection ----------------------------------------------------------------------------
+class _Lib:
+    def __init__(self, **fns):
+        self.__dict__.update(fns)
+
+
+def test_cuda_aware_detection_open_mpi_query() -> None:
+    assert cuda_aware_mpi({}, [_Lib(MPIX_Query_cuda_support=lambda: 1)]) == (True, "MPIX_Query_cuda_support() returned 1")
+    aware, how = cuda_aware_mpi({}, [_Lib(MPIX_Query_cuda_support=lambda: 0)])
+    assert aware is False and "returned 0" in how
+
+
+def test_cuda_aware_detection_mpich_query() -> None:
+    def query(kind, flag_ref):
+        assert kind == 0  # MPIX_GPU_SUPPORT_CUDA
+        ctypes.cast(flag_ref, ctypes.POINTER(ctypes.c_int))[0] = 1
+        return 0
+    aware, how = cuda_aware_mpi({}, [_Lib(MPIX_GPU_query_support=query)])
+    assert aware is True and "MPIX_GPU_query_support" in how
+
+
+def test_cuda_aware_detection_fallbacks() -> None:
+    aware, how = cuda_aware_mpi({}, [_Lib()])
+    assert aware is False and "no CUDA-awareness query" in how
+    assert cuda_aware_mpi({"UMEM_MPI_CUDA_AWARE": "1"}, [_Lib(MPIX_Query_cuda_support=lambda: 0)])[0] is True
+    assert cuda_aware_mpi({"UMEM_MPI_CUDA_AWARE": "0"}, [_Lib(MPIX_Query_cuda_support=lambda: 1)])[0] is False
+
+
+def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
+    """The real query through mpi4py's libmpi, against what ompi_info says about the same build."""
+    _mpirun()
+    ompi_info = shutil.which("ompi_info")
+    if ompi_info is None:
+        pytest.skip("ompi_info is not installed (not Open MPI)")
+    out = subprocess.run([ompi_info, "--parsable", "--all"], capture_output=True, text=True, timeout=60).stdout
+    built = [ln.rsplit(":", 1)[1] for ln in out.splitlines() if "built_with_cuda_support:value" in ln]
+    if not built:
+        pytest.skip("ompi_info does not report built_with_cuda_support")
+    code = ("from umem_numba.kernels.distributed import cuda_aware_mpi; a, how = cuda_aware_mpi(); "
+            "print(int(a)); print(how)")
+    env = _env()
+    env.pop("UMEM_MPI_CUDA_AWARE", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    aware, how = r.stdout.splitlines()[:2]
+    assert "MPIX_Query_cuda_support" in how
+    if built[0] == "false":  # without CUDA in the build the runtime cannot support it
+        assert aware == "0"
+
+
+class _FakeComm:
+    def __init__(self, values):
+        self.values = values
+
+    def allgather(self, _value):
+        return self.values
+
+
+def test_collective_errors_group_and_name_ranks() -> None:
+    assert collective_errors(_FakeComm([None, None]), None) == []
+    assert collective_errors(_FakeComm(["x", "x", "x"]), "x") == ["all ranks: x"]
+    assert collective_errors(_FakeComm([None, "no GPU", "no GPU", "bad"]), None) == ["rank 1, 2: no GPU", "rank 3: bad"]
+    msg = mismatch(_FakeComm([{"size": 64, "steps": 3}, {"size": 65, "steps": 3}]), {})
+    assert "size: rank 0=64, rank 1=65" in msg and "steps" not in msg
+
+
+# -- the example under mpirun, CPU path -----------------------------------------------------
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> None:
+    mpirun = _mpirun()
+    seed = int.from_bytes(os.urandom(4), "little")
+    common = ["--cpu", "--size", "61", "--rows", "53", "--steps", "17", "--init", "random", "--seed", str(seed),
+              "--alpha", "0.2", "--out", ""]
+    one, many = tmp_path / "one.npy", tmp_path / "many.npy"
+    r1 = _run([*mpirun, "-np", "1", sys.executable, str(EXAMPLE), *common, "--save", str(one)])
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    rn = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *common, "--save", str(many), "--check"])
+    assert rn.returncode == 0, rn.stdout + rn.stderr
+    assert "bitwise equal" in rn.stdout
+    a, b = np.load(one), np.load(many)
+    u0 = np.random.default_rng(seed).random((53, 61)).astype(np.float32)
+    assert not np.array_equal(a, u0)
+    assert np.array_equal(a, b)
+
+
+def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
+    mpirun = _mpirun()
+    r = _run([*mpirun, "-np", "4", sys.executable, str(EXAMPLE), "--cpu", "--size", "16", "--rows", "3",
+              "--steps", "2", "--out", ""], timeout=120)
+    assert r.returncode != 0
+    for rank in range(4):
+        assert f"[rank {rank}]: error: all ranks: a grid of 3 rows along the split axis cannot be cut into " \
+               "4 slabs" in r.stderr, r.stderr
+
+
+def test_mpi_mismatched_sizes_fail_on_every_rank() -> None:
+    mpirun = _mpirun()
+    base = [sys.executable, str(EXAMPLE), "--cpu", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "1", *base, "--size", "32", ":", "-np", "1", *base, "--size", "33"], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: the ranks were started with different settings (size: " \
+               f"rank 0=32, rank 1=33)" in r.stderr, r.stderr
+
+
+def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
+    """GPU mode with one rank that sees no GPU (CUDA_VISIBLE_DEVICES empty); on a CPU machine, both ranks."""
+    mpirun = _mpirun()
+    base = [sys.executable, str(EXAMPLE), "--size", "64", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "1", *base, ":", "-np", "1", "-x", "CUDA_VISIBLE_DEVICES=", *base], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error:" in r.stderr and "no usable GPU" in r.stderr, r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+
+
+# -- GPU path ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("staging", ["pinned", "auto"])
+def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None:
+    """Two ranks (sharing the GPU on a one-GPU machine) against the one-GPU run, checked by rank 0."""
+    mpirun = _mpirun()
+    seed = int.from_bytes(os.urandom(4), "little")
+    out = tmp_path / "plate.npy"
+    r = _run([*mpirun, "-np", "2", sys.executable, str(EXAMPLE), "--size", "1000", "--rows", "777",
+              "--steps", "40", "--init", "random", "--seed", str(seed), "--staging", staging, "--check",
+              "--save", str(out), "--out", ""], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "check against the one-GPU run: bitwise equal" in r.stdout
+    plate = np.load(out)
+    u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)
+    assert not np.array_equal(plate, u0)
+
+
+def test_bench_scale_cli_without_gpu_says_why() -> None:
+    from umem_numba import _driver
+    if _driver.available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"], capture_output=True,
+                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    assert r.returncode == 1 and "bench scale: no usable GPU" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"], capture_output=True,
+                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    assert r.returncode == 2 and "--steps and --trials >= 1" in r.stderr

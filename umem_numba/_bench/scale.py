@@ -1,0 +1,253 @@
+"""Scaling benchmark: the 2-D heat step on 1 and N GPUs, single-process peer path and MPI path.
+
+``python -m umem_numba bench scale [--gpus N] [--size N] [--weak-rows N] [--steps N] [--no-mpi]
+[--json PATH] [--png PATH]``
+
+*Weak scaling*: ``--weak-rows`` x ``--size`` cells per GPU (default 16384 x
+16384 float32), so N GPUs step an ``N*rows x size`` plate; efficiency
+``t(1) / t(N)`` (goal >= 0.95 on both paths).
+*Strong scaling*: one ``--size``\\ :sup:`2` plate (default 16384\\ :sup:`2`
+float32) in total; speedup ``t(1) / t(N)`` (goals on two GPUs: >= 1.85x peer,
+>= 1.75x MPI).
+
+Peer path: :class:`umem_numba.kernels.multigpu.MultiGPUHeat` (one slab per
+GPU, halos by peer copies ordered with events); timed with the host clock
+between synchronizes of every GPU over ``--steps`` steps after warm-up, the
+median of ``--trials``.  Its *halo time per step* is the time of a step with
+the exchange minus one without.  The N-GPU strong-scaling field is compared
+bit for bit with the one-GPU field.
+
+MPI path: ``mpirun -np N python examples/heat2d_mpi.py`` (from the source
+tree) in a subprocess per point; the example reports ms per step and the
+longest halo wait of any rank (``--json``).  Skipped, with the reason, when
+mpirun, mpi4py or the example is missing.
+
+With fewer GPUs than ``--gpus`` the slabs share GPUs (a simulated
+decomposition: it measures the exchange overhead, not a speed-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._common import goal_text, print_table, write_json
+
+GOAL_WEAK = 0.95
+GOAL_STRONG_PEER = 1.85
+GOAL_STRONG_MPI = 1.75
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m umem_numba bench scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the N-GPU points (default: all, >= 2)")
+    ap.add_argument("--size", type=int, default=16384, metavar="N", help="plate width; strong-scaling side (16384)")
+    ap.add_argument("--weak-rows", type=int, default=None, metavar="N", help="rows per GPU for weak scaling (= --size)")
+    ap.add_argument("--steps", type=int, default=100, metavar="N", help="timed steps per trial (100)")
+    ap.add_argument("--trials", type=int, default=3, metavar="N", help="trials, median reported (3)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the MPI path")
+    ap.add_argument("--no-peer", action="store_true", help="skip the single-process peer path")
+    ap.add_argument("--quick", action="store_true", help="8192 wide, 30 steps (a smoke run)")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--png", metavar="PATH", help="write a chart (matplotlib)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.size, args.steps = min(args.size, 8192), min(args.steps, 30)
+    args.weak_rows = args.weak_rows or args.size
+    if args.size < 3 or args.weak_rows < 3 or args.steps < 1 or args.trials < 1:
+        ap.error("--size and --weak-rows must be >= 3, --steps and --trials >= 1")
+    if args.gpus is not None and args.gpus < 1:
+        ap.error("--gpus must be >= 1")
+    return args
+
+
+def _plate(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    u = np.zeros(shape, dtype)
+    u[:, 0] = 1.0
+    u[shape[0] // 3: shape[0] // 2, shape[1] // 3: shape[1] // 2] = 1.0
+    return u
+
+
+def _peer_point(u0: np.ndarray, devices: list[int], args: argparse.Namespace) -> tuple[dict, np.ndarray]:
+    from umem_numba.kernels.multigpu import MultiGPUHeat
+
+    with MultiGPUHeat(u0, devices) as run:
+        run.step(3)
+        with_ex = [run.timed(args.steps) for _ in range(args.trials)]
+        without = [run.timed(args.steps, exchange=False) for _ in range(args.trials)] if len(devices) > 1 else with_ex
+        t, t0 = statistics.median(with_ex), statistics.median(without)
+        point = {"gpus": len(devices), "devices": devices, "shape": list(u0.shape), "transports": run.transports,
+                 "ms_per_step": t / args.steps * 1e3, "compute_ms_per_step": t0 / args.steps * 1e3,
+                 "halo_us_per_step": max(t - t0, 0.0) / args.steps * 1e6, "trials_s": with_ex}
+        # A fixed number of steps from the start for the bitwise comparison.
+    with MultiGPUHeat(u0, devices) as run:
+        run.step(10)
+        final = run.result()
+    return point, final
+
+
+def _mpirun() -> tuple[list[str] | None, str]:
+    exe = shutil.which("mpirun") or shutil.which("mpiexec")
+    if exe is None:
+        return None, "mpirun is not installed"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None, "mpi4py is not installed"
+    if not EXAMPLE.exists():
+        return None, f"{EXAMPLE} is not there (run from a source checkout)"
+    cmd = [exe]
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
+        cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd, ""
+
+
+def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", str(args.size), "--rows", str(rows),
+               "--steps", str(args.steps + 3), "--warmup", "3", "--dtype", args.dtype, "--out", "", "--json", out]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        if r.returncode != 0:
+            return {"ranks": ranks, "error": f"exit {r.returncode}: {(r.stderr or r.stdout)[-800:]}"}
+        with open(out) as fh:
+            data = json.load(fh)
+    return {"ranks": ranks, "shape": data["shape"], "ms_per_step": data["ms_per_step"],
+            "halo_us_per_step": data["halo_us_per_step"], "device_buffers": data["device_buffers"],
+            "transport_how": data["transport_how"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the scaling benchmark; see the module docstring.  Returns the exit status."""
+    args = _parse(argv)
+    import umem_numba as um
+    from umem_numba import _driver
+
+    if not um.gpu_available():
+        print(f"bench scale: no usable GPU: {_driver.unavailable_reason()}", file=sys.stderr)
+        return 1
+    from ._common import device_name
+
+    count = _driver.device_count()
+    n = args.gpus or max(count, 2)
+    devices = [i % count for i in range(n)]
+    simulated = n > count
+    dtype = np.dtype(args.dtype)
+    print(f"bench scale: heat2d {dtype} on {device_name()} x{count}; N = {n} "
+          f"{'(SIMULATED: slabs share GPUs, no speed-up expected)' if simulated else 'GPUs'}; "
+          f"weak {args.weak_rows} x {args.size} per GPU, strong {args.size}^2; {args.steps} steps x {args.trials}")
+    result: dict[str, Any] = {"benchmark": "scale", "device": device_name(), "gpus_visible": count, "n": n,
+                              "simulated": simulated, "dtype": str(dtype), "size": args.size,
+                              "weak_rows": args.weak_rows, "steps": args.steps, "trials": args.trials}
+    rows, goals = [], {}
+    status = 0
+    if not args.no_peer:
+        peer: dict[str, Any] = {}
+        for mode, shapes in (("weak", [(args.weak_rows, args.size), (n * args.weak_rows, args.size)]),
+                             ("strong", [(args.size, args.size)] * 2)):
+            p1, f1 = _peer_point(_plate(shapes[0], dtype), [0], args)
+            pn, fn = _peer_point(_plate(shapes[1], dtype), devices, args)
+            ratio = p1["ms_per_step"] / pn["ms_per_step"]
+            peer[mode] = {"one": p1, "n": pn, "efficiency" if mode == "weak" else "speedup": ratio}
+            if mode == "strong":
+                peer[mode]["bitwise_equal_to_one_gpu"] = bool(np.array_equal(f1, fn))
+                if not peer[mode]["bitwise_equal_to_one_gpu"]:
+                    status = 1
+            del f1, fn
+            for p in (p1, pn):
+                rows.append(("peer", mode, p["gpus"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
+                             f"{p['halo_us_per_step']:.1f}", ",".join(sorted(set(p["transports"]))) or "-"))
+        result["peer"] = peer
+        goals["peer weak efficiency"] = (peer["weak"]["efficiency"], GOAL_WEAK)
+        goals[f"peer strong speedup ({n} GPUs)"] = (peer["strong"]["speedup"], GOAL_STRONG_PEER if n == 2 else None)
+    if not args.no_mpi:
+        mpirun, why = _mpirun()
+        if mpirun is None:
+            result["mpi"] = {"skipped": why}
+            print(f"MPI path skipped: {why}", file=sys.stderr)
+        else:
+            mpi: dict[str, Any] = {}
+            for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
+                              ("strong", [(1, args.size), (n, args.size)])):
+                p1, pn = (_mpi_point(mpirun, r, h, args) for r, h in pts)
+                mpi[mode] = {"one": p1, "n": pn}
+                for p in (p1, pn):
+                    if "error" in p:
+                        rows.append(("mpi", mode, p["ranks"], "", "error", "", p["error"][-120:]))
+                    else:
+                        rows.append(("mpi", mode, p["ranks"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
+                                     f"{p['halo_us_per_step']:.1f}", "device bufs" if p["device_buffers"] else "pinned"))
+                if "error" not in p1 and "error" not in pn:
+                    mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
+                else:
+                    status = 1
+            result["mpi"] = mpi
+            if "efficiency" in mpi["weak"]:
+                goals["mpi weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
+            if "speedup" in mpi["strong"]:
+                goals[f"mpi strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"], GOAL_STRONG_MPI if n == 2 else None)
+    print()
+    print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
+    print()
+    gtable = []
+    result["goals"] = {}
+    for name, (value, goal) in goals.items():
+        status_text = "" if goal is None else goal_text(value, goal) + (" (simulated)" if simulated else "")
+        gtable.append((name, f"{value:.3f}", "" if goal is None else f">= {goal}", status_text))
+        result["goals"][name] = {"value": value, "goal": goal, "status": status_text}
+    print_table(gtable, ["goal", "value", "target", ""])
+    if "peer" in result and not result["peer"]["strong"]["bitwise_equal_to_one_gpu"]:
+        print("\nERROR: the N-GPU field differs from the one-GPU field", file=sys.stderr)
+    write_json(args.json, result)
+    if args.png:
+        _chart(args.png, result)
+    return status
+
+
+def _chart(path: str, result: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench scale: --png needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    n = result["n"]
+    for ax, mode, key, goal_peer, goal_mpi in ((axes[0], "weak", "efficiency", GOAL_WEAK, GOAL_WEAK),
+                                              (axes[1], "strong", "speedup", GOAL_STRONG_PEER, GOAL_STRONG_MPI)):
+        labels, values, goals = [], [], []
+        for path_name, goal in (("peer", goal_peer), ("mpi", goal_mpi)):
+            value = result.get(path_name, {}).get(mode, {}).get(key)
+            if value is not None:
+                labels.append(path_name)
+                values.append(value)
+                goals.append(goal)
+        ax.bar(labels, values, color=["C0", "C1"][:len(labels)])
+        for i, (v, g) in enumerate(zip(values, goals)):
+            ax.text(i, v, f"{v:.3f}", ha="center", va="bottom")
+            ax.hlines(g, i - 0.4, i + 0.4, colors="k", linestyles="--")
+        ax.set_title(f"{mode} scaling, {key} on {n} GPUs" + (" (simulated)" if result["simulated"] else ""))
+        ax.set_ylim(0, max(values + goals + [1.0]) * 1.15)
+    fig.suptitle(f"heat2d {result['dtype']} on {result['device']}; dashed: goals")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
