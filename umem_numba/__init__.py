@@ -34,6 +34,7 @@ from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
 from ._prefetch import PrefetchPlan
 from ._vmm import AccessFlags, AddressRange, Mapping, PhysicalMemory, allocation_granularity
 from ._vmm_buffer import VMMBuffer
+from ._copy import copy
 from ._info import info
 
 __version__ = "0.1.0"
@@ -76,6 +77,8 @@ __all__ = [
     "ManagedMemoryHints",
     "HintState",
     "PrefetchPlan",
+    # copies
+    "copy",
     # pinned
     "PinnedBuffer",
     "HostAllocFlags",

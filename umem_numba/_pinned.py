@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _events
-from ._buffer import Allocation, Buffer, _check_same, new_layout
-from ._location import StreamLike, stream_handle
+from . import _driver
+from ._buffer import Allocation, Buffer, new_layout
+from ._location import StreamLike
 
 __all__ = ["HostAllocFlags", "PinnedBuffer"]
 
@@ -53,30 +53,6 @@ def _as_flags(flags: Any) -> HostAllocFlags:
     if int(flags) & ~_ALL_FLAGS:
         raise ValueError(f"unknown host allocation flag bits {int(flags) & ~_ALL_FLAGS:#x}")
     return HostAllocFlags(flags)
-
-
-def _device_view(obj: Any, what: str) -> tuple[int, tuple[int, ...], np.dtype, Any]:
-    """``(device pointer, shape, dtype, tracker)`` of a contiguous device-side array."""
-    from ._buffer import Buffer as _Buf
-
-    if isinstance(obj, _Buf):
-        if not obj.is_c_contiguous:
-            raise ValueError(f"{what}: the buffer view must be C-contiguous")
-        alloc = obj._live()
-        return obj.ptr, obj.shape, obj.dtype, alloc.tracker
-    iface = getattr(obj, "__cuda_array_interface__", None)
-    if iface is None:
-        raise TypeError(f"{what}: expected a numba device array or a umem_numba buffer, "
-                        f"got {type(obj).__name__}")
-    shape = tuple(iface["shape"])
-    dtype = np.dtype(iface["typestr"]) if not iface.get("descr") or len(iface["descr"]) == 1 \
-        else np.dtype(iface["descr"])
-    strides = iface.get("strides")
-    if strides is not None:
-        from ._layout import c_strides
-        if tuple(strides) != c_strides(shape, dtype.itemsize):
-            raise ValueError(f"{what}: the device array must be C-contiguous")
-    return int(iface["data"][0]), shape, dtype, None
 
 
 class PinnedBuffer(Buffer):
@@ -190,30 +166,10 @@ class PinnedBuffer(Buffer):
         ValueError
             Shapes or dtypes differ, or either side is not C-contiguous.
         """
-        self._copy(dst, "copy_to_device", to_device=True, stream=stream)
+        from ._copy import copy
+        copy(dst, self, stream)
 
     def copy_from_device(self, src: Any, stream: StreamLike = 0) -> None:
         """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer."""
-        self._copy(src, "copy_from_device", to_device=False, stream=stream)
-
-    def _copy(self, other: Any, what: str, *, to_device: bool, stream: StreamLike) -> None:
-        alloc = self._live()
-        if not self.is_c_contiguous:
-            raise ValueError(f"{what}: the pinned buffer view must be C-contiguous")
-        dptr, shape, dtype, other_tracker = _device_view(other, what)
-        _check_same(self._shape, self._dtype, shape, dtype, what)
-        handle = stream_handle(stream)
-        # Work already queued on either side, on other streams, comes first;
-        # host access to either side afterwards waits for this copy.
-        alloc.tracker.order_before(handle, what)
-        if other_tracker is not None:
-            other_tracker.order_before(handle, what)
-        nbytes = self.nbytes
-        if nbytes:
-            hptr = alloc.ptr + self._offset
-            src, dst = (hptr, dptr) if to_device else (dptr, hptr)
-            _driver.call("cuMemcpyAsync", dst, src, nbytes, handle, detail=what)
-            event = _events.record(handle, alloc.device_id)
-            alloc.tracker.add(handle, event)
-            if other_tracker is not None:
-                other_tracker.add(handle, event)
+        from ._copy import copy
+        copy(self, src, stream)
