@@ -17,7 +17,7 @@ from ._errors import (
 )
 from ._driver import available as gpu_available
 from ._location import HOST, Location, as_location
-from ._stats import KindStats, reset_peak, stats
+from ._stats import KindStats, PoolStats, reset_peak, stats
 from ._coherence import (
     CoherenceWarning,
     CoherentKernel,
@@ -35,6 +35,8 @@ from ._prefetch import PrefetchPlan
 from ._vmm import AccessFlags, AddressRange, Mapping, PhysicalMemory, allocation_granularity
 from ._vmm_buffer import VMMBuffer
 from ._copy import copy
+from ._pool import MemoryPool
+from ._device_buffer import DeviceBuffer
 from ._info import info
 
 __version__ = "0.1.0"
@@ -79,6 +81,10 @@ __all__ = [
     "PrefetchPlan",
     # copies
     "copy",
+    # pools
+    "MemoryPool",
+    "DeviceBuffer",
+    "PoolStats",
     # pinned
     "PinnedBuffer",
     "HostAllocFlags",

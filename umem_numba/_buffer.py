@@ -37,12 +37,13 @@ from ._errors import BufferClosedError, UnsupportedError
 _GONE = frozenset({"CUDA_ERROR_DEINITIALIZED", "CUDA_ERROR_CONTEXT_IS_DESTROYED"})
 
 
-def _release(kind: str, ptr: int, nbytes: int, free: Callable[[], None], tracker: Tracker) -> None:
+def _release(kind: str, ptr: int, nbytes: int, free: Callable[[], None], tracker: Tracker,
+             stream_ordered: bool = False) -> None:
     """Free an allocation; called once, by close() or by the finalizer."""
     from ._errors import CudaError
 
     try:
-        if tracker.pending or tracker.unknown:
+        if not stream_ordered and (tracker.pending or tracker.unknown):
             try:
                 tracker.wait(extra="context" if tracker.unknown else None)
             except Exception as exc:  # e.g. at interpreter exit: still try to free
@@ -78,15 +79,19 @@ class Allocation:
         Device address when it differs from ``ptr`` (mapped pinned memory).
     concurrent : bool
         The device's concurrentManagedAccess (see :class:`Tracker`).
+    stream_ordered : bool
+        ``free`` orders the release after the pending work itself (a
+        stream-ordered pool free): closing never waits on the host.
     """
 
     __slots__ = ("kind", "ptr", "device_ptr", "nbytes", "device_id", "tracker", "closed",
-                 "_exports", "_finalizer", "_lock", "__weakref__")
+                 "stream_ordered", "_exports", "_finalizer", "_lock", "__weakref__")
 
     def __init__(self, kind: str, ptr: int, nbytes: int, device_id: int,
                  free: Callable[[], None] | None, *, device_ptr: int | None = None,
-                 concurrent: bool = True) -> None:
+                 concurrent: bool = True, stream_ordered: bool = False) -> None:
         self.kind = kind
+        self.stream_ordered = stream_ordered
         self.ptr = ptr
         self.device_ptr = ptr if device_ptr is None else device_ptr
         self.nbytes = nbytes
@@ -99,14 +104,16 @@ class Allocation:
             self._finalizer = None
         else:
             _stats.record_alloc(kind, nbytes)
-            self._finalizer = weakref.finalize(self, _release, kind, ptr, nbytes, free, self.tracker)
+            self._finalizer = weakref.finalize(self, _release, kind, ptr, nbytes, free, self.tracker,
+                                               stream_ordered)
 
     def close(self) -> None:
         """Release now, or as soon as the last numpy host view is gone."""
         with self._lock:
             if self.closed:
                 return
-            self.tracker.before_host_access(f"closing {self.kind} buffer")
+            if not self.stream_ordered:
+                self.tracker.before_host_access(f"closing {self.kind} buffer")
             self.closed = True
             deferred = self._exports > 0
         if not deferred and self._finalizer is not None:

@@ -56,7 +56,8 @@ class ManagedBuffer(Buffer):
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> "ManagedBuffer":
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global", pool: Any = None,
+              stream: StreamLike = None) -> "ManagedBuffer":
         """Allocate without initialising.
 
         Parameters
@@ -69,6 +70,12 @@ class ManagedBuffer(Buffer):
             ``"global"``: any stream on any device may access it.  ``"host"``:
             attached to the host until a stream attaches it (only matters on
             devices without concurrentManagedAccess).
+        pool : MemoryPool, optional
+            A ``"managed"`` :class:`~umem_numba.MemoryPool` to allocate from
+            (stream-ordered, see :mod:`umem_numba._pool`); ``attach`` must then
+            be ``"global"``.
+        stream : numba stream, 0 or None
+            The allocation stream of a pool buffer (ignored without a pool).
 
         Returns
         -------
@@ -85,6 +92,20 @@ class ManagedBuffer(Buffer):
         """
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
         flag = _attach_flag(attach)
+        if pool is not None:
+            from ._pool import check_pool
+            check_pool(pool, "managed", "ManagedBuffer.empty")
+            if attach != "global":
+                raise ValueError("ManagedBuffer.empty: pool memory is attached globally; attach='host' "
+                                 "needs a pool-less buffer")
+            handle = stream_handle(stream)
+            if nbytes:
+                alloc = pool._allocation(nbytes, handle, "managed")
+            else:
+                alloc = Allocation("managed", 0, 0, pool.device_id, None)
+            buf = object.__new__(cls)
+            buf._init(alloc, 0, shape, strides, dtype, True)
+            return buf
         device_id = _driver.ensure_context()
         concurrent = bool(_driver.device_attribute("CONCURRENT_MANAGED_ACCESS", device_id))
         if nbytes:
@@ -105,12 +126,13 @@ class ManagedBuffer(Buffer):
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-              stream: StreamLike = 0) -> "ManagedBuffer":
+              stream: StreamLike = 0, pool: Any = None) -> "ManagedBuffer":
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
-        The memset is tracked like a kernel: host access waits for it.
+        The memset is tracked like a kernel: host access waits for it.  With
+        ``pool``, ``stream`` is also the allocation stream.
         """
-        buf = cls.empty(shape, dtype, attach=attach)
+        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=stream)
         if buf.nbytes:
             from . import _events
             alloc = buf._live()
@@ -120,16 +142,19 @@ class ManagedBuffer(Buffer):
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, attach: str = "global") -> "ManagedBuffer":
+    def from_array(cls, array: Any, *, attach: str = "global", pool: Any = None,
+                   stream: StreamLike = None) -> "ManagedBuffer":
         """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
 
         Parameters
         ----------
         array : array_like
             Host data; converted with ``np.asarray`` (no object dtypes).
+        attach, pool, stream
+            As in :meth:`empty`.
         """
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach)
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
         return buf
