@@ -41,6 +41,15 @@ from ._info import info
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # numba's NUMBA_CUDA_MEMORY_MANAGER=umem_numba reads _numba_memory_manager;
+    # loaded lazily so that importing umem_numba does not import numba.cuda.
+    if name in ("_numba_memory_manager", "UmemNumbaMemoryManager"):
+        from ._emm import UmemNumbaMemoryManager
+        return UmemNumbaMemoryManager
+    raise AttributeError(f"module 'umem_numba' has no attribute {name!r}")
+
 __all__ = [
     # vmm
     "VMMBuffer",
@@ -83,6 +92,7 @@ __all__ = [
     "copy",
     # pools
     "MemoryPool",
+    "UmemNumbaMemoryManager",
     "DeviceBuffer",
     "PoolStats",
     # pinned
