@@ -286,3 +286,14 @@ def test_copy_validates_shape_dtype_layout_before_the_driver():
     # explicit C strides count as contiguous: the error is the stream's, not the layout's
     with pytest.raises(TypeError, match="stream"):
         um.copy(a, _FakeDeviceArray((4, 5), strides=(20, 4), ptr=1 << 41), stream=1.5)
+
+
+@pytest.mark.parametrize("argv,message", [(["copy", "--size-gib", "0"], "--size-gib must be positive"),
+                                          (["copy", "--reps", "0"], "--reps must be >= 1"),
+                                          (["pool", "--iterations", "0"], "--iterations must be >= 1")])
+def test_benchmark_arguments_are_checked(argv, message):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr

@@ -17,7 +17,8 @@ import umem_numba as um
 
 
 def _run(code: str, **env: str) -> dict:
-    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba", **env)
+    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba")
+    full.update(env)
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

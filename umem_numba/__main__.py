@@ -1,4 +1,4 @@
-"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil}``."""
+"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil,copy,pool}``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ _BENCHES = {
     "prefetch": "Prefetch bandwidth vs pinned copies, fault-driven first touch, batched plans",
     "vmm": "VMM grow in place vs reallocate+copy, append strategies, kernel bandwidth",
     "stencil": "Heat-equation stencil on every memory kind vs device_array and the copy bandwidth",
+    "copy": "Copy paths (1 GiB): managed -> pinned / new numpy, numpy -> managed + kernel vs numba; HOST_MAPPED",
+    "pool": "Allocate+free 1 MiB: umem pools (raw and buffers) vs cuMemAllocManaged vs CuPy's managed pool",
 }
 
 

@@ -264,19 +264,18 @@ class MemoryPool:
                                    f"{self.device_id}, more than the {self._limit} bytes that can exist "
                                    "(refused before the driver call)")
         err, ptr = self._alloc_fn(nbytes, self._handle, handle)
-        if err:
+        if err != 0:
             return self._retry(err, nbytes, handle)
         return int(ptr)
 
     def _retry(self, err: Any, nbytes: int, handle: int) -> int:
-        name = getattr(err, "name", "")
-        if name == "CUDA_ERROR_INVALID_CONTEXT":  # a thread with no current context
+        if _name(err) == "CUDA_ERROR_INVALID_CONTEXT":  # a thread with no current context
             with _driver.device_context(self.device_id):
                 err, ptr = self._alloc_fn(nbytes, self._handle, handle)
-            if not err:
+            if err == 0:
                 return int(ptr)
         detail = f"allocating {nbytes} bytes from a {self.kind} memory pool of device {self.device_id}"
-        if getattr(err, "name", "") == "CUDA_ERROR_OUT_OF_MEMORY":
+        if _name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
             try:
                 s = self.statistics()
                 detail += f" (pool: {s.used_current} bytes used, {s.reserved_current} reserved)"
@@ -289,11 +288,11 @@ class MemoryPool:
         """Return memory from :meth:`allocate` to the pool, ordered on ``stream``."""
         handle = stream if type(stream) is int else stream_handle(stream)
         err = self._free_fn(ptr, handle)[0]
-        if err:
-            if getattr(err, "name", "") == "CUDA_ERROR_INVALID_CONTEXT":
+        if err != 0:
+            if _name(err) == "CUDA_ERROR_INVALID_CONTEXT":
                 with _driver.device_context(self.device_id):
                     err = self._free_fn(ptr, handle)[0]
-            if err:
+            if err != 0:
                 _driver.raise_for(err, "cuMemFreeAsync", f"freeing {ptr:#x} into a memory pool")
 
     def trim(self, keep_bytes: int = 0) -> None:
@@ -345,6 +344,10 @@ class MemoryPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"handle={self.handle:#x}"
         return f"MemoryPool({self.kind!r}, device={self.device_id}, {state})"
+
+
+def _name(err: Any) -> str:
+    return _driver._result_name(_driver.api().drv, err)
 
 
 def _destroy(handle: Any) -> None:
