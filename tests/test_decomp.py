@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import random_array
+from helpers import random_array
 from umem_numba import kernels as K
 from umem_numba.kernels import decomp as D
 

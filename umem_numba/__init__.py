@@ -7,6 +7,8 @@ Importing never touches the GPU; the first call that needs one raises
 from __future__ import annotations
 
 from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
+from ._copy import copy
+from ._device_buffer import DeviceBuffer
 from ._driver import available as gpu_available
 from ._errors import (
     BufferClosedError,
@@ -22,14 +24,24 @@ from ._launch import CoherentKernel, coherent, jit, launch
 from ._location import HOST, Location, as_location
 from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._pinned import HostAllocFlags, PinnedBuffer
+from ._pool import MemoryPool
 from ._prefetch import PrefetchPlan
-from ._stats import KindStats, reset_peak, stats
+from ._stats import KindStats, PoolStats, reset_peak, stats
 from ._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
 from ._vmm import AddressRange, Mapping, PhysicalMemory
 from ._vmm_access import AccessFlags, allocation_granularity
 from ._vmm_buffer import VMMBuffer
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> type:
+    # numba's NUMBA_CUDA_MEMORY_MANAGER=umem_numba reads _numba_memory_manager;
+    # loaded lazily so that importing umem_numba does not import numba.cuda.
+    if name in ("_numba_memory_manager", "UmemNumbaMemoryManager"):
+        from ._emm import UmemNumbaMemoryManager
+        return UmemNumbaMemoryManager
+    raise AttributeError(f"module 'umem_numba' has no attribute {name!r}")
 
 __all__ = [
     # vmm
@@ -69,6 +81,13 @@ __all__ = [
     "ManagedMemoryHints",
     "HintState",
     "PrefetchPlan",
+    # copies
+    "copy",
+    # pools
+    "MemoryPool",
+    "UmemNumbaMemoryManager",
+    "DeviceBuffer",
+    "PoolStats",
     # pinned
     "PinnedBuffer",
     "HostAllocFlags",

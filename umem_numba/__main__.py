@@ -1,4 +1,4 @@
-"""Command line: ``python -m umem_numba info | bench {launch,prefetch,vmm,stencil,scale}``."""
+"""Command line: ``python -m umem_numba info | bench NAME`` (``bench --help`` lists them)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ _BENCHES = {
     "vmm": "VMM grow in place vs reallocate+copy, append strategies, kernel bandwidth",
     "stencil": "Heat-equation stencil on every memory kind vs device_array and the copy bandwidth",
     "scale": "Heat stencil on 1 and N GPUs: weak/strong scaling, peer path and MPI path, halo time per step",
+    "copy": "Copy paths (1 GiB): managed -> pinned / new numpy, numpy -> managed + kernel vs numba; HOST_MAPPED",
+    "pool": "Allocate+free 1 MiB: umem pools (raw and buffers) vs cuMemAllocManaged vs CuPy's managed pool",
 }
 
 

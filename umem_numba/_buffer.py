@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _driver, _events, _layout
+from . import _copy, _driver, _events, _layout
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Allocation
 from ._tracker import Tracker, _launching, check_policy
@@ -372,14 +372,85 @@ class Buffer:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy the elements into a new (or the given) numpy array."""
-        src = self._host_array("copy_to_host")
-        if out is None:
-            return src.copy()
-        _check_same(out.shape, out.dtype, self._shape, self._dtype, "copy_to_host(out)")
-        np.copyto(out, src)
-        return out
+    def copy_to_host(self, out: Any = None, stream: Any = None, *, staging: Any = None) -> Any:
+        """Copy the elements into a new numpy array, a given one, or a :class:`PinnedBuffer`.
+
+        Parameters
+        ----------
+        out : numpy.ndarray or PinnedBuffer, optional
+            Same shape and dtype, writeable (C-contiguous where a device may
+            hold the data).  A :class:`PinnedBuffer` receives an asynchronous
+            copy: host access to it waits for the copy (coherence), so it works
+            as a reusable destination.
+        stream : numba stream, 0 or None
+            The stream of the copy (``None``/``0``: the buffer's device's
+            default stream).
+        staging : None, bool or PinnedBuffer
+            How to reach pageable numpy memory (see :mod:`umem_numba._copy`):
+            ``None`` picks the measured faster path, ``False`` lets the driver
+            copy straight into it, ``True`` or a :class:`PinnedBuffer` goes
+            through pinned staging chunks.
+
+        Returns
+        -------
+        numpy.ndarray or PinnedBuffer
+            ``out`` (or the new array).  A numpy result is complete when this
+            returns.
+
+        Raises
+        ------
+        ValueError
+            ``out`` does not match, or a strided view of memory the host cannot
+            read (copy the contiguous buffer it slices instead).
+        TypeError
+            ``out`` or ``staging`` of the wrong type.
+
+        Notes
+        -----
+        Memory a device may hold (managed, VMM, device) is copied by DMA
+        (``cuMemcpyAsync``) after the device work recorded on the buffer, not
+        read page by page by the host.
+        """
+        return _copy.to_host(self._copy_side(), out, stream, staging)
+
+    def copy_from_host(self, array: Any, stream: Any = None, *, staging: Any = None) -> None:
+        """Copy a host array (or another buffer / device array) of the same shape and dtype into this one.
+
+        Parameters
+        ----------
+        array : array_like, buffer or device array
+            The source.  A strided numpy source is made contiguous on the host
+            first.
+        stream : numba stream, 0 or None
+            The stream of the copy.
+        staging : None, bool or PinnedBuffer
+            As in :meth:`copy_to_host`, for a pageable numpy source.
+
+        Notes
+        -----
+        Queued after device work recorded on this buffer; later host access
+        and launches are ordered after it.  A pageable numpy source has been
+        read when this returns; a page-locked one (a :class:`PinnedBuffer`'s
+        memory) must stay unchanged until the copy is done
+        (``buf.synchronize()``), unless it is passed as the PinnedBuffer
+        itself, whose coherence then guards it.  A managed destination is
+        prefetched to its device first (where the device allows) so that the
+        copy engine writes device memory.
+
+        Raises
+        ------
+        ValueError
+            Shape or dtype mismatch, or this view is strided and device-resident.
+        """
+        _copy.from_host(self._copy_side(), array, stream, staging)
+
+    def _copy_side(self) -> _copy.Side:
+        """This buffer as an operand of the copy layer."""
+        alloc = self._live()
+        ptr = alloc.device_ptr + self._offset if self.size else 0
+        host_view = self._host_array if self._host_accessible else None
+        return _copy.Side(ptr, self._shape, self._dtype, self.is_c_contiguous, alloc.tracker, alloc.device_id,
+                          alloc.kind in _copy.DEVICE_KINDS, None, alloc.kind, host_view)
 
     def synchronize(self) -> None:
         """Wait for every piece of device work recorded on (or suspected of using) this buffer."""

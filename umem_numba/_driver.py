@@ -70,6 +70,9 @@ def _constants(drv: Any) -> SimpleNamespace:
         granularity_minimum=granularity.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         granularity_recommended=granularity.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
         access=drv.CUmemAccess_flags,
+        # stream-ordered memory pools (managed pools: CUDA 13 bindings only)
+        pool_managed=getattr(drv.CUmemAllocationType, "CU_MEM_ALLOCATION_TYPE_MANAGED", None),
+        mempool_attribute=drv.CUmemPool_attribute,
     )
 
 

@@ -222,7 +222,8 @@ class Allocation:
         """
         if self.closed:
             return
-        self.tracker.before_host_access(f"closing {self.kind} buffer")
+        if self.memory is None or not self.memory.stream_ordered:
+            self.tracker.before_host_access(f"closing {self.kind} buffer")
         with self._lock:
             if self.closed:
                 return

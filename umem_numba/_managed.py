@@ -13,6 +13,7 @@ from ._advice import ManagedMemoryHints, MigrationPolicy
 from ._buffer import Buffer, new_layout
 from ._lifetime import Allocation, DriverMemory
 from ._location import StreamLike, Target, stream_handle
+from ._pool import MemoryPool, check_pool
 from ._prefetch import prefetch
 from ._tracker import Tracker
 
@@ -62,7 +63,8 @@ class ManagedBuffer(Buffer):
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
+              pool: MemoryPool | None = None, stream: StreamLike = None) -> ManagedBuffer:
         """Allocate without initialising.
 
         Parameters
@@ -75,6 +77,12 @@ class ManagedBuffer(Buffer):
             ``"global"``: any stream on any device may access it.  ``"host"``:
             attached to the host until a stream attaches it (only matters on
             devices without concurrentManagedAccess).
+        pool : MemoryPool, optional
+            A ``"managed"`` :class:`~umem_numba.MemoryPool` to allocate from
+            (stream-ordered, see :mod:`umem_numba._pool`); ``attach`` must then
+            be ``"global"``.
+        stream : numba stream, 0 or None
+            The allocation stream of a pool buffer (ignored without a pool).
 
         Returns
         -------
@@ -91,6 +99,15 @@ class ManagedBuffer(Buffer):
         """
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
         attach = _check_attach(attach)
+        if pool is not None:
+            check_pool(pool, "managed", "ManagedBuffer.empty")
+            if attach != "global":
+                raise ValueError("ManagedBuffer.empty: pool memory is attached globally; attach='host' "
+                                 "needs a pool-less buffer")
+            alloc = pool.allocation(nbytes, stream_handle(stream, what="ManagedBuffer.empty"), "managed")
+            buf = object.__new__(cls)
+            buf._init(alloc, 0, shape, strides, dtype, True)
+            return buf
         device_id = _driver.ensure_context()
         tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
         memory = None
@@ -108,27 +125,31 @@ class ManagedBuffer(Buffer):
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-              stream: StreamLike = 0) -> ManagedBuffer:
+              stream: StreamLike = 0, pool: MemoryPool | None = None) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
-        The memset is tracked like a kernel: host access waits for it.
+        The memset is tracked like a kernel: host access waits for it.  With
+        ``pool``, ``stream`` is also the allocation stream.
         """
         handle = stream_handle(stream, what="ManagedBuffer.zeros")
-        buf = cls.empty(shape, dtype, attach=attach)
+        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle)
         buf._fill_zero(handle)
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, attach: str = "global") -> ManagedBuffer:
+    def from_array(cls, array: Any, *, attach: str = "global", pool: MemoryPool | None = None,
+                   stream: StreamLike = None) -> ManagedBuffer:
         """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
 
         Parameters
         ----------
         array : array_like
             Host data; converted with ``np.asarray`` (no object dtypes).
+        attach, pool, stream
+            As in :meth:`empty`.
         """
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach)
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
         return buf

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _events, _layout
-from ._buffer import Buffer, _check_same, new_layout
+from . import _driver
+from ._buffer import Buffer, new_layout
 from ._checks import as_int
+from ._copy import copy
 from ._lifetime import Allocation, DriverMemory, Transaction
-from ._location import StreamLike, stream_handle
+from ._location import StreamLike
 from ._tracker import Tracker
 
 __all__ = ["HostAllocFlags", "PinnedBuffer"]
@@ -58,18 +59,6 @@ def _as_flags(flags: Any) -> HostAllocFlags:
     if value & ~_ALL_FLAGS or value < 0:
         raise ValueError(f"unknown host allocation flag bits {value & ~_ALL_FLAGS:#x}")
     return HostAllocFlags(value)
-
-
-def _device_view(obj: Any, what: str) -> tuple[int, tuple[int, ...], np.dtype, Tracker | None]:
-    """``(device pointer, shape, dtype, tracker)`` of a contiguous device-side array."""
-    if isinstance(obj, Buffer):
-        if not obj.is_c_contiguous:
-            raise ValueError(f"{what}: the buffer view must be C-contiguous")
-        return obj.ptr, obj.shape, obj.dtype, obj._live().tracker
-    info = _layout.cuda_array_info(obj, what)
-    if not info.is_c_contiguous:
-        raise ValueError(f"{what}: the device array must be C-contiguous")
-    return info.ptr, info.shape, info.dtype, None
 
 
 class PinnedBuffer(Buffer):
@@ -179,30 +168,8 @@ class PinnedBuffer(Buffer):
         ValueError
             Shapes or dtypes differ, or either side is not C-contiguous.
         """
-        self._copy(dst, "copy_to_device", to_device=True, stream=stream)
+        copy(dst, self, stream)
 
     def copy_from_device(self, src: Any, stream: StreamLike = 0) -> None:
         """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer."""
-        self._copy(src, "copy_from_device", to_device=False, stream=stream)
-
-    def _copy(self, other: Any, what: str, *, to_device: bool, stream: StreamLike) -> None:
-        alloc = self._live()
-        if not self.is_c_contiguous:
-            raise ValueError(f"{what}: the pinned buffer view must be C-contiguous")
-        dptr, shape, dtype, other_tracker = _device_view(other, what)
-        _check_same(self._shape, self._dtype, shape, dtype, what)
-        handle = stream_handle(stream)
-        # Work already queued on either side, on other streams, comes first;
-        # host access to either side afterwards waits for this copy.
-        alloc.tracker.order_before(handle, what)
-        if other_tracker is not None:
-            other_tracker.order_before(handle, what)
-        nbytes = self.nbytes
-        if nbytes:
-            hptr = alloc.ptr + self._offset
-            src, dst = (hptr, dptr) if to_device else (dptr, hptr)
-            _driver.call("cuMemcpyAsync", dst, src, nbytes, handle, detail=what)
-            event = _events.record(handle, alloc.device_id)
-            alloc.tracker.add(handle, event)
-            if other_tracker is not None:
-                other_tracker.add(handle, event)
+        copy(self, src, stream)

@@ -8,9 +8,12 @@ is locked out of the OS's paging and is scarce: watch ``stats()["pinned"]``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
-KINDS = ("managed", "pinned", "vmm")
+#: Buffer kinds; "device" is pool device memory (DeviceBuffer), "emm" what
+#: numba allocated through umem_numba's memory-manager plugin.
+KINDS = ("managed", "pinned", "vmm", "device", "emm")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,31 @@ class KindStats:
     peak_bytes: int = 0
     total_allocations: int = 0
     total_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Memory-pool counters read from the driver (summed over the live pools).
+
+    Attributes
+    ----------
+    pools : int
+        Live :class:`~umem_numba.MemoryPool` objects counted.
+    reserved_current : int
+        Bytes the pools hold from the driver (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``).
+    reserved_high : int
+        High-water mark of reserved bytes since creation or the last reset.
+    used_current : int
+        Bytes handed out to allocations not yet freed (``USED_MEM_CURRENT``).
+    used_high : int
+        High-water mark of used bytes.
+    """
+
+    pools: int = 0
+    reserved_current: int = 0
+    reserved_high: int = 0
+    used_current: int = 0
+    used_high: int = 0
 
 
 class _Counters:
@@ -77,13 +105,18 @@ def record_free(kind: str, nbytes: int) -> None:
         c.live_bytes -= nbytes
 
 
-def stats() -> dict[str, KindStats]:
-    """Snapshot of the allocation counters, per kind.
+def stats() -> dict[str, KindStats | PoolStats]:
+    """Snapshot of the allocation counters, per kind, and of the memory pools.
 
     Returns
     -------
     dict
-        ``{"managed": KindStats, "pinned": KindStats, "vmm": KindStats}``.
+        ``{"managed", "pinned", "vmm", "device", "emm"}`` -> :class:`KindStats`
+        (``"device"``: pool device memory; ``"emm"``: numba's allocations
+        through the memory-manager plugin), and ``"pool"`` ->
+        :class:`PoolStats`, read from the driver for every live
+        :class:`~umem_numba.MemoryPool` (zeros, without touching the driver,
+        when there is none).
 
     Examples
     --------
@@ -91,9 +124,23 @@ def stats() -> dict[str, KindStats]:
     4194304
     """
     with _lock:
-        return {k: KindStats(c.live_count, c.live_bytes, c.peak_bytes,
-                             c.total_allocations, c.total_bytes)
-                for k, c in _counters.items()}
+        out: dict[str, KindStats | PoolStats] = {
+            k: KindStats(c.live_count, c.live_bytes, c.peak_bytes, c.total_allocations, c.total_bytes)
+            for k, c in _counters.items()}
+    for name, source in list(_sources.items()):
+        out[name] = source()
+    out.setdefault("pool", PoolStats())
+    return out
+
+
+#: Counters that other modules read from the driver (the memory pools register
+#: theirs when they are imported): name -> function returning a snapshot.
+_sources: dict[str, Callable[[], PoolStats]] = {}
+
+
+def add_source(name: str, source: Callable[[], PoolStats]) -> None:
+    """Report ``source()`` as ``stats()[name]`` (a module above this one registers itself)."""
+    _sources[name] = source
 
 
 def reset_peak() -> None:

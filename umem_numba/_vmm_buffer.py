@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _events, _layout
-from ._buffer import Buffer, _check_same, new_layout
+from . import _driver, _layout
+from ._buffer import Buffer, new_layout
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Transaction
 from ._location import StreamLike, Target, as_device, stream_handle
@@ -564,73 +564,6 @@ class VMMBuffer(Buffer):
             raise UnsupportedError(f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
                                    "use export_fds() and pass its list to from_shareable_handle()")
         return self.export_fds()[0][0]
-
-    # -- host copies ------------------------------------------------------------------
-    def copy_to_host(self, out: np.ndarray | None = None, stream: StreamLike = 0) -> np.ndarray:
-        """Copy the elements to a new (or the given) numpy array; returns when done.
-
-        Parameters
-        ----------
-        out : numpy.ndarray, optional
-            C-contiguous, writeable, same shape and dtype.
-        stream : numba stream, 0 or None
-            The stream of the copy (``cuMemcpyDtoHAsync``, then synchronised).
-
-        Raises
-        ------
-        ValueError
-            This buffer view is not C-contiguous, or ``out`` does not match.
-        CudaError
-            The copy failed; a kernel's earlier fault surfaces here too.
-        """
-        alloc = self._live()
-        if not self.is_c_contiguous:
-            raise ValueError("copy_to_host() needs a C-contiguous view; copy the contiguous buffer it slices "
-                             "and index the numpy result")
-        if out is None:
-            out = np.empty(self._shape, self._dtype)
-        else:
-            if not isinstance(out, np.ndarray):
-                raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
-            _check_same(out.shape, out.dtype, self._shape, self._dtype, "copy_to_host(out)")
-            if not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError("copy_to_host(out): out must be C-contiguous and writeable")
-        alloc.tracker.before_host_access("copy_to_host")
-        nbytes = self.nbytes
-        if nbytes:
-            handle = stream_handle(stream, what="copy_to_host")
-            with _driver.device_context(alloc.device_id):
-                _driver.call("cuMemcpyDtoHAsync", out.ctypes.data, self.ptr, nbytes, handle,
-                             detail="copying a VMMBuffer to the host")
-                _driver.call("cuStreamSynchronize", handle, detail="waiting for a copy to the host")
-        return out
-
-    def copy_from_host(self, array: Any, stream: StreamLike = 0) -> None:
-        """Copy a host array of the same shape and dtype into this buffer (or view).
-
-        The copy is queued on ``stream`` after device work recorded on the
-        buffer; later host reads wait for it.  Pageable host memory has been
-        read when this returns; a page-locked source must stay unchanged until
-        the copy finishes (``buf.synchronize()``).
-
-        Raises
-        ------
-        ValueError
-            Shape or dtype mismatch, or this view is not C-contiguous.
-        """
-        alloc = self._live()
-        if not self.is_c_contiguous:
-            raise ValueError("copy_from_host() needs a C-contiguous view of the buffer")
-        src = np.ascontiguousarray(array)
-        _check_same(src.shape, src.dtype, self._shape, self._dtype, "copy_from_host")
-        handle = stream_handle(stream, what="copy_from_host")
-        with _driver.device_context(alloc.device_id):
-            alloc.tracker.order_before(handle, "copy_from_host")
-            nbytes = self.nbytes
-            if nbytes:
-                _driver.call("cuMemcpyHtoDAsync", self.ptr, src.ctypes.data, nbytes, handle,
-                             detail="copying host data into a VMMBuffer")
-                alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
 
     def _repr_extra(self) -> str:
         alloc = self._alloc

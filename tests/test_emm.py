@@ -1,0 +1,200 @@
+"""numba's allocations through umem_numba's memory-manager plugin (EMM).
+
+Each GPU test runs in a fresh interpreter with NUMBA_CUDA_MEMORY_MANAGER set,
+since numba picks its memory manager when it creates a context."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import umem_numba as um
+
+
+def _run(code: str, **env: str) -> dict:
+    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba")
+    full.update(env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_KERNELS = """
+import gc, json
+import numpy as np
+import umem_numba as um
+from numba import cuda
+
+@cuda.jit
+def axpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+@cuda.reduce
+def total(a, b):
+    return a + b
+
+mgr = cuda.current_context().memory_manager
+rng = np.random.default_rng()
+x, y = rng.random(100_000), rng.random(100_000)
+s0 = um.stats()["emm"]
+dx, dy = cuda.to_device(x), cuda.to_device(y)
+out = cuda.device_array_like(dx)
+axpy[400, 256](out, 2.5, dx, dy)
+res = out.copy_to_host()
+s1 = um.stats()["emm"]
+red = total(dx)  # the reduction allocates its own temporaries
+s2 = um.stats()["emm"]
+pool = um.stats()["pool"]
+from umem_numba import _driver
+drv = _driver.api().drv
+managed = int(_driver.call("cuPointerGetAttribute",
+              drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED, out.device_ctypes_pointer.value))
+with cuda.defer_cleanup():
+    del dx, dy, out
+    gc.collect()
+    deferred_live = um.stats()["emm"].live_count
+gc.collect()
+cuda.synchronize()
+print(json.dumps({
+    "manager": type(mgr).__name__, "pool_kind": mgr.pool.kind,
+    "ok": bool(np.allclose(res, 2.5 * x + y)), "red_ok": bool(np.isclose(red, x.sum())),
+    "alloc_after_kernels": s1.total_allocations - s0.total_allocations,
+    "alloc_by_reduce": s2.total_allocations - s1.total_allocations,
+    "live_bytes": s1.live_bytes - s0.live_bytes, "pool_used": pool.used_current,
+    "pool_count": pool.pools, "managed": managed,
+    "deferred_live": deferred_live - s0.live_count, "live_end": um.stats()["emm"].live_count - s0.live_count,
+    "info": list(cuda.current_context().get_memory_info()),
+}))
+"""
+
+
+@pytest.mark.gpu
+def test_numba_allocations_go_through_the_device_pool():
+    r = _run(_KERNELS)
+    assert r["manager"] == "UmemNumbaMemoryManager" and r["pool_kind"] == "device"
+    assert r["ok"] and r["red_ok"]
+    assert r["alloc_after_kernels"] >= 3  # to_device x2, device_array_like
+    assert r["alloc_by_reduce"] >= 1
+    assert r["live_bytes"] >= 3 * 100_000 * 8
+    assert r["pool_count"] >= 1 and r["pool_used"] >= 3 * 100_000 * 8
+    assert r["managed"] == 0
+    assert r["deferred_live"] >= 3  # still held inside defer_cleanup()
+    assert r["live_end"] <= 0  # freed once the block ended
+    free, total = r["info"]
+    assert 0 < free <= total
+
+
+@pytest.mark.gpu
+def test_numba_allocations_from_a_managed_pool():
+    from umem_numba._pool import managed_pool_support
+    missing = managed_pool_support()
+    if missing:
+        proc = subprocess.run([sys.executable, "-c", "from numba import cuda; cuda.device_array(4)"],
+                              env=dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba",
+                                       UMEM_NUMBA_EMM_POOL="managed"),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and "managed memory pools need" in proc.stderr
+        pytest.skip(f"managed pools unsupported: {missing}")
+    r = _run(_KERNELS, UMEM_NUMBA_EMM_POOL="managed")
+    assert r["pool_kind"] == "managed" and r["managed"] == 1
+    assert r["ok"] and r["red_ok"] and r["alloc_after_kernels"] >= 3
+
+
+@pytest.mark.gpu
+def test_managed_pool_refuses_ipc_clearly():
+    from umem_numba._pool import managed_pool_support
+    if managed_pool_support():
+        pytest.skip("managed pools unsupported here")
+    r = _run("""
+        import json
+        import numpy as np
+        import umem_numba as um
+        from numba import cuda
+        d = cuda.to_device(np.arange(10.0))
+        try:
+            d.get_ipc_handle()
+        except um.UnsupportedError as exc:
+            print(json.dumps({"err": str(exc)}))
+    """, UMEM_NUMBA_EMM_POOL="managed")
+    assert "cannot export managed pools" in r["err"]
+
+
+@pytest.mark.gpu
+def test_ipc_handle_of_pool_memory_opens_in_a_child_process():
+    code = textwrap.dedent("""
+        import json, sys, multiprocessing as mp, concurrent.futures as cf
+        import numpy as np
+        from numba import cuda
+        sys.path.insert(0, %r)
+        import _emm_ipc_child as child
+
+        if __name__ == "__main__":
+            data = np.random.default_rng().random(1000)
+            d = cuda.to_device(data)
+            h = d.get_ipc_handle()
+            with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+                got = ex.submit(child.read, h).result(timeout=120)
+            print(json.dumps({"same": bool(np.array_equal(got, data)), "kind": type(h._ipc_handle).__name__}))
+    """) % os.path.dirname(os.path.abspath(__file__))
+    r = _run(code)
+    assert r["kind"] == "PoolIpcHandle" and r["same"]
+
+
+@pytest.mark.gpu
+def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
+    r = _run("""
+        import json
+        import numpy as np
+        import umem_numba as um
+        from numba import cuda
+        cuda.current_context()  # numba's own manager (the env var is unset here)
+        try:
+            cuda.set_memory_manager(um.UmemNumbaMemoryManager)
+        except RuntimeError as exc:
+            err = str(exc)
+        cuda.close()  # no context any more: now it can be selected
+        cuda.set_memory_manager(um.UmemNumbaMemoryManager)
+        before = um.stats()["emm"].total_allocations
+        d = cuda.to_device(np.arange(5.0))
+        print(json.dumps({"err": err, "name": type(cuda.current_context().memory_manager).__name__,
+                          "counted": um.stats()["emm"].total_allocations - before,
+                          "ok": d.copy_to_host().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]}))
+    """, NUMBA_CUDA_MEMORY_MANAGER="default")
+    assert "before numba creates a CUDA context" in r["err"] and "device 0 already has one" in r["err"]
+    assert r["name"] == "UmemNumbaMemoryManager" and r["counted"] == 1 and r["ok"]
+
+
+# ---------------------------------------------------------------------------
+# CPU
+
+
+def test_plugin_is_what_numba_loads_and_checks_its_setting():
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import umem_numba, umem_numba._emm as e
+        from numba.cuda.cudadrv import driver
+        assert umem_numba._numba_memory_manager is e.UmemNumbaMemoryManager
+        assert issubclass(e.UmemNumbaMemoryManager, driver.BaseCUDAMemoryManager)
+        assert e.UmemNumbaMemoryManager(context=None).interface_version == 1
+        print("ok")
+    """)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", "import umem_numba._emm"],
+                          env=dict(os.environ, UMEM_NUMBA_EMM_POOL="pinned"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "UMEM_NUMBA_EMM_POOL must be 'device' or 'managed'" in proc.stderr
+
+
+def test_importing_umem_numba_does_not_import_numba_cuda():
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys, umem_numba; print('numba.cuda' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
+    assert hasattr(um, "UmemNumbaMemoryManager")

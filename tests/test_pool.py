@@ -1,0 +1,283 @@
+"""Memory pools: buffers from managed and device pools used by kernels, memory back to
+the pool then to the driver on trim, no leak over 100k cycles, stream-ordered free
+and reuse across streams, out of memory, hints and prefetch on pool memory.
+CPU tests at the end: argument validation before any driver call."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import umem_numba as um
+from umem_numba import _driver
+from helpers import random_array
+
+MiB = 1 << 20
+
+
+def _managed_pool_or_skip(**kw):
+    from umem_numba._pool import managed_pool_support
+    missing = managed_pool_support()
+    if missing:
+        with pytest.raises(um.UnsupportedError, match="managed memory pools need"):
+            um.MemoryPool("managed", **kw)
+        pytest.skip(f"managed pools unsupported here (the error says so): {missing}")
+    return um.MemoryPool("managed", **kw)
+
+
+def _pool(kind, **kw):
+    return _managed_pool_or_skip(**kw) if kind == "managed" else um.MemoryPool("device", **kw)
+
+
+def _buffer(kind, pool, shape, dtype, stream):
+    cls = um.ManagedBuffer if kind == "managed" else um.DeviceBuffer
+    return cls.empty(shape, dtype, pool=pool, stream=stream)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from numba import cuda
+
+    @cuda.jit
+    def affine(a, s, c):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = a[i] * s + c
+
+    @cuda.jit
+    def sleep_then_fill(a, value, ms):
+        for _ in range(ms):
+            cuda.nanosleep(1_000_000)
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = value
+
+    return um.coherent(affine), um.coherent(sleep_then_fill)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["managed", "device"])
+def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
+    from numba import cuda
+    affine, _ = kernels
+    pool = _pool(kind)
+    s = cuda.stream()
+    data = random_array(rng, (1000, 33), np.float32)
+    cls = um.ManagedBuffer if kind == "managed" else um.DeviceBuffer
+    live = um.stats()[kind].live_count
+    buf = cls.from_array(data, pool=pool, stream=s)
+    assert um.stats()[kind].live_count == live + 1
+    flat = buf.reshape(-1)
+    affine[64, 1024, s](flat, 3.0, 1.0)
+    np.testing.assert_allclose(buf.copy_to_host(stream=s), data * 3 + 1, rtol=1e-6)
+    if kind == "managed":
+        np.testing.assert_allclose(buf.host, data * 3 + 1, rtol=1e-6)
+    else:
+        with pytest.raises(um.UnsupportedError, match="copy_to_host"):
+            buf.host
+    st = pool.statistics()
+    assert st.used_current >= data.nbytes and st.reserved_current >= st.used_current
+    total = um.stats()["pool"]
+    assert total.pools >= 1 and total.used_current >= data.nbytes
+    buf.close()
+    s.synchronize()
+    assert pool.statistics().used_current == 0
+    assert um.stats()[kind].live_count == live
+    pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["managed", "device"])
+def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memory):
+    from numba import cuda
+    pool = _pool(kind)
+    assert pool.release_threshold == (1 << 64) - 1  # keep everything until trim()
+    pool.release_threshold = 64 * MiB
+    assert pool.release_threshold == 64 * MiB
+    pool.release_threshold = (1 << 64) - 1
+    free0, _ = _driver.mem_get_info()
+    s = cuda.stream()
+    bufs = [_buffer(kind, pool, 64 * MiB, np.uint8, s) for _ in range(4)]
+    for b in bufs:  # touch them on the device: physical memory backs them now
+        b.copy_from_host(np.ones(64 * MiB, np.uint8), stream=s)
+    s.synchronize()
+    st = pool.statistics()
+    assert st.used_current == 256 * MiB and st.reserved_current >= 256 * MiB
+    if kind == "device":
+        assert free0 - _driver.mem_get_info()[0] >= 256 * MiB
+    for b in bufs:
+        b.close()
+    s.synchronize()
+    st = pool.statistics()
+    assert st.used_current == 0 and st.reserved_current >= 256 * MiB  # back in the pool, not the driver
+    assert st.used_high >= 256 * MiB
+    pool.trim(0)
+    st = pool.statistics()
+    assert st.reserved_current == 0, st
+    assert _driver.mem_get_info()[0] >= free0 - 8 * MiB  # and back to the driver
+    pool.reset_high()
+    assert pool.statistics().used_high == 0
+    pool.close()
+    device_memory()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["managed", "device"])
+def test_no_leak_after_100k_cycles(kind, device_memory):
+    from numba import cuda
+    pool = _pool(kind)
+    s = cuda.stream()
+    for _ in range(50_000):  # raw pool interface
+        pool.free(pool.allocate(MiB, s), s)
+    for _ in range(50_000):  # buffers: stream-ordered close
+        _buffer(kind, pool, MiB, np.uint8, s).close()
+    gc.collect()
+    s.synchronize()
+    st = pool.statistics()
+    assert st.used_current == 0
+    assert st.reserved_high <= 64 * MiB, f"the pool kept growing: {st}"  # memory was reused
+    pool.trim(0)
+    assert pool.statistics().reserved_current == 0
+    pool.close()
+    device_memory()
+
+
+@pytest.mark.gpu
+def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
+    from numba import cuda
+    _, sleep_then_fill = kernels
+    pool = um.MemoryPool("device")
+    s1, s2 = cuda.stream(), cuda.stream()
+    n = 1 << 18
+    a = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
+    sleep_then_fill[n // 256, 256, s1](a, 1.0, 100)  # writes a after ~100 ms
+    done = cuda.event()
+    done.record(s1)
+    a_ptr = a.ptr
+    a.close()  # queued on s1 after the kernel: no host wait
+    assert not done.query(), "close() waited for the kernel on the host"
+    b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)
+    sleep_then_fill[n // 256, 256, s2](b, 2.0, 0)
+    cuda.synchronize()  # both kernels are over: an unordered reuse would show 1.0 in b
+    np.testing.assert_array_equal(b.copy_to_host(), np.full(n, 2.0, np.float32))
+    print("reused a's memory:", b.ptr == a_ptr)
+    b.close()
+    pool.close()
+
+
+@pytest.mark.gpu
+def test_free_waits_for_work_on_every_stream(kernels):
+    from numba import cuda
+    _, sleep_then_fill = kernels
+    pool = um.MemoryPool("device")
+    s1, s2 = cuda.stream(), cuda.stream()
+    n = 1 << 16
+    a = um.DeviceBuffer.zeros(n, np.float32, pool=pool, stream=s1)
+    s1.synchronize()  # the allocation is complete: another stream may use it
+    sleep_then_fill[n // 256, 256, s2](a, 5.0, 100)  # recorded on s2
+    a.close()  # on s2, the stream of the last recorded work, with no host wait
+    b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
+    sleep_then_fill[n // 256, 256, s1](b, 7.0, 0)
+    cuda.synchronize()
+    np.testing.assert_array_equal(b.copy_to_host(), np.full(n, 7.0, np.float32))
+    b.close()
+    pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["managed", "device"])
+def test_out_of_memory_is_clear_and_the_pool_stays_usable(kind, rng):
+    from numba import cuda
+    pool = _pool(kind)
+    _, total = _driver.mem_get_info()
+    with pytest.raises(um.OutOfMemoryError, match=f"{kind} pool"):
+        _buffer(kind, pool, 1 << 52, np.uint8, 0)
+    if kind == "device":  # a real driver OOM: fill the device from the pool
+        chunk = 4 << 30
+        held = []
+        with pytest.raises(um.OutOfMemoryError, match="memory pool"):
+            for _ in range(total // chunk + 2):
+                held.append(pool.allocate(chunk))
+        for p in held:
+            pool.free(p)
+        cuda.synchronize()
+        pool.trim(0)
+    data = random_array(rng, 4096, np.float64)
+    cls = um.ManagedBuffer if kind == "managed" else um.DeviceBuffer
+    buf = cls.from_array(data, pool=pool)
+    np.testing.assert_array_equal(buf.copy_to_host(), data)
+    buf.close()
+    pool.close()
+
+
+@pytest.mark.gpu
+def test_hints_and_prefetch_on_managed_pool_memory(kernels, rng):
+    from numba import cuda
+    affine, _ = kernels
+    pool = _managed_pool_or_skip()
+    s = cuda.stream()
+    data = random_array(rng, 1 << 20, np.float32)
+    buf = um.ManagedBuffer.from_array(data, pool=pool, stream=s)
+    dev = um.Location.device(buf.device_id)
+    h = buf.hints
+    h.set_read_mostly()
+    h.set_accessed_by(dev)
+    h.set_preferred_location("cpu")
+    assert h.read_mostly and dev in h.accessed_by and h.preferred_location == um.HOST
+    buf.prefetch(dev, stream=s)
+    buf.synchronize()
+    assert h.last_prefetch_location == dev
+    affine[1024, 1024, s](buf, 2.0, 0.5)
+    buf.prefetch("cpu", stream=s)
+    buf.synchronize()
+    assert h.last_prefetch_location == um.HOST
+    np.testing.assert_allclose(buf.host, data * 2 + 0.5, rtol=1e-6)
+    buf.apply_policy(um.MigrationPolicy.DEFAULT)
+    assert not h.read_mostly and h.preferred_location is None
+    buf.close()
+    pool.close()
+
+
+@pytest.mark.gpu
+def test_pool_argument_checks_on_the_gpu():
+    dpool = um.MemoryPool("device")
+    with pytest.raises(ValueError, match="'device' pool; it makes DeviceBuffers"):
+        um.ManagedBuffer.empty(4, pool=dpool)
+    with pytest.raises(TypeError, match="MemoryPool"):
+        um.DeviceBuffer.empty(4, pool="pool")
+    z = um.DeviceBuffer.empty((0, 3), pool=dpool)
+    assert z.copy_to_host().shape == (0, 3)
+    with pytest.raises(ValueError, match="nbytes must be positive"):
+        dpool.allocate(0)
+    dpool.close()
+    with pytest.raises(ValueError, match="closed"):
+        um.DeviceBuffer.empty(4, pool=dpool)
+    dpool.close()  # twice is fine
+    assert "closed" in repr(dpool)
+
+
+# ---------------------------------------------------------------------------
+# CPU: validation before any driver call
+
+
+def test_pool_arguments_are_checked_before_the_driver():
+    with pytest.raises(ValueError, match="'managed' or 'device'"):
+        um.MemoryPool("pinned")
+    with pytest.raises(ValueError, match="release_threshold must be >= 0"):
+        um.MemoryPool("device", release_threshold=-1)
+    with pytest.raises(TypeError, match="release_threshold must be an int"):
+        um.MemoryPool("device", release_threshold=1.5)
+    with pytest.raises(TypeError, match="not a bool"):
+        um.MemoryPool("device", release_threshold=True)
+    with pytest.raises(um.UnsupportedError, match="managed memory pool cannot be exported"):
+        um.MemoryPool("managed", exportable=True)
+    with pytest.raises(ValueError, match="MemoryPool: this needs a device .* not the host"):
+        um.MemoryPool("device", device="cpu")
+
+
+def test_pool_stats_without_pools_need_no_gpu():
+    st = um.stats()
+    assert set(st) >= {"managed", "pinned", "vmm", "device", "emm", "pool"}
+    assert isinstance(st["pool"], um.PoolStats)

@@ -1,0 +1,238 @@
+"""Copy benchmark: ``python -m umem_numba bench copy [--json PATH] [--size-gib N] [--quick]``.
+
+One run, one size (1 GiB by default), on one stream; every figure is the median
+of the repetitions (host wall time around a synchronise), warmed up first, and
+every ratio compares figures of this run:
+
+1. device-resident managed -> :class:`PinnedBuffer` (``copy_to_host(out=pinned)``)
+   vs numba's ``DeviceNDArray.copy_to_host(pinned_array)``: goal >= 0.9x;
+2. device-resident managed -> a new numpy array, by the driver path
+   (``staging=False``) and by pinned staging (``staging=True``), vs numba's
+   ``DeviceNDArray.copy_to_host()``: goal >= 0.9x for the path ``staging=None``
+   picks (the report says which path measured faster: that is the default to keep);
+3. numpy -> managed then a kernel (``copy_from_host`` both ways) vs the pinned
+   host-to-device path (``DeviceNDArray.copy_to_device(pinned)`` then the same
+   kernel): goal >= 0.9x; numba's pageable ``copy_to_device(numpy)`` is shown too;
+4. a kernel writing straight into host-resident managed memory under the
+   ``HOST_MAPPED`` policy vs a kernel on device-resident memory plus a copy back
+   into pinned memory (no goal: where each wins).
+
+The benchmark needs about three times the size in free device memory and
+refuses otherwise (managed memory is never oversubscribed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import _copy, _driver
+from .._errors import CudaUnavailableError
+from ._common import device_name, goal_text, print_table, write_json
+
+_GIB = 1 << 30
+_HEADROOM = 1 << 30
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m umem_numba bench copy",
+                                description="Copy paths: managed/pinned/numpy vs numba's DeviceNDArray copies.")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--size-gib", type=float, default=1.0, metavar="N", help="bytes copied, in GiB (default 1)")
+    p.add_argument("--reps", type=int, default=7, help="repetitions per figure (median; default 7)")
+    p.add_argument("--quick", action="store_true", help="3 repetitions (a smoke run)")
+    args = p.parse_args(argv)
+    if not args.size_gib > 0:
+        p.error(f"--size-gib must be positive, got {args.size_gib}")
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    if args.quick:
+        args.reps = 3
+    return args
+
+
+def _median(reps: int, run: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
+    from numba import cuda
+    if setup:
+        setup()
+    run()  # warm-up
+    cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if setup:
+            setup()
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    try:
+        _driver.api()
+    except CudaUnavailableError as exc:
+        print(f"bench copy: {exc}", file=sys.stderr)
+        return 2
+    from numba import cuda
+
+    import umem_numba as um
+
+    nbytes = int(args.size_gib * _GIB) // 4 * 4
+    n = nbytes // 4
+    free, _total = _driver.mem_get_info()
+    need = 3 * nbytes + _HEADROOM
+    if free < need:
+        print(f"bench copy: needs {need / _GIB:.1f} GiB free device memory, has {free / _GIB:.1f}; "
+              "use a smaller --size-gib", file=sys.stderr)
+        return 2
+
+    @cuda.jit
+    def fill(a, s):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = i * 0.5 + s
+
+    @cuda.jit
+    def scale(a, s):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = a[i] * s
+
+    threads = 256
+    blocks = (n + threads - 1) // threads
+    dev = _driver.ensure_context()
+    gbps = lambda t: nbytes / t / 1e9  # noqa: E731
+    rows: list[list[Any]] = []
+    results: dict[str, Any] = {"device": device_name(), "bytes": nbytes, "reps": args.reps,
+                               "stage_to_host_default": _copy.STAGE_TO_HOST,
+                               "stage_from_host_default": _copy.STAGE_FROM_HOST}
+
+    expect = np.arange(n, dtype=np.float32) * np.float32(0.5) + np.float32(1.0)
+
+    # -- sources: device-resident managed and a numba device array, same values
+    m = um.ManagedBuffer.empty(n, np.float32)
+    m.prefetch(dev)
+    um.launch(fill, blocks, threads, m, 1.0)
+    d = cuda.device_array(n, np.float32)
+    fill[blocks, threads](d, 1.0)
+    cuda.synchronize()
+
+    # 1. -> pinned
+    pin = um.PinnedBuffer.empty(n, np.float32)
+    nb_pin = cuda.pinned_array(n, np.float32)
+    t_ours = _median(args.reps, lambda: (m.copy_to_host(pin), pin.synchronize()))
+    t_nb = _median(args.reps, lambda: d.copy_to_host(nb_pin))
+    assert np.array_equal(pin.host, expect) and np.array_equal(nb_pin, expect)
+    r1 = t_nb / t_ours
+    rows.append(["managed -> PinnedBuffer", f"{gbps(t_ours):.1f}", f"numba DtoH pinned {gbps(t_nb):.1f}",
+                 f"{r1:.2f}x", goal_text(r1, 0.9)])
+    results["to_pinned"] = {"ours_s": t_ours, "numba_s": t_nb, "ratio": r1, "goal": 0.9}
+
+    # 2. -> new numpy
+    t_direct = _median(args.reps, lambda: m.copy_to_host(staging=False))
+    t_staged = _median(args.reps, lambda: m.copy_to_host(staging=True))
+    t_nb = _median(args.reps, lambda: d.copy_to_host())
+    assert np.array_equal(m.copy_to_host(staging=True), expect)
+    assert np.array_equal(m.copy_to_host(staging=False), expect)
+    t_auto = t_staged if _copy.STAGE_TO_HOST else t_direct
+    r2 = t_nb / t_auto
+    faster = "staged" if t_staged < t_direct else "direct"
+    rows.append(["managed -> new numpy (driver path)", f"{gbps(t_direct):.1f}",
+                 f"numba copy_to_host() {gbps(t_nb):.1f}", f"{t_nb / t_direct:.2f}x", ""])
+    rows.append(["managed -> new numpy (pinned staging)", f"{gbps(t_staged):.1f}", "",
+                 f"{t_nb / t_staged:.2f}x", ""])
+    rows.append([f"  default path ({'staged' if _copy.STAGE_TO_HOST else 'direct'}); faster: {faster}",
+                 f"{gbps(t_auto):.1f}", "", f"{r2:.2f}x", goal_text(r2, 0.9)])
+    results["to_new_numpy"] = {"direct_s": t_direct, "staged_s": t_staged, "numba_s": t_nb, "ratio": r2,
+                               "goal": 0.9, "faster_path": faster}
+
+    # 3. numpy -> managed, then a kernel
+    host = np.random.default_rng().random(n, dtype=np.float32)
+    m2 = um.ManagedBuffer.empty(n, np.float32)
+    d2 = cuda.device_array(n, np.float32)
+    hp = cuda.pinned_array(n, np.float32)
+    hp[:] = host
+    s = cuda.stream()
+
+    def ours(staging: bool) -> Callable[[], None]:
+        def run() -> None:
+            m2.copy_from_host(host, stream=s, staging=staging)
+            um.launch(scale, blocks, threads, m2, 2.0, stream=s)
+            s.synchronize()
+        return run
+
+    def nb_pinned() -> None:
+        d2.copy_to_device(hp, stream=s)
+        scale[blocks, threads, s](d2, 2.0)
+        s.synchronize()
+
+    def nb_pageable() -> None:
+        d2.copy_to_device(host, stream=s)
+        scale[blocks, threads, s](d2, 2.0)
+        s.synchronize()
+
+    t_direct = _median(args.reps, ours(False))
+    t_staged = _median(args.reps, ours(True))
+    t_pin = _median(args.reps, nb_pinned)
+    t_page = _median(args.reps, nb_pageable)
+    assert np.array_equal(m2.copy_to_host(), host * 2) and np.array_equal(d2.copy_to_host(), host * 2)
+
+    def fresh() -> None:
+        b = um.ManagedBuffer.empty(n, np.float32)
+        b.copy_from_host(host, stream=s)
+        um.launch(scale, blocks, threads, b, 2.0, stream=s)
+        s.synchronize()
+        b.close()
+
+    t_fresh = _median(args.reps, fresh)
+    t_auto = t_staged if _copy.STAGE_FROM_HOST else t_direct
+    r3 = t_pin / t_auto
+    faster3 = "staged" if t_staged < t_direct else "direct"
+    rows.append(["numpy -> managed + kernel (driver path)", f"{gbps(t_direct):.1f}",
+                 f"pinned H2D + kernel {gbps(t_pin):.1f}", f"{t_pin / t_direct:.2f}x", ""])
+    rows.append(["numpy -> managed + kernel (pinned staging)", f"{gbps(t_staged):.1f}", "",
+                 f"{t_pin / t_staged:.2f}x", ""])
+    rows.append([f"  default path ({'staged' if _copy.STAGE_FROM_HOST else 'direct'}); faster: {faster3}",
+                 f"{gbps(t_auto):.1f}", f"numba pageable H2D + kernel {gbps(t_page):.1f}", f"{r3:.2f}x",
+                 goal_text(r3, 0.9)])
+    rows.append(["numpy -> new managed buffer + kernel", f"{gbps(t_fresh):.1f}", "", f"{t_pin / t_fresh:.2f}x", ""])
+    results["from_numpy_then_kernel"] = {"direct_s": t_direct, "staged_s": t_staged, "numba_pinned_s": t_pin,
+                                         "numba_pageable_s": t_page, "fresh_buffer_s": t_fresh, "ratio": r3,
+                                         "goal": 0.9, "faster_path": faster3}
+
+    # 4. kernel into HOST_MAPPED memory vs device-resident + copy back
+    hm = um.ManagedBuffer.empty(n, np.float32)
+    hm.apply_policy(um.MigrationPolicy("host_mapped", device=dev))
+    hm.prefetch("cpu")
+    hm.synchronize()
+
+    def host_mapped() -> None:
+        um.launch(fill, blocks, threads, hm, 1.0)
+        hm.synchronize()
+
+    def device_then_copy() -> None:
+        um.launch(fill, blocks, threads, m, 1.0)
+        m.copy_to_host(pin)
+        pin.synchronize()
+
+    t_hm = _median(args.reps, host_mapped)
+    t_dc = _median(args.reps, device_then_copy)
+    assert np.array_equal(hm.host, expect) and np.array_equal(pin.host, expect)
+    rows.append(["kernel -> HOST_MAPPED managed", f"{gbps(t_hm):.1f}",
+                 f"kernel on device + copy to pinned {gbps(t_dc):.1f}", f"{t_dc / t_hm:.2f}x", "(no goal)"])
+    results["host_mapped"] = {"host_mapped_s": t_hm, "device_plus_copy_s": t_dc, "ratio": t_dc / t_hm}
+
+    print(f"bench copy on {results['device']}: {nbytes / _GIB:.2f} GiB, median of {args.reps}")
+    print_table(rows, ["path", "GB/s", "reference GB/s", "ratio (ref time / ours)", "goal >= 0.9x"])
+    for obj in (m, m2, hm, pin):
+        obj.close()
+    write_json(args.json, results)
+    return 0

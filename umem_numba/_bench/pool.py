@@ -1,0 +1,129 @@
+"""Pool benchmark: ``python -m umem_numba bench pool [--json PATH] [--iterations N] [--quick]``.
+
+Allocate and free 1 MiB in a loop, per cycle, best of three batches (host time,
+synchronised after each batch), same run for every row:
+
+* umem_numba pools, raw (``MemoryPool.allocate`` / ``free``) and as buffers
+  (``ManagedBuffer.empty(pool=...)`` / ``DeviceBuffer.empty`` then ``close``),
+  managed and device: goal <= 2 µs per cycle;
+* ``cuMemAllocManaged`` + ``cuMemFree`` (the driver, no Python layer above the
+  binding), ``ManagedBuffer.empty`` without a pool, numba's ``managed_array``;
+* CuPy's managed-memory pool where CuPy is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import _driver
+from .._errors import CudaUnavailableError, UnsupportedError
+from ._common import device_name, goal_text, print_table, wall_timer_us, write_json
+
+_SIZE = 1 << 20
+_GOAL_US = 2.0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m umem_numba bench pool",
+                                description="Allocate+free 1 MiB: umem pools vs cuMemAllocManaged vs CuPy's pool.")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--iterations", type=int, default=20_000, help="cycles per batch (default 20000)")
+    p.add_argument("--quick", action="store_true", help="2000 cycles per batch")
+    args = p.parse_args(argv)
+    if args.iterations < 1:
+        p.error("--iterations must be >= 1")
+    if args.quick:
+        args.iterations = 2000
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    try:
+        _driver.api()
+    except CudaUnavailableError as exc:
+        print(f"bench pool: {exc}", file=sys.stderr)
+        return 2
+    from numba import cuda
+
+    import umem_numba as um
+
+    _driver.ensure_context()
+    s = cuda.stream()
+    h = int(s.handle)
+    drv = _driver.api().drv
+    n = args.iterations
+    cases: list[tuple[str, Callable[[], Any] | str, bool]] = []
+
+    pools: dict[str, Any] = {}
+    for kind in ("managed", "device"):
+        try:
+            pools[kind] = um.MemoryPool(kind)
+        except UnsupportedError as exc:
+            pools[kind] = str(exc)
+
+    def raw(pool: Any) -> Callable[[], None]:
+        alloc, free = pool.allocate, pool.free
+
+        def cycle() -> None:
+            free(alloc(_SIZE, h), h)
+        return cycle
+
+    def managed_buf(pool: Any) -> Callable[[], None]:
+        return lambda: um.ManagedBuffer.empty(_SIZE, np.uint8, pool=pool, stream=s).close()
+
+    def device_buf(pool: Any) -> Callable[[], None]:
+        return lambda: um.DeviceBuffer.empty(_SIZE, np.uint8, pool=pool, stream=s).close()
+
+    for kind, make_buf in (("managed", managed_buf), ("device", device_buf)):
+        pool = pools[kind]
+        if isinstance(pool, str):
+            cases.append((f"umem {kind} pool (raw)", pool, True))
+            cases.append((f"umem {kind} pool (buffer)", pool, True))
+        else:
+            cases.append((f"umem {kind} pool (raw allocate/free)", raw(pool), True))
+            cases.append((f"umem {kind} pool ({'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}"
+                          ".empty + close)", make_buf(pool), True))
+
+    def driver_managed() -> None:
+        err, ptr = drv.cuMemAllocManaged(_SIZE, 1)
+        drv.cuMemFree(ptr)
+
+    cases.append(("cuMemAllocManaged + cuMemFree", driver_managed, False))
+    cases.append(("ManagedBuffer.empty + close (no pool)",
+                  lambda: um.ManagedBuffer.empty(_SIZE, np.uint8).close(), False))
+    cases.append(("numba cuda.managed_array", lambda: cuda.managed_array(_SIZE, np.uint8), False))
+    try:
+        import cupy
+        cp_pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+
+        def cupy_cycle() -> None:
+            cp_pool.malloc(_SIZE)  # back to the pool when the pointer is dropped
+        cases.append(("CuPy managed MemoryPool", cupy_cycle, False))
+    except Exception as exc:  # not installed, or no CUDA for it
+        cases.append(("CuPy managed MemoryPool", f"not importable: {type(exc).__name__}: {exc}", False))
+
+    rows, results = [], {"device": device_name(), "bytes": _SIZE, "iterations": n, "goal_us": _GOAL_US, "cases": {}}
+    for name, fn, has_goal in cases:
+        if isinstance(fn, str):
+            rows.append([name, "-", fn])
+            results["cases"][name] = {"skipped": fn}
+            continue
+        us = wall_timer_us(fn, n)
+        verdict = goal_text(us, _GOAL_US, higher_is_better=False) if has_goal else ""
+        rows.append([name, f"{us:.2f}", verdict])
+        results["cases"][name] = {"us_per_cycle": us, "goal": has_goal, "met": verdict == "met" if has_goal else None}
+    s.synchronize()
+    for pool in pools.values():
+        if not isinstance(pool, str):
+            st = pool.statistics()
+            results["cases"].setdefault("pool_stats", {})[pool.kind] = st.__dict__
+            pool.close()
+    print(f"bench pool on {results['device']}: allocate + free {_SIZE >> 20} MiB, best of 3 batches of {n}")
+    print_table(rows, ["allocator", "µs per cycle", f"goal <= {_GOAL_US} µs"])
+    write_json(args.json, results)
+    return 0

@@ -1,0 +1,487 @@
+"""The copy layer: every copy between host, buffers and numba device arrays.
+
+One set of rules for every buffer kind (managed, pinned, VMM, pool device
+memory) and for any object with ``__cuda_array_interface__`` (numba's
+``DeviceNDArray``, CuPy arrays):
+
+* **DMA whenever a device may hold the data.**  Copies out of (or into)
+  managed, VMM and device memory use ``cuMemcpyAsync``: managed memory is a
+  valid operand, and its pages that sit on a device are read by the copy
+  engine at bus speed instead of being faulted back page by page.  Pinned
+  memory that no device holds is copied by the host when the other side is a
+  numpy array.
+* **Asynchronous on the stream, ordered by coherence on both sides.**  Before
+  the copy the stream waits (on the device) for work recorded on either
+  operand on other streams; afterwards one event is recorded and filed under
+  both operands, so host access to either waits for the copy, and a later
+  launch on another stream is ordered after it.  A numba array that names a
+  stream in its CUDA Array Interface is synchronised with as the interface
+  asks.
+* **Synchronous where numpy receives the result.**  ``copy_to_host`` into a
+  numpy array returns after the data is there; ``copy_from_host`` from a
+  numpy array returns once the source has been read (pageable memory) and
+  leaves the device side pending.
+* **Contiguity.**  Both sides of a DMA copy must be C-contiguous; a strided
+  *numpy* source is made contiguous on the host first, and a strided view of a
+  host-accessible buffer (managed, pinned) is read on the host by
+  ``copy_to_host``.  Any other strided operand is refused with a
+  ``ValueError`` that says so: copy the contiguous buffer it slices and index
+  the result (copying element by element over the bus would be slower than
+  that).
+
+Staging
+-------
+A copy between device memory and *pageable* numpy memory can go two ways:
+straight to the driver (which stages internally, as numba's
+``DeviceNDArray.copy_to_host`` does), or through a reusable pinned staging
+buffer in chunks with the host copy overlapped with the DMA of the next
+chunk.  ``staging=None`` picks the path measured faster on the benchmark
+machine (see ``python -m umem_numba bench copy``); ``False`` forces the driver
+path, ``True`` the internal staging buffer, and a :class:`PinnedBuffer` uses
+that buffer as the staging area.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import _driver, _events, _layout
+from ._lifetime import Allocation, DriverMemory
+from ._location import Location, StreamLike, stream_handle
+from ._tracker import Tracker
+
+__all__ = ["copy"]
+
+#: Auto choice for pageable numpy destinations (device -> host).  The driver's
+#: own path is numba's; the staged path is kept selectable with staging=True.
+STAGE_TO_HOST = False
+#: Auto choice for pageable numpy sources (host -> device).
+STAGE_FROM_HOST = False
+#: Size of one staging chunk; the internal staging buffer holds two.
+CHUNK_BYTES = 32 << 20
+
+DEVICE_KINDS = frozenset({"managed", "vmm", "device"})
+
+
+# ---------------------------------------------------------------------------
+# Coherence hooks: the only place this module talks to a Tracker (the lead
+# renames them to before_device_use / after_device_use).
+
+
+def _before(tracker: Tracker, handle: int, what: str, write: bool) -> None:
+    tracker.order_before(handle, what)
+
+
+def _after(trackers: list[Tracker], handle: int, device_id: int) -> _events.Event:
+    event = _events.record(handle, device_id)
+    for t in trackers:
+        t.add(handle, event)
+    return event
+
+
+# ---------------------------------------------------------------------------
+# Operands
+
+
+@dataclass
+class Side:
+    """One operand of a copy, resolved to what the driver needs.
+
+    A umem_numba buffer describes itself with ``buf._copy_side()``; this
+    module never imports the buffer classes (it sits below them).
+    """
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    contiguous: bool
+    tracker: Tracker | None = None
+    device_id: int | None = None
+    on_device: bool = True          # a device may hold the data (DMA needed)
+    cai_stream: int | None = None   # stream named by a CUDA Array Interface
+    kind: str = ""                  # the allocation's kind ("managed", "pinned", ...); "" if foreign
+    host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def _side_of(obj: Any) -> Side | None:
+    """The side of a umem_numba buffer (``None`` for anything else)."""
+    describe = getattr(obj, "_copy_side", None)
+    return describe() if describe is not None else None
+
+
+def _from_cai(obj: Any, what: str, role: str) -> Side:
+    try:
+        iface = obj.__cuda_array_interface__
+    except AttributeError:
+        iface = None
+    if not isinstance(iface, dict):
+        hint = (" (use copy_to_host / copy_from_host for numpy arrays)"
+                if isinstance(obj, np.ndarray) else "")
+        raise TypeError(f"{what}: the {role} must be a numba device array or a umem_numba buffer, "
+                        f"got {type(obj).__name__}{hint}")
+    info = _layout.cuda_array_info(obj, what)
+    shape, dtype = info.shape, info.dtype
+    contiguous = info.is_c_contiguous
+    if iface["data"][1] and role == "destination":
+        raise ValueError(f"{what}: the destination device array is read-only")
+    stream = iface.get("stream")
+    return Side(info.ptr, shape, dtype, contiguous, cai_stream=None if stream is None else int(stream))
+
+
+def _resolve(obj: Any, what: str, role: str) -> Side:
+    side = _side_of(obj)
+    return side if side is not None else _from_cai(obj, what, role)
+
+
+def _check_match(dst: Side, src: Side, what: str) -> None:
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} "
+                         "(source vs destination)")
+
+
+def _check_contiguous(side: Side, what: str, role: str) -> None:
+    if not side.contiguous:
+        raise ValueError(f"{what}: the {role} must be C-contiguous (a strided view cannot be copied by "
+                         "DMA); copy the contiguous array it slices and index the result")
+
+
+def _issue_context(*sides: Side) -> int | None:
+    """The device whose context issues a copy on the default stream: a device-side operand's."""
+    for s in sides:
+        if s.tracker is not None and s.on_device and s.device_id is not None:
+            return s.device_id
+    for s in sides:
+        if s.device_id is not None:
+            return s.device_id
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The one DMA primitive
+
+
+def _dma(dst: Side, src: Side, handle: int, what: str, *, sync: bool,
+         extra_dst: int | None = None, extra_src: int | None = None) -> _events.Event | None:
+    """Queue ``src -> dst`` (whole operands) on ``handle`` with coherence on both sides.
+
+    ``extra_*`` are raw pointers standing in for a side's pointer (staging).
+    Returns the recorded event (``None`` for an empty copy).  Must run with the
+    stream's context current.
+    """
+    nbytes = src.nbytes
+    trackers = [s.tracker for s in (dst, src) if s.tracker is not None]
+    if dst.tracker is not None:
+        _before(dst.tracker, handle, what, True)
+    if src.tracker is not None:
+        _before(src.tracker, handle, what, False)
+    if not nbytes:
+        return None
+    device_id = _driver.ensure_context()
+    for side in (dst, src):
+        s = side.cai_stream
+        if s is not None and s != handle:
+            ev = _events.record(s, device_id)
+            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0, detail=f"{what}: ordering after the "
+                         "stream named by a CUDA Array Interface")
+    _driver.call("cuMemcpyAsync", dst.ptr if extra_dst is None else extra_dst,
+                 src.ptr if extra_src is None else extra_src, nbytes, handle, detail=what)
+    event = _after(trackers, handle, device_id)
+    if sync:
+        event.synchronize()
+    return event
+
+
+def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
+    """Copy ``src`` into ``dst``, asynchronously on ``stream`` (``cuMemcpyAsync``).
+
+    Parameters
+    ----------
+    dst, src : umem_numba buffer or device array
+        Any umem_numba buffer (managed, pinned, VMM, pool device memory, views
+        included) or an object with ``__cuda_array_interface__`` (numba's
+        ``DeviceNDArray``, CuPy arrays).  Same shape and dtype, both
+        C-contiguous.  Pinned buffers need no DEVICEMAP flag here.
+    stream : numba stream, 0 or None
+        The stream the copy is queued on (``None``/``0``: the legacy default
+        stream of the device that owns a buffer operand).
+
+    Raises
+    ------
+    TypeError
+        An operand is neither a buffer nor a device array (numpy arrays go
+        through :meth:`~umem_numba.ManagedBuffer.copy_to_host` and
+        ``copy_from_host``).
+    ValueError
+        Shapes or dtypes differ, or an operand is not C-contiguous.
+    BufferClosedError
+        An operand buffer is closed.
+
+    Notes
+    -----
+    Nothing waits on the host: work already recorded on either buffer (on
+    other streams) is ordered before the copy on the device, and host access
+    to either buffer afterwards waits for the copy.  Plain numba arrays carry
+    no such record: order work on them yourself (same stream, or a
+    synchronize), as with any numba copy.
+    """
+    what = "copy"
+    d = _resolve(dst, what, "destination")
+    s = _resolve(src, what, "source")
+    _check_match(d, s, what)
+    _check_contiguous(d, what, "destination")
+    _check_contiguous(s, what, "source")
+    n = s.nbytes
+    if n and d.ptr < s.ptr + n and s.ptr < d.ptr + n:
+        raise ValueError(f"{what}: source and destination overlap in memory")
+    _copy_sides(d, s, stream, what, sync=False)
+
+
+def _copy_sides(d: Side, s: Side, stream: StreamLike, what: str, *, sync: bool) -> _events.Event | None:
+    handle = stream_handle(stream)
+    dev = _issue_context(d, s) if handle == 0 else None
+    with _driver.device_context(dev):
+        return _dma(d, s, handle, what, sync=sync)
+
+
+# ---------------------------------------------------------------------------
+# Host side
+
+
+def _host_side(arr: np.ndarray) -> Side:
+    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous,
+                 on_device=False)
+
+
+def _pinned_base_of(arr: np.ndarray) -> bool:
+    """Whether a numpy array lies in page-locked memory the driver knows."""
+    if not arr.size:
+        return True
+    err = _driver.api().drv.cuMemHostGetFlags(arr.ctypes.data)[0]
+    return err == 0
+
+
+class _Staging:
+    """A reusable pinned staging area (two chunks) per device, with its lock."""
+
+    _by_device: ClassVar[dict[int, _Staging]] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, device_id: int) -> None:
+        self.lock = threading.Lock()
+        nbytes = 2 * CHUNK_BYTES
+        with _driver.device_context(device_id):
+            ptr = int(_driver.call("cuMemHostAlloc", nbytes, 0, detail="pinning a copy staging area"))
+        self._alloc = Allocation("pinned", DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id), ptr,
+                                 device_id, Tracker(device_id))
+        self.side = Side(ptr, (nbytes,), np.dtype(np.uint8), True, self._alloc.tracker, device_id, False, None,
+                         "pinned")
+
+    @classmethod
+    def get(cls, device_id: int) -> _Staging:
+        with cls._guard:
+            st = cls._by_device.get(device_id)
+            if st is None:
+                st = cls._by_device[device_id] = cls(device_id)
+            return st
+
+
+def _pinned_side(obj: Any) -> Side | None:
+    """The side of a PinnedBuffer (``None`` for anything else)."""
+    side = _side_of(obj)
+    return side if side is not None and side.kind == "pinned" else None
+
+
+def _staging_area(staging: Any, device_id: int) -> tuple[Side, threading.Lock | None]:
+    user = _pinned_side(staging)
+    if user is not None:
+        if not user.contiguous:
+            raise ValueError("the staging PinnedBuffer must be C-contiguous")
+        if user.nbytes < 2:
+            raise ValueError(f"the staging PinnedBuffer is too small ({user.nbytes} bytes)")
+        return user, None
+    st = _Staging.get(device_id)
+    return st.side, st.lock
+
+
+def _check_staging_arg(staging: Any) -> None:
+    if staging is None or isinstance(staging, bool) or _pinned_side(staging) is not None:
+        return
+    raise TypeError(f"staging must be None, True, False or a PinnedBuffer, got {type(staging).__name__}")
+
+
+def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *, to_host: bool) -> None:
+    """Device <-> pageable numpy through pinned staging chunks, DMA overlapped with host copies.
+
+    Two halves of the staging area alternate: while the host copies one
+    chunk, the copy engine moves the next.
+    """
+    device_id = _driver.ensure_context()
+    stage, lock = _staging_area(staging, dev.device_id if dev.device_id is not None else device_id)
+    if lock is not None:
+        lock.acquire()
+    try:
+        assert stage.tracker is not None
+        half = stage.nbytes // 2
+        chunk = min(CHUNK_BYTES, half) if lock is not None else half
+        total = dev.nbytes
+        offs = list(range(0, total, chunk))
+        slots = (stage.ptr, stage.ptr + chunk)
+        hptr = host.ctypes.data
+        trackers = [t for t in (dev.tracker, stage.tracker) if t is not None]
+        if dev.tracker is not None:
+            _before(dev.tracker, handle, what, not to_host)
+        _before(stage.tracker, handle, what, True)
+        stage.tracker.before_host_access(what)  # the host writes/reads the staging area
+        if dev.cai_stream is not None and dev.cai_stream != handle:
+            ev = _events.record(dev.cai_stream, device_id)
+            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0, detail=what)
+        drv = _driver.api().drv
+        events: list[_events.Event | None] = [None, None]
+        memmove = ctypes.memmove
+
+        def size(k: int) -> int:
+            return min(chunk, total - offs[k])
+
+        if to_host:
+            def issue(k: int) -> None:
+                err = drv.cuMemcpyAsync(slots[k % 2], dev.ptr + offs[k], size(k), handle)[0]
+                if err != 0:
+                    _driver.raise_for(err, "cuMemcpyAsync", what)
+                events[k % 2] = _events.record(handle, device_id)
+
+            for k in range(min(2, len(offs))):
+                issue(k)
+            for k in range(len(offs)):
+                events[k % 2].synchronize()  # type: ignore[union-attr]
+                memmove(hptr + offs[k], slots[k % 2], size(k))
+                if k + 2 < len(offs):
+                    issue(k + 2)
+        else:
+            for k in range(len(offs)):
+                pending = events[k % 2]
+                if pending is not None:
+                    pending.synchronize()  # the DMA that last read this slot is done
+                memmove(slots[k % 2], hptr + offs[k], size(k))
+                err = drv.cuMemcpyAsync(dev.ptr + offs[k], slots[k % 2], size(k), handle)[0]
+                if err != 0:
+                    _driver.raise_for(err, "cuMemcpyAsync", what)
+                events[k % 2] = _events.record(handle, device_id)
+        last = _after(trackers, handle, device_id)
+        # the staging area is reused at once: the last DMA touching it must be over
+        last.synchronize()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _prefetch_for_write(dst: Side, handle: int) -> None:
+    """A managed destination about to be written by DMA: move its pages to the device first.
+
+    Unpopulated pages are then created on the device and the copy engine writes
+    device memory at full speed, instead of the copy faulting pages around.
+    Only where the device has concurrentManagedAccess (else prefetch is not
+    allowed); errors are ignored (it is an optimisation only).
+    """
+    if dst.kind != "managed" or dst.device_id is None or not dst.nbytes:
+        return
+    if not _driver.concurrent_managed_access(dst.device_id):
+        return
+    res = _driver.api().mem_prefetch(dst.ptr, dst.nbytes, Location.device(dst.device_id).to_cu(), 0, handle)
+    # An optimisation only: a refused prefetch leaves a correct (slower) copy.
+    del res
+
+
+def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any = None) -> Any:
+    """Implementation of ``Buffer.copy_to_host`` (see there); ``src`` is the buffer's side."""
+    what = "copy_to_host"
+    _check_staging_arg(staging)
+    d = _pinned_side(out)
+    if d is not None:
+        _check_match(d, src, what + "(out)")
+        _check_contiguous(d, what, "destination PinnedBuffer")
+        if not src.contiguous:
+            raise ValueError(f"{what}: a strided view cannot be copied into a PinnedBuffer by DMA; "
+                             "copy the contiguous buffer it slices")
+        _copy_sides(d, src, stream, what, sync=False)
+        return out
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{what}: out must be a numpy array or a PinnedBuffer, got {type(out).__name__}")
+        if out.shape != src.shape or out.dtype != src.dtype:
+            raise ValueError(f"{what}(out): mismatched arrays: {out.shape} {out.dtype} "
+                             f"vs {src.shape} {src.dtype}")
+        if not out.flags.writeable:
+            raise ValueError(f"{what}(out): out is read-only")
+    if not src.contiguous or not src.on_device:
+        if src.host_view is None:
+            raise ValueError(f"{what}() needs a C-contiguous view of {src.kind} memory (DMA); "
+                             "copy the contiguous buffer it slices and index the numpy result")
+        host = src.host_view(what)  # settles the coherence first
+        if out is None:
+            return host.copy()
+        np.copyto(out, host)
+        return out
+    if out is not None and not out.flags.c_contiguous:
+        raise ValueError(f"{what}(out): out must be C-contiguous")
+    if out is None:
+        out = np.empty(src.shape, src.dtype)
+    if not src.nbytes:
+        return out
+    handle = stream_handle(stream)
+    use_stage = STAGE_TO_HOST if staging is None else bool(staging)
+    with _driver.device_context(src.device_id if handle == 0 else None):
+        if use_stage and not _pinned_base_of(out):
+            _staged(src, out, handle, what, staging, to_host=True)
+        else:
+            _dma(_host_side(out), src, handle, what, sync=True)
+    return out
+
+
+def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = None) -> None:
+    """Implementation of ``Buffer.copy_from_host`` (see there); ``dst`` is the buffer's side."""
+    what = "copy_from_host"
+    _check_staging_arg(staging)
+    if _side_of(array) is not None or (not isinstance(array, np.ndarray)
+                                       and hasattr(array, "__cuda_array_interface__")):
+        s = _resolve(array, what, "source")
+        _check_match(dst, s, what)
+        _check_contiguous(dst, what, "destination")
+        _check_contiguous(s, what, "source")
+        _copy_sides(dst, s, stream, what, sync=False)
+        return
+    src = np.asarray(array)
+    if src.dtype.hasobject:
+        raise TypeError(f"{what}: object arrays cannot be copied to CUDA memory")
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype}")
+    if not dst.on_device:  # pinned memory: the host copies it
+        assert dst.host_view is not None
+        np.copyto(dst.host_view(what), src)
+        return
+    _check_contiguous(dst, what, "destination buffer view")
+    src = np.ascontiguousarray(src)  # a strided numpy source is staged on the host
+    if not dst.nbytes:
+        return
+    handle = stream_handle(stream)
+    use_stage = STAGE_FROM_HOST if staging is None else bool(staging)
+    with _driver.device_context(dst.device_id if handle == 0 else None):
+        _prefetch_for_write(dst, handle)
+        if use_stage and not _pinned_base_of(src):
+            _staged(dst, src, handle, what, staging, to_host=False)
+        else:
+            # Pageable sources have been read when the call returns; the
+            # device side stays pending (host access to buf waits for it).
+            _dma(dst, _host_side(src), handle, what, sync=False)

@@ -1,0 +1,85 @@
+"""DeviceBuffer: device memory from a stream-ordered :class:`~umem_numba.MemoryPool`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _driver
+from ._buffer import Buffer, new_layout
+from ._location import StreamLike, stream_handle
+from ._pool import MemoryPool, check_pool, default_pool
+
+__all__ = ["DeviceBuffer"]
+
+
+class DeviceBuffer(Buffer):
+    """An n-d array in device memory from a memory pool, usable by ``@cuda.jit`` kernels.
+
+    Build one with :meth:`empty`, :meth:`zeros` or :meth:`from_array`.  The
+    host cannot dereference it: read it with :meth:`copy_to_host` (DMA).
+
+    Notes
+    -----
+    * Allocation and release are stream-ordered (see :mod:`umem_numba._pool`):
+      use the buffer on its allocation stream, or order other streams after
+      it; ``close()`` queues the free without synchronising.
+    * Counted in ``umem_numba.stats()["device"]``.
+    """
+
+    __slots__ = ()
+
+    _host_accessible = False
+    _constructors = ("DeviceBuffer.empty", "DeviceBuffer.zeros", "DeviceBuffer.from_array")
+
+    @classmethod
+    def empty(cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None,
+              stream: StreamLike = None) -> DeviceBuffer:
+        """Allocate without initialising.
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+        dtype : numpy dtype
+        pool : MemoryPool, optional
+            A ``"device"`` pool; default: the current device's default pool.
+        stream : numba stream, 0 or None
+            The allocation stream.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad shape, dtype or pool (before any driver call).
+        OutOfMemoryError
+            The pool cannot provide that much.
+        """
+        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        if pool is not None:
+            check_pool(pool, "device", "DeviceBuffer.empty")
+        handle = stream_handle(stream, what="DeviceBuffer.empty")
+        if pool is None:
+            pool = default_pool("device", _driver.ensure_context())
+        alloc = pool.allocation(nbytes, handle, "device")
+        buf = object.__new__(cls)
+        buf._init(alloc, 0, shape, strides, dtype, True)
+        return buf
+
+    @classmethod
+    def zeros(cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None,
+              stream: StreamLike = None) -> DeviceBuffer:
+        """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``)."""
+        handle = stream_handle(stream, what="DeviceBuffer.zeros")
+        buf = cls.empty(shape, dtype, pool=pool, stream=handle)
+        buf._fill_zero(handle)
+        return buf
+
+    @classmethod
+    def from_array(cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = None) -> DeviceBuffer:
+        """A new buffer holding a copy of ``array`` (DMA on ``stream``)."""
+        src = np.asarray(array)
+        if src.dtype.hasobject:
+            raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
+        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream)
+        buf.copy_from_host(src, stream=stream)
+        return buf

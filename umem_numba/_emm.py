@@ -1,0 +1,419 @@
+"""numba's own allocations through umem_numba: an External Memory Management plugin.
+
+Select it with numba's switches, before numba creates a CUDA context::
+
+    NUMBA_CUDA_MEMORY_MANAGER=umem_numba python script.py
+    # or, in code, before the first CUDA call:
+    from numba import cuda; import umem_numba
+    cuda.set_memory_manager(umem_numba.UmemNumbaMemoryManager)
+
+What it reaches
+---------------
+``memalloc``
+    Every device allocation numba makes: ``cuda.device_array``,
+    ``to_device``, ``device_array_like``, the temporaries of reductions,
+    ``copy_to_host``'s staging, IPC-opened staging copies.  They come from
+    one umem_numba :class:`~umem_numba.MemoryPool` per context: device
+    memory by default, managed memory with ``UMEM_NUMBA_EMM_POOL=managed``
+    (or :attr:`UmemNumbaMemoryManager.pool_kind` set before the context
+    exists).  Counted in ``umem_numba.stats()["emm"]``; the pool's driver
+    counters appear in ``stats()["pool"]``.
+``memallocmanaged``
+    ``cuda.managed_array`` (global attachment) comes from a managed pool of
+    the same context where the machine supports managed pools; host-attached
+    requests, and machines without managed pools, keep numba's own
+    ``cuMemAllocManaged``.
+``memhostalloc`` / ``mempin``
+    Pinned and mapped host memory (``cuda.pinned_array``,
+    ``mapped_array``, ``cuda.pinned``) stay numba's own: the driver has no
+    stream-ordered pool for page-locked host memory that numba's interface
+    could use, so they are not counted in ``stats()``.
+
+Frees are stream-ordered (``cuMemFreeAsync`` on the legacy default stream,
+which orders after every *blocking* stream of the device, as numba's own
+``cuMemFree`` would).  Work on non-blocking streams (``cuda.external_stream``
+of a non-blocking stream) must be synchronised before the array is dropped,
+as with RMM's plugin.  Inside ``numba.cuda.defer_cleanup()`` frees are queued
+and run when the block ends.
+
+IPC
+---
+Device pools are created shareable (POSIX file descriptors) where the device
+allows: ``DeviceNDArray.get_ipc_handle()`` exports the pool and the pointer
+(``cuMemPoolExportPointer``); the handle pickles the pool's descriptor
+through :mod:`multiprocessing` (so it opens in processes started by
+multiprocessing, as numba's IPC examples do).  A managed pool cannot be
+exported: ``get_ipc_handle`` raises :class:`~umem_numba.UnsupportedError`
+saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from numba.cuda.cudadrv import driver as nbdriver
+
+from . import _driver, _stats
+from ._errors import OutOfMemoryError, UnsupportedError
+
+__all__ = ["UmemNumbaMemoryManager"]
+
+_ENV = "UMEM_NUMBA_EMM_POOL"
+_EXPORT_BYTES = 64  # sizeof(CUmemPoolPtrExportData)
+
+
+def _env_pool_kind() -> str:
+    kind = os.environ.get(_ENV, "device").strip().lower() or "device"
+    if kind not in ("device", "managed"):
+        raise ValueError(f"{_ENV} must be 'device' or 'managed', got {kind!r}")
+    return kind
+
+
+def _existing_context() -> int | None:
+    """A device on which numba already has a context (None if none)."""
+    drv = nbdriver.driver
+    if not getattr(drv, "is_initialized", False):
+        return None
+    for dev in list(getattr(drv, "devices", {}).values()):
+        if getattr(dev, "primary_context", None) is not None:
+            return int(dev.id)
+    return None
+
+
+class _NumbaOutOfMemoryError(OutOfMemoryError, nbdriver.CudaAPIError):
+    """Out of memory in the pool: umem_numba's OutOfMemoryError and numba's CudaAPIError at once."""
+
+    def __init__(self, err: OutOfMemoryError) -> None:
+        self.call, self.code, self.name, self.detail = err.call, err.code, err.name, err.detail
+        self.msg = str(err)
+        Exception.__init__(self, str(err))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pragma: no cover - pickled as the plain umem_numba error
+        return (OutOfMemoryError, (self.call, self.code, self.name, self.detail))
+
+
+class _CtxGuard:
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.pushed = False
+
+    def __enter__(self) -> None:
+        drv = _driver.api().drv
+        err, cur = drv.cuCtxGetCurrent()
+        if not (err == 0 and int(cur) == int(self.handle)):
+            drv.cuCtxPushCurrent(self.handle)
+            self.pushed = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pushed:
+            _driver.api().drv.cuCtxPopCurrent()
+
+
+def _pool_free(pool: Any, ctx_handle: Any, ptr: int, size: int) -> None:
+    with _CtxGuard(ctx_handle):
+        pool.free(ptr, 0)
+    _stats.record_free("emm", size)
+
+
+def _free_dtor(pool: Any, ctx_handle: Any, size: int) -> Any:
+    def free_pool_memory(ptr: int) -> None:  # the name shows in numba's dealloc log
+        _pool_free(pool, ctx_handle, ptr, size)
+    return free_pool_memory
+
+
+def _finalizer(mgr: UmemNumbaMemoryManager, pool: Any, ptr: int, size: int) -> Any:
+    allocations = mgr.allocations
+    deallocations = mgr.deallocations
+    ctx_handle = mgr._ctx_handle
+
+    def core() -> None:
+        allocations.pop(ptr, None)
+        if deallocations.is_disabled:  # inside defer_cleanup(): run when it ends
+            deallocations.add_item(_free_dtor(pool, ctx_handle, size), ptr, size)
+        else:
+            try:
+                _pool_free(pool, ctx_handle, ptr, size)
+            except Exception:
+                if not _shutting_down():
+                    raise
+
+    return core
+
+
+def _shutting_down() -> bool:
+    from numba.core import utils
+    return utils.shutting_down()
+
+
+class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMemoryManager):
+    """numba-cuda EMM plugin that allocates numba's device memory from umem_numba pools.
+
+    Parameters
+    ----------
+    context : numba Context or None
+        Passed by numba (``None`` for its version check).
+
+    Attributes
+    ----------
+    pool_kind : {"device", "managed"}
+        Class attribute: the pool kind of contexts created from now on
+        (default from ``UMEM_NUMBA_EMM_POOL``, else ``"device"``).
+
+    Raises
+    ------
+    RuntimeError
+        When selected (``cuda.set_memory_manager``) after numba already
+        created a context: that context would keep numba's own allocator.
+    """
+
+    pool_kind: str = _env_pool_kind()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        context = kwargs.get("context")
+        if context is None:  # numba's interface check in set_memory_manager()
+            dev = _existing_context()
+            if dev is not None:
+                raise RuntimeError(
+                    f"umem_numba's memory manager must be selected before numba creates a CUDA context, "
+                    f"but device {dev} already has one (it keeps numba's own allocator): set "
+                    f"NUMBA_CUDA_MEMORY_MANAGER=umem_numba, or call cuda.set_memory_manager() before the "
+                    f"first CUDA call (or after cuda.close())")
+        super().__init__(*args, **kwargs)
+        self._pool: Any = None
+        self._managed_pool: Any = None
+        self._managed_tried = False
+        self._kind = type(self).pool_kind
+        if self._kind not in ("device", "managed"):
+            raise ValueError(f"pool_kind must be 'device' or 'managed', got {self._kind!r}")
+        self._ctx_handle = None if context is None else context.handle
+
+    # -- setup ---------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Create this context's pool (once) and size numba's deferred-free queue."""
+        if self._pool is None:
+            from ._pool import MemoryPool
+            dev = int(self.context.device.id)
+            exportable = False
+            if self._kind == "device":
+                fd = int(_driver.consts().vmm_posix_fd)
+                exportable = bool(_driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", dev) & fd)
+            self._pool = MemoryPool(self._kind, device=dev, exportable=exportable)
+        if self.deallocations.memory_capacity == nbdriver._SizeNotSet:
+            self.deallocations.memory_capacity = self.get_memory_info().total
+
+    @property
+    def pool(self) -> Any:
+        """This context's :class:`~umem_numba.MemoryPool` (``None`` before initialisation)."""
+        return self._pool
+
+    # -- allocation ------------------------------------------------------------------
+    def _wrap(self, pool: Any, ptr: int, size: int, cls: type) -> Any:
+        _stats.record_alloc("emm", size)
+        finalizer = _finalizer(self, pool, ptr, size)
+        mem = cls(weakref.proxy(self.context), nbdriver.binding.CUdeviceptr(ptr), size, finalizer=finalizer)
+        self.allocations[ptr] = mem
+        return mem.own()
+
+    def _allocate(self, pool: Any, size: int) -> int:
+        try:
+            return pool.allocate(size, 0)
+        except OutOfMemoryError:
+            # numba's own behaviour: run the pending frees, then try once more
+            self.deallocations.clear()
+            _driver.call("cuStreamSynchronize", 0, detail="letting queued frees complete before retrying")
+            try:
+                return pool.allocate(size, 0)
+            except OutOfMemoryError as exc:
+                raise _NumbaOutOfMemoryError(exc) from None
+
+    def memalloc(self, size: int) -> Any:
+        """Device (or managed, per :attr:`pool_kind`) memory for numba, from the pool."""
+        if self._pool is None:
+            self.initialize()
+        if size == 0:
+            return nbdriver.MemoryPointer(weakref.proxy(self.context), nbdriver.binding.CUdeviceptr(0), 0)
+        ptr = self._allocate(self._pool, size)
+        return self._wrap(self._pool, ptr, size, nbdriver.AutoFreePointer)
+
+    def memallocmanaged(self, size: int, attach_global: bool) -> Any:
+        """``cuda.managed_array``: from a managed pool where possible, else numba's own."""
+        pool = self._managed_pool_or_none() if attach_global and size else None
+        if pool is None:
+            return super().memallocmanaged(size, attach_global)
+        ptr = self._allocate(pool, size)
+        return self._wrap(pool, ptr, size, nbdriver.ManagedMemory)
+
+    def _managed_pool_or_none(self) -> Any:
+        if self._kind == "managed":
+            if self._pool is None:
+                self.initialize()
+            return self._pool
+        if not self._managed_tried:
+            self._managed_tried = True
+            from ._pool import MemoryPool, managed_pool_support
+            if not managed_pool_support():
+                self._managed_pool = MemoryPool("managed", device=int(self.context.device.id))
+        return self._managed_pool
+
+    # -- information ---------------------------------------------------------------------
+    def get_memory_info(self) -> Any:
+        """``(free, total)`` of the device; free includes what the pools hold unused."""
+        free, total = _driver.call("cuMemGetInfo", detail="memory info for numba")
+        idle = 0
+        for pool in (self._pool, self._managed_pool):
+            if pool is not None and pool.kind == "device" and not pool.closed:
+                s = pool.statistics()
+                idle += s.reserved_current - s.used_current
+        return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
+
+    def get_ipc_handle(self, memory: Any) -> Any:
+        """An IPC handle of pool device memory (pool export + pointer export)."""
+        pool = self._pool
+        if pool is None or pool.kind != "device":
+            raise UnsupportedError(
+                "numba IPC needs device memory, but umem_numba's memory manager allocates from a managed "
+                "pool here (UMEM_NUMBA_EMM_POOL=managed) and the driver cannot export managed pools; "
+                "use UMEM_NUMBA_EMM_POOL=device for IPC")
+        if not pool.exportable:
+            raise UnsupportedError(f"device {pool.device_id} cannot export memory pools as file "
+                                   "descriptors, so numba IPC handles are unavailable through umem_numba")
+        base, _end = nbdriver.device_extents(memory)
+        data = _driver.call("cuMemPoolExportPointer", base, detail="exporting a pool allocation for IPC")
+        raw = ctypes.string_at(data.getPtr(), _EXPORT_BYTES)
+        fd = int(_driver.call("cuMemPoolExportToShareableHandle", pool.handle,
+                              _driver.consts().vmm_posix_fd, 0,
+                              detail="exporting a memory pool for IPC"))
+        offset = int(memory.handle) - int(base)
+        source_info = self.context.device.get_device_identity()
+        return PoolIpcHandle(memory, _ExportData(raw), memory.size, source_info, offset=offset, pool_fd=fd)
+
+    # -- lifetime --------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Free everything numba allocated in this context (numba's ``reset``)."""
+        super().reset()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self) -> Iterator[None]:
+        """Queue frees (device and host) while active; run them when the outermost block ends."""
+        with super().defer_cleanup():
+            yield
+        if not self.deallocations.is_disabled:
+            self.deallocations.clear()
+
+    @property
+    def interface_version(self) -> int:
+        """numba's EMM interface version implemented (1)."""
+        return 1
+
+
+class _ExportData:
+    """The 64 opaque bytes of ``CUmemPoolPtrExportData`` (``.reserved``, like numba's handle)."""
+
+    __slots__ = ("reserved",)
+
+    def __init__(self, reserved: bytes) -> None:
+        self.reserved = bytes(reserved)
+
+    def __reduce__(self) -> Any:
+        return (_ExportData, (self.reserved,))
+
+
+class PoolIpcHandle(nbdriver.IpcHandle):
+    """A numba IPC handle for memory of an exportable device pool.
+
+    Pickles the pool's file descriptor with :mod:`multiprocessing`'s
+    descriptor passing and the pointer's 64-byte export data; :meth:`open`
+    imports both (``cuMemPoolImportFromShareableHandle`` /
+    ``cuMemPoolImportPointer``).  Open it in one process at a time; close it
+    before the exporter frees the array.
+    """
+
+    def __init__(self, base: Any, handle: _ExportData, size: int, source_info: Any = None, offset: int = 0,
+                 pool_fd: Any = None) -> None:
+        super().__init__(base, handle, size, source_info, offset)
+        self._pool_fd = pool_fd
+        self._imported: tuple[Any, int] | None = None
+        self._opened_mem: Any = None
+        if base is not None and isinstance(pool_fd, int):
+            weakref.finalize(self, _close_fd, pool_fd)
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+        fd = self._pool_fd
+        if isinstance(fd, int):
+            fd = DupFd(fd)
+        return (_rebuild_pool_handle, (self.handle, fd, self.size, self.source_info, self.offset))
+
+    def open(self, context: Any) -> Any:
+        """Import the memory into ``context``; returns a numba memory pointer."""
+        if self.base is not None:
+            raise ValueError("opening IpcHandle from original process")
+        if self._imported is not None:
+            raise ValueError("IpcHandle is already opened")
+        drv = _driver.api().drv
+        fd = self._pool_fd
+        if not isinstance(fd, int):
+            fd = fd.detach()
+            self._pool_fd = fd
+        fd_type = _driver.consts().vmm_posix_fd
+        pool = _driver.call("cuMemPoolImportFromShareableHandle", fd, fd_type, 0,
+                            detail="importing a memory pool from another process")
+        data = drv.CUmemPoolPtrExportData()
+        ctypes.memmove(data.getPtr(), bytes(self.handle.reserved), _EXPORT_BYTES)
+        try:
+            ptr = int(_driver.call("cuMemPoolImportPointer", pool, data,
+                                   detail="importing a pool allocation from another process"))
+            dev = int(context.device.id)
+            if self.source_info is not None and self.source_info != context.device.get_device_identity():
+                desc = drv.CUmemAccessDesc()
+                desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                desc.location.id = dev
+                desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                _driver.call("cuMemPoolSetAccess", pool, [desc], 1,
+                             detail=f"granting device {dev} access to an imported pool")
+        except BaseException:
+            drv.cuMemPoolDestroy(pool)
+            raise
+        self._imported = (pool, ptr)
+        mem = nbdriver.MemoryPointer(context, nbdriver.binding.CUdeviceptr(ptr), self.offset + self.size)
+        self._opened_mem = mem
+        return mem.own().view(self.offset)
+
+    def open_staged(self, context: Any) -> Any:  # pragma: no cover - open() handles every device
+        return self.open(context)
+
+    open_direct = open
+
+    def close(self) -> None:
+        """Free the imported pointer and the imported pool in this process."""
+        if self._imported is None:
+            raise ValueError("IpcHandle not opened")
+        pool, ptr = self._imported
+        drv = _driver.api().drv
+        _driver.check(drv.cuMemFree(ptr), "cuMemFree", "freeing an imported IPC allocation")
+        drv.cuMemPoolDestroy(pool)
+        self._imported = None
+        self._opened_mem = None
+        if isinstance(self._pool_fd, int):
+            _close_fd(self._pool_fd)
+            self._pool_fd = None
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _rebuild_pool_handle(handle: _ExportData, fd: Any, size: int, source_info: Any, offset: int) -> PoolIpcHandle:
+    return PoolIpcHandle(None, handle, size, source_info, offset, pool_fd=fd)
+
+
+#: What ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (or ``=umem_numba._emm``) loads.
+_numba_memory_manager = UmemNumbaMemoryManager
