@@ -71,7 +71,7 @@ def test_host_export_is_refused_after_close():
     alloc = _allocation(memory)
     alloc.close()
     with pytest.raises(um.BufferClosedError):
-        alloc.export_host()
+        alloc.add_export()
 
 
 def test_transaction_undoes_in_reverse_unless_committed():

@@ -19,16 +19,19 @@ Close semantics
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import weakref
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _copy, _driver, _events, _layout
-from ._errors import BufferClosedError, UnsupportedError
+from . import _copy, _dlpack, _driver, _events, _layout
+from ._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
 from ._lifetime import Allocation
-from ._tracker import Tracker, _launching, check_policy
+from ._location import stream_handle
+from ._tracker import DeviceUse, Tracker, _launching, check_policy
 
 
 class _HostExport:
@@ -38,8 +41,8 @@ class _HostExport:
 
     def __init__(self, alloc: Allocation, interface: dict[str, Any]) -> None:
         self.__array_interface__ = interface
-        alloc.export_host()
-        weakref.finalize(self, alloc.host_export_gone)
+        alloc.add_export()
+        weakref.finalize(self, alloc.drop_export)
 
 
 class _NotOnDeviceError(UnsupportedError, AttributeError):
@@ -124,6 +127,9 @@ class Buffer:
         alloc = self._alloc
         if alloc is None or alloc.closed:
             raise BufferClosedError(f"this {type(self).__name__} is closed")
+        if alloc.generation != _driver.fork_generation:
+            raise CudaUnavailableError(f"this {type(self).__name__} was made before fork(), in the parent "
+                                       "process: its memory belongs to the parent's CUDA context")
         return alloc
 
     @property
@@ -143,6 +149,10 @@ class Buffer:
             return
         if self._owner:
             alloc.close()
+            if not alloc.released:
+                # Released later (host exports, or a device view held by another
+                # library): this object keeps the memory until it is collected.
+                return
         self._alloc = None
         self._shim = None
 
@@ -259,28 +269,35 @@ class Buffer:
         return self._view(self._offset, new_shape, _layout.c_strides(new_shape, self._dtype.itemsize))
 
     # -- device side: what numba and other CUDA libraries see ----------------------
-    def _device_export(self) -> Allocation:
+    def _device_export(self, escape: bool = True) -> Allocation:
         alloc = self._live()
         if not self._device_accessible:
             raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device "
-                               "(pinned memory needs HostAllocFlags.DEVICEMAP)")
-        alloc.tracker.on_device_export()
+                                    "(pinned memory needs HostAllocFlags.DEVICEMAP)")
+        alloc.tracker.on_device_export(escape)
         return alloc
 
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        """CUDA Array Interface v3 (no stream: umem_numba's coherence tracks the work)."""
-        alloc = self._device_export()
-        size = self.size
+    def _interface(self, alloc: Allocation, stream: int | None) -> dict[str, Any]:
         return {
             "shape": self._shape,
             "typestr": self._dtype.str,
             "descr": self._dtype.descr if self._dtype.fields else [("", self._dtype.str)],
-            "data": (alloc.device_ptr + self._offset if size else 0, False),
+            "data": (alloc.device_ptr + self._offset if self.size else 0, False),
             "strides": None if self.is_c_contiguous else self._strides,
             "version": 3,
-            "stream": None,
+            "stream": stream,
         }
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3.
+
+        Reading it outside a umem_numba launch hands the memory to another
+        library for good (the buffer *escapes*): from then on host access
+        synchronises every device, since that library's work cannot be
+        seen.  Use :meth:`lend` to hand it over for a bounded piece of work.
+        """
+        return self._interface(self._device_export(), None)
 
     @property
     def __cuda_memory__(self) -> bool:
@@ -295,8 +312,9 @@ class Buffer:
             alloc = self._device_export()  # raises the right error
         if self._views_can_retire and not self._owner:
             self._live()
-        if not _launching.active:
-            alloc.tracker.on_device_export()
+        tracker = alloc.tracker
+        if tracker not in _launching.current:
+            tracker.on_device_export(False)
         t = self._nbtype
         if t is None:
             t = self._nbtype = _layout.numba_type(self._dtype, self._shape, self._strides)
@@ -309,8 +327,9 @@ class Buffer:
             alloc = self._device_export()
         if self._views_can_retire and not self._owner:
             self._live()
-        if not _launching.active:
-            alloc.tracker.on_device_export()
+        tracker = alloc.tracker
+        if tracker not in _launching.current:
+            tracker.on_device_export(False)
         shim = self._shim
         if shim is None:
             ptr = alloc.device_ptr + self._offset if self.size else 0
@@ -324,16 +343,120 @@ class Buffer:
         return ctypes.c_void_p(alloc.device_ptr + self._offset if self.size else 0)
 
     def _fill_zero(self, stream: int) -> None:
-        """Zero every byte on the device (``cuMemsetD8Async``), tracked like a kernel."""
+        """Zero every byte on the device (``cuMemsetD8Async``), ordered and recorded like a kernel."""
         if not self.nbytes:
             return
         alloc = self._live()
         if not self.is_c_contiguous:
             raise ValueError("zeroing needs a C-contiguous buffer")
-        with _driver.device_context(alloc.device_id):
-            _driver.call("cuMemsetD8Async", alloc.device_ptr + self._offset, 0, self.nbytes, stream,
-                         detail=f"zeroing a {type(self).__name__}")
-            alloc.tracker.add(stream, _events.record(stream, alloc.device_id))
+        what = f"zeroing a {type(self).__name__}"
+        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, True)], stream, what):
+            _driver.call("cuMemsetD8Async", alloc.device_ptr + self._offset, 0, self.nbytes, stream, detail=what)
+
+    # -- lending to other libraries -------------------------------------------------
+    @contextlib.contextmanager
+    def lend(self, stream: Any = None, *, readonly: bool = False) -> Iterator[LentView]:
+        """Lend the buffer to another library for work on ``stream``, tracked precisely.
+
+        On entry ``stream`` waits, on the device, for toolkit work on the
+        buffer that conflicts; inside the block the yielded view gives CuPy,
+        PyTorch or numba the memory (``__cuda_array_interface__`` naming the
+        stream, and ``__dlpack__``) without the buffer escaping; on exit one
+        event is recorded on ``stream``, and host access later waits for
+        exactly that work.
+
+        Parameters
+        ----------
+        stream : numba, CuPy or PyTorch stream, int or None
+            Where the other library works (``None``/``0``: the legacy default
+            stream).
+        readonly : bool
+            The library only reads: the buffer stays readable concurrently
+            by other streams.
+
+        Yields
+        ------
+        LentView
+            Valid inside the block only (afterwards it raises).
+
+        Examples
+        --------
+        >>> s = cupy.cuda.Stream(non_blocking=True)                   # doctest: +SKIP
+        >>> with buf.lend(s) as view, s:                              # doctest: +SKIP
+        ...     cupy.asarray(view)[...] *= 2
+        >>> buf.host                                                  # doctest: +SKIP
+        """
+        handle = stream_handle(stream, what="lend")
+        alloc = self._live()
+        if not self._device_accessible:
+            raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device")
+        view = LentView(self, alloc, handle)
+        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, not readonly)], handle, "lend"):
+            try:
+                yield view
+            finally:
+                view._retire()
+
+    # -- DLPack ------------------------------------------------------------------------
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``: CUDA for managed, VMM and pool memory, CUDA-host for mapped pinned."""
+        alloc = self._live()
+        if alloc.kind == "pinned":
+            if not self._device_accessible:
+                return (_dlpack.KDL_CPU, 0)
+            return (_dlpack.KDL_CUDA_HOST, 0)
+        return (_dlpack.KDL_CUDA, alloc.device_id)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """Export as a DLPack capsule (the array API standard's protocol).
+
+        Parameters
+        ----------
+        stream : int or None
+            The consumer's stream: it waits, on the device, for toolkit work
+            on the buffer (``None``: the legacy default stream; ``-1``: no
+            ordering).  The buffer then escapes, as with
+            ``__cuda_array_interface__``: use :meth:`lend` for bounded work.
+        max_version : tuple of int, optional
+            Accepted; an unversioned capsule is returned.
+        dl_device : tuple of int, optional
+            Must be :meth:`__dlpack_device__` (no cross-device export).
+        copy : bool, optional
+            ``True`` is refused (umem_numba exports without copying).
+
+        Returns
+        -------
+        PyCapsule
+            Named ``"dltensor"``; the memory stays allocated until the
+            consumer releases it, even across :meth:`close`.
+        """
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
+        if copy:
+            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
+        _dlpack.dl_dtype(self._dtype)
+        alloc = self._live()
+        if stream is not None and not isinstance(stream, int):
+            raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
+        if device[0] == _dlpack.KDL_CPU:
+            arr = self._host_array("__dlpack__")
+            return _dlpack.make_capsule(arr.ctypes.data, self._shape, self._strides, self._dtype, device, arr,
+                                        _nothing)
+        consumer = _driver.consts().stream_legacy if stream is None else stream
+        if consumer != -1:
+            with _driver.device_context(alloc.device_id):
+                waits = alloc.tracker.begin_use(_driver.stream_key(consumer), True, "__dlpack__")
+                try:
+                    for event in waits:
+                        _driver.call("cuStreamWaitEvent", consumer, event.handle, 0, detail="__dlpack__")
+                finally:
+                    alloc.tracker.end_use(0, None, True, issued=False)
+        self._device_export(escape=True)
+        alloc.add_export()
+        ptr = alloc.device_ptr + self._offset if self.size else 0
+        return _dlpack.make_capsule(ptr, self._shape, self._strides, self._dtype, device, self, alloc.drop_export)
 
     # -- host side ----------------------------------------------------------------
     def _host_array(self, what: str) -> np.ndarray:
@@ -454,9 +577,7 @@ class Buffer:
 
     def synchronize(self) -> None:
         """Wait for every piece of device work recorded on (or suspected of using) this buffer."""
-        alloc = self._live()
-        t = alloc.tracker
-        t.wait(extra=t._extra_wait(t.unknown))
+        self._live().tracker.wait_all("synchronize")
 
     @property
     def busy(self) -> bool:
@@ -501,3 +622,69 @@ def new_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, 
     shp = _layout.normalize_shape(shape)
     nbytes = _layout.checked_nbytes(shp, dt)
     return shp, dt, nbytes, _layout.c_strides(shp, dt.itemsize)
+
+
+def _nothing() -> None:
+    """Release function of an export that holds nothing beyond its Python reference."""
+
+
+class LentView:
+    """What :meth:`Buffer.lend` yields: the buffer's device memory for one stream, inside the block.
+
+    It offers ``__cuda_array_interface__`` (naming the stream) and
+    ``__dlpack__`` without the buffer escaping: the work is recorded when the
+    block ends.  Using it after the block raises
+    :class:`~umem_numba.BufferClosedError`.
+    """
+
+    __slots__ = ("_alloc", "_buffer", "_stream")
+
+    def __init__(self, buffer: Buffer, alloc: Allocation, stream: int) -> None:
+        self._buffer: Buffer | None = buffer
+        self._alloc = alloc
+        self._stream = stream
+
+    def _retire(self) -> None:
+        self._buffer = None
+
+    def _live(self) -> Buffer:
+        buf = self._buffer
+        if buf is None:
+            raise BufferClosedError("this LentView is used after its `with buf.lend(...)` block ended")
+        buf._live()
+        return buf
+
+    @property
+    def stream(self) -> int:
+        """The stream handle the view is lent for."""
+        return self._stream
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 naming the lending stream (consumers order themselves after it)."""
+        buf = self._live()
+        return buf._interface(self._alloc, self._stream or None)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """As :meth:`Buffer.__dlpack_device__`."""
+        return self._live().__dlpack_device__()
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule over the lent memory (the consumer's stream should be the lending one)."""
+        buf = self._live()
+        device = buf.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
+        if copy:
+            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
+        alloc = self._alloc
+        if stream is not None and stream not in (-1, self._stream) and isinstance(stream, int):
+            # The consumer works on another stream: make it wait for the lending stream's work so far.
+            with _driver.device_context(alloc.device_id):
+                handle = _driver.consts().stream_legacy if stream is None else stream
+                event = _events.record(self._stream, alloc.device_id)
+                _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="__dlpack__ of a lent view")
+        alloc.add_export()
+        ptr = alloc.device_ptr + buf._offset if buf.size else 0
+        return _dlpack.make_capsule(ptr, buf._shape, buf._strides, buf._dtype, device, buf, alloc.drop_export)

@@ -54,7 +54,7 @@ import numpy as np
 from . import _driver, _events, _layout
 from ._lifetime import Allocation, DriverMemory
 from ._location import Location, StreamLike, stream_handle
-from ._tracker import Tracker
+from ._tracker import DeviceUse, Tracker
 
 __all__ = ["copy"]
 
@@ -67,22 +67,6 @@ STAGE_FROM_HOST = False
 CHUNK_BYTES = 32 << 20
 
 DEVICE_KINDS = frozenset({"managed", "vmm", "device"})
-
-
-# ---------------------------------------------------------------------------
-# Coherence hooks: the only place this module talks to a Tracker (the lead
-# renames them to before_device_use / after_device_use).
-
-
-def _before(tracker: Tracker, handle: int, what: str, write: bool) -> None:
-    tracker.order_before(handle, what)
-
-
-def _after(trackers: list[Tracker], handle: int, device_id: int) -> _events.Event:
-    event = _events.record(handle, device_id)
-    for t in trackers:
-        t.add(handle, event)
-    return event
 
 
 # ---------------------------------------------------------------------------
@@ -182,26 +166,32 @@ def _dma(dst: Side, src: Side, handle: int, what: str, *, sync: bool,
     stream's context current.
     """
     nbytes = src.nbytes
-    trackers = [s.tracker for s in (dst, src) if s.tracker is not None]
-    if dst.tracker is not None:
-        _before(dst.tracker, handle, what, True)
-    if src.tracker is not None:
-        _before(src.tracker, handle, what, False)
     if not nbytes:
         return None
     device_id = _driver.ensure_context()
-    for side in (dst, src):
+    with DeviceUse(_uses(dst, src), handle, what) as use:
+        _wait_for_interface_streams((dst, src), handle, device_id, what)
+        _driver.call("cuMemcpyAsync", dst.ptr if extra_dst is None else extra_dst,
+                     src.ptr if extra_src is None else extra_src, nbytes, handle, detail=what)
+    event = use.event
+    if sync and event is not None:
+        event.synchronize()
+    return event
+
+
+def _uses(dst: Side, src: Side) -> list[tuple[Tracker, bool]]:
+    """The copy writes its destination and reads its source."""
+    return [(s.tracker, s is dst) for s in (dst, src) if s.tracker is not None]
+
+
+def _wait_for_interface_streams(sides: tuple[Side, ...], handle: int, device_id: int, what: str) -> None:
+    """A CUDA Array Interface that names a stream: the copy's stream waits for that stream's work."""
+    for side in sides:
         s = side.cai_stream
         if s is not None and s != handle:
             ev = _events.record(s, device_id)
-            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0, detail=f"{what}: ordering after the "
-                         "stream named by a CUDA Array Interface")
-    _driver.call("cuMemcpyAsync", dst.ptr if extra_dst is None else extra_dst,
-                 src.ptr if extra_src is None else extra_src, nbytes, handle, detail=what)
-    event = _after(trackers, handle, device_id)
-    if sync:
-        event.synchronize()
-    return event
+            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0,
+                         detail=f"{what}: ordering after the stream named by a CUDA Array Interface")
 
 
 def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
@@ -340,51 +330,51 @@ def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *
         offs = list(range(0, total, chunk))
         slots = (stage.ptr, stage.ptr + chunk)
         hptr = host.ctypes.data
-        trackers = [t for t in (dev.tracker, stage.tracker) if t is not None]
-        if dev.tracker is not None:
-            _before(dev.tracker, handle, what, not to_host)
-        _before(stage.tracker, handle, what, True)
         stage.tracker.before_host_access(what)  # the host writes/reads the staging area
-        if dev.cai_stream is not None and dev.cai_stream != handle:
-            ev = _events.record(dev.cai_stream, device_id)
-            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0, detail=what)
-        drv = _driver.api().drv
-        events: list[_events.Event | None] = [None, None]
-        memmove = ctypes.memmove
-
-        def size(k: int) -> int:
-            return min(chunk, total - offs[k])
-
-        if to_host:
-            def issue(k: int) -> None:
-                err = drv.cuMemcpyAsync(slots[k % 2], dev.ptr + offs[k], size(k), handle)[0]
-                if err != 0:
-                    _driver.raise_for(err, "cuMemcpyAsync", what)
-                events[k % 2] = _events.record(handle, device_id)
-
-            for k in range(min(2, len(offs))):
-                issue(k)
-            for k in range(len(offs)):
-                events[k % 2].synchronize()  # type: ignore[union-attr]
-                memmove(hptr + offs[k], slots[k % 2], size(k))
-                if k + 2 < len(offs):
-                    issue(k + 2)
-        else:
-            for k in range(len(offs)):
-                pending = events[k % 2]
-                if pending is not None:
-                    pending.synchronize()  # the DMA that last read this slot is done
-                memmove(slots[k % 2], hptr + offs[k], size(k))
-                err = drv.cuMemcpyAsync(dev.ptr + offs[k], slots[k % 2], size(k), handle)[0]
-                if err != 0:
-                    _driver.raise_for(err, "cuMemcpyAsync", what)
-                events[k % 2] = _events.record(handle, device_id)
-        last = _after(trackers, handle, device_id)
+        uses = [(stage.tracker, True)] + ([(dev.tracker, not to_host)] if dev.tracker is not None else [])
+        with DeviceUse(uses, handle, what) as use:
+            _wait_for_interface_streams((dev,), handle, device_id, what)
+            _staged_chunks(dev, hptr, slots, offs, chunk, total, handle, device_id, what, to_host=to_host)
         # the staging area is reused at once: the last DMA touching it must be over
-        last.synchronize()
+        if use.event is not None:
+            use.event.synchronize()
     finally:
         if lock is not None:
             lock.release()
+
+
+def _staged_chunks(dev: Side, hptr: int, slots: tuple[int, int], offs: list[int], chunk: int, total: int,
+                   handle: int, device_id: int, what: str, *, to_host: bool) -> None:
+    """The chunk loop of :func:`_staged`: two slots, host copies overlapped with the DMA of the other."""
+    copy_async = _driver.api().drv.cuMemcpyAsync
+    events: list[_events.Event | None] = [None, None]
+
+    def size(k: int) -> int:
+        return min(chunk, total - offs[k])
+
+    def issue(dst: int, src: int, k: int) -> None:
+        err = copy_async(dst, src, size(k), handle)[0]
+        if err != 0:
+            _driver.raise_for(err, "cuMemcpyAsync", what)
+        events[k % 2] = _events.record(handle, device_id)
+
+    if to_host:
+        for k in range(min(2, len(offs))):
+            issue(slots[k % 2], dev.ptr + offs[k], k)
+        for k in range(len(offs)):
+            done = events[k % 2]
+            assert done is not None
+            done.synchronize()
+            ctypes.memmove(hptr + offs[k], slots[k % 2], size(k))
+            if k + 2 < len(offs):
+                issue(slots[k % 2], dev.ptr + offs[k + 2], k + 2)
+    else:
+        for k in range(len(offs)):
+            previous = events[k % 2]
+            if previous is not None:
+                previous.synchronize()  # the DMA that last read this slot is done
+            ctypes.memmove(slots[k % 2], hptr + offs[k], size(k))
+            issue(dev.ptr + offs[k], slots[k % 2], k)
 
 
 def _prefetch_for_write(dst: Side, handle: int) -> None:

@@ -92,6 +92,11 @@ class _Api:
         batch = getattr(drv, "cuMemPrefetchBatchAsync", None)
         self.mem_prefetch_batch = batch if self.driver_version >= 13000 else None
         self.stream_get_device = getattr(drv, "cuStreamGetDevice", None)
+        # Bound once: called on every tracked launch.
+        self.stream_get_id = getattr(drv, "cuStreamGetId", None)
+        self.stream_is_capturing = drv.cuStreamIsCapturing
+        self.capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        self.stream_wait_event = drv.cuStreamWaitEvent
 
 
 _lock = threading.Lock()
@@ -101,6 +106,11 @@ _unavailable: str | None = None
 
 def _load() -> _Api:
     global _unavailable
+    if _forked_child:
+        raise CudaUnavailableError(
+            "this process was forked from one that had initialised CUDA; CUDA cannot be used in such a "
+            "child (use multiprocessing's 'spawn' or 'forkserver' start method)"
+        )
     with _lock:
         if _api is not None:
             return _api
@@ -143,6 +153,25 @@ def _result_name(drv: Any, err: Any) -> str:
         return str(drv.CUresult(err).name)
     except Exception:
         return f"CUresult {int(err)}"
+
+
+#: Set in a child of fork(): the parent's CUDA state is unusable there.
+_forked_child = False
+#: Incremented in every child of fork(): allocations remember the generation
+#: they were made in, and one from an earlier generation is never touched.
+fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _api, _forked_child, fork_generation
+    fork_generation += 1
+    if _api is not None:
+        _api = None
+        _forked_child = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def api() -> _Api:
@@ -330,6 +359,54 @@ def current_device() -> int:
     if device_count() == 1:
         return 0
     return int(check(api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def stream_key(handle: int) -> int:
+    """A key that names one stream for as long as it exists: ``cuStreamGetId``.
+
+    Raw handles are ambiguous: ``0`` is the legacy stream of whichever
+    context is current, ``2`` is the calling thread's per-thread stream, and
+    a destroyed stream's handle can come back for a new stream.  The stream
+    id is unique in the process.  (Without ``cuStreamGetId``, before CUDA 12,
+    the handle is the key.)
+    """
+    a = _api if _api is not None else api()
+    get = a.stream_get_id
+    if get is None:
+        return handle
+    err, sid = get(handle)
+    if err != 0:
+        raise_for(err, "cuStreamGetId", f"identifying stream {handle:#x}")
+    return int(sid)
+
+
+def is_capturing(handle: int) -> bool:
+    """Whether ``handle`` is capturing a CUDA graph (``cuStreamIsCapturing``)."""
+    a = _api if _api is not None else api()
+    err, status = a.stream_is_capturing(handle)
+    if err != 0:
+        # An implicit capture of the legacy stream reports itself as an error.
+        if _result_name(a.drv, err) == "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT":
+            return True
+        raise_for(err, "cuStreamIsCapturing", f"checking stream {handle:#x} for graph capture")
+    return bool(status != a.capture_none)
+
+
+def active_devices() -> list[int]:
+    """Devices whose primary context is active (where device work can exist)."""
+    out = []
+    for d in range(device_count()):
+        _flags, active = call("cuDevicePrimaryCtxGetState", d)
+        if active:
+            out.append(d)
+    return out
+
+
+def synchronize_devices(devices: list[int] | set[int] | None, what: str) -> None:
+    """``cuCtxSynchronize`` on each device (``None``: every device with an active context)."""
+    for d in sorted(active_devices() if devices is None else devices):
+        with device_context(d):
+            call("cuCtxSynchronize", detail=what)
 
 
 def mem_get_info() -> tuple[int, int]:

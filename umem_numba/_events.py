@@ -18,12 +18,14 @@ _free: dict[int, list[Any]] = {}
 class Event:
     """A recorded CUDA event; returns its handle to the pool when collected."""
 
-    __slots__ = ("device_id", "handle", "stream")
+    __slots__ = ("device_id", "handle", "key", "stream")
 
-    def __init__(self, handle: Any, device_id: int, stream: int) -> None:
+    def __init__(self, handle: Any, device_id: int, stream: int, key: int) -> None:
         self.handle = handle
         self.device_id = device_id
         self.stream = stream
+        #: The stream's identity (``cuStreamGetId``): the handle alone is ambiguous.
+        self.key = key
 
     def done(self) -> bool:
         """Whether all work before the record has finished (never blocks)."""
@@ -46,8 +48,12 @@ def _pool(device_id: int) -> list[Any]:
     return pool
 
 
-def record(stream: int, device_id: int) -> Event:
-    """Record a pooled event on ``stream`` (in the current context, whose device is ``device_id``)."""
+def record(stream: int, device_id: int, key: int | None = None) -> Event:
+    """Record a pooled event on ``stream`` (in the current context, whose device is ``device_id``).
+
+    ``key`` is the stream's identity (:func:`umem_numba._driver.stream_key`);
+    it is looked up when not given.
+    """
     api = _driver.api()
     drv = api.drv
     pool = _pool(device_id)
@@ -60,4 +66,4 @@ def record(stream: int, device_id: int) -> Event:
         # A handle whose record failed is in an unknown state: never reuse it.
         drv.cuEventDestroy(handle)
         _driver.raise_for(err, "cuEventRecord", f"recording completion on stream {stream:#x}")
-    return Event(handle, device_id, stream)
+    return Event(handle, device_id, stream, _driver.stream_key(stream) if key is None else key)

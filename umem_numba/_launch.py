@@ -1,14 +1,31 @@
-"""Launching kernels with coherence: one event per launch, filed under every buffer argument.
+"""Launching kernels with coherence: ordered on the device, one event per launch.
 
-:func:`launch`, :func:`coherent` and :func:`jit` record one CUDA event on the
-launch stream after the kernel and file it under the tracker of every
-umem_numba buffer among the arguments (views included), with no host
-synchronisation on the launch path.  Host access later waits for exactly
-those events (see :mod:`umem_numba._tracker`).
+:func:`launch`, :func:`coherent` and :func:`jit` launch a numba kernel and, for
+every umem_numba buffer among the arguments (views included):
+
+1. order the launch stream, on the device, after conflicting toolkit work on
+   other streams (``cuStreamWaitEvent``; a read waits for the last write, a
+   write for the last write and the reads since; see :mod:`umem_numba._tracker`);
+2. record one CUDA event after the kernel and file it under the buffer, as a
+   read or a write.
+
+Nothing waits on the host.  Which arguments a kernel only reads is inferred
+from its Python source (an argument that is only indexed for loading, or
+asked for ``shape``/``dtype``/``size``/``ndim``/``strides``, is read-only;
+anything else, including passing it to a device function, counts as a write),
+or declared with ``readonly=`` (which then replaces the inference).
+
+Launches into a CUDA graph capture are refused: an event recorded inside a
+capture cannot be waited for, and the graph would keep using memory the
+toolkit does not know is referenced.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _driver, _events
@@ -19,51 +36,181 @@ from ._tracker import Tracker, _launching
 
 __all__ = ["CoherentKernel", "coherent", "jit", "launch"]
 
+#: Array attributes that read no element.
+_META = frozenset({"shape", "size", "ndim", "dtype", "strides", "itemsize", "nbytes"})
 
-def _trackers_of(args: tuple[Any, ...]) -> list[Tracker]:
-    out: list[Tracker] = []
-    for a in args:
+
+# ---------------------------------------------------------------------------
+# Which arguments a kernel writes
+
+
+def _written_params(func: Callable[..., Any]) -> tuple[str, ...] | None:
+    """Names of the parameters ``func`` may write (``None``: the source is unavailable: all)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func.__name__]
+    if not defs:
+        return None
+    fn = defs[0]
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(fn):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    written: set[str] = set()
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Name) or node.id not in params:
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.arguments):
+            continue
+        if isinstance(node.ctx, ast.Load):
+            if isinstance(parent, ast.Subscript) and parent.value is node:
+                if isinstance(parent.ctx, ast.Load):
+                    continue  # p[i] read
+            elif isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _META:
+                continue  # p.shape and friends
+        written.add(node.id)  # a store into it, a rebinding, or use we cannot follow
+    return tuple(p for p in params if p in written)
+
+
+class _KernelInfo:
+    """Per kernel: for each positional argument, whether a launch may write it."""
+
+    __slots__ = ("params", "writes")
+
+    def __init__(self, kernel: Any, readonly: Iterable[str] | None) -> None:
+        py_func = kernel.py_func
+        sig = inspect.signature(py_func)
+        self.params = [p.name for p in sig.parameters.values()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if readonly is not None:
+            ro = {readonly} if isinstance(readonly, str) else set(readonly)
+            unknown = ro - set(self.params)
+            if unknown:
+                raise ValueError(f"readonly names {sorted(unknown)} are not parameters of "
+                                 f"{py_func.__name__}{sig}")
+            self.writes = tuple(p not in ro for p in self.params)
+        else:
+            written = _written_params(py_func)
+            self.writes = tuple(written is None or p in written for p in self.params)
+
+    def write(self, index: int) -> bool:
+        """Whether argument ``index`` may be written (arguments past the parameters: yes)."""
+        return index >= len(self.writes) or self.writes[index]
+
+
+# ---------------------------------------------------------------------------
+# The launch itself
+
+
+def _uses(info: _KernelInfo, args: tuple[Any, ...]) -> list[tuple[Tracker, bool]]:
+    """``(tracker, write)`` per allocation among ``args`` (a write wins over reads of one allocation)."""
+    uses: list[tuple[Tracker, bool]] = []
+    for i, a in enumerate(args):
         if isinstance(a, Buffer):
             alloc = a._alloc
             if alloc is not None:  # a closed buffer fails in numba's typing with a clear error
-                out.append(alloc.tracker)
+                _add(uses, alloc.tracker, info.write(i))
         elif isinstance(a, (tuple, list)):
-            out.extend(_trackers_of(tuple(a)))
+            for item in _buffers_in(a):
+                _add(uses, item, True)
+    return uses
+
+
+def _buffers_in(seq: tuple[Any, ...] | list[Any]) -> list[Tracker]:
+    out: list[Tracker] = []
+    for a in seq:
+        if isinstance(a, Buffer) and a._alloc is not None:
+            out.append(a._alloc.tracker)
+        elif isinstance(a, (tuple, list)):
+            out.extend(_buffers_in(a))
     return out
 
 
-def _launch(configured: Any, stream: Any, args: tuple) -> None:
-    trackers = _trackers_of(args)
-    for t in trackers:
-        if t.holds:
-            raise CoherenceError("cannot launch: an argument is held by the host "
-                                 "(inside `with buf.on_host()`); leave the block first")
-    flag = _launching
-    flag.active = True
-    try:
-        configured(*args)
-    finally:
-        flag.active = False
-    if trackers:
-        handle = stream_handle(stream)
-        event = _events.record(handle, _driver.current_device())
-        for t in trackers:
-            t.pending[handle] = event  # one dict store: atomic under the GIL
+def _add(uses: list[tuple[Tracker, bool]], tracker: Tracker, write: bool) -> None:
+    for k, (t, w) in enumerate(uses):
+        if t is tracker:
+            if write and not w:
+                uses[k] = (t, True)
+            return
+    uses.append((tracker, write))
+
+
+class _ConfiguredLaunch:
+    """``kernel[grid, block, stream, sharedmem]`` with the stream's handle and identity worked out once."""
+
+    __slots__ = ("_configured", "_handle", "_info", "_key", "_stream")
+
+    def __init__(self, configured: Any, stream: Any, info: _KernelInfo) -> None:
+        self._configured = configured
+        self._stream = stream  # held: its handle cannot be reused while this object lives
+        self._handle = stream_handle(stream, what="launch")
+        self._info = info
+        # A created stream keeps its identity; the special handles (legacy 0/1,
+        # per-thread 2) name a different stream per context or thread.
+        self._key = None if self._handle in (0, 1, 2) else _driver.stream_key(self._handle)
+
+    def __call__(self, *args: Any) -> None:
+        uses = _uses(self._info, args)
+        if not uses:
+            self._configured(*args)
+            return
+        handle = self._handle
+        if _driver.is_capturing(handle):
+            raise CoherenceError(
+                "cannot launch a tracked kernel into a CUDA graph capture: an event recorded in a capture "
+                "cannot be waited for, and the graph would keep using memory umem_numba may free; capture "
+                "with plain numba launches and keep the buffers alive (and unchanged on the host) while the "
+                "graph can run"
+            )
+        key = self._key if self._key is not None else _driver.stream_key(handle)
+        begun: list[tuple[Tracker, bool]] = []
+        flag = _launching
+        try:
+            waits = None
+            for tracker, write in uses:
+                w = tracker.begin_use(key, write, "launch")
+                begun.append((tracker, write))
+                if w:
+                    waits = w if waits is None else waits + w
+            if waits:
+                wait = _driver.api().stream_wait_event
+                for event in {id(e): e for e in waits}.values():
+                    _driver.check(wait(handle, event.handle, 0), "cuStreamWaitEvent",
+                                  "ordering a launch after conflicting work on another stream")
+            flag.current = tuple(t for t, _ in uses)
+            self._configured(*args)
+        except BaseException:
+            flag.current = ()
+            for tracker, write in begun:
+                tracker.end_use(key, None, write, issued=False)
+            raise
+        flag.current = ()
+        recorded: _events.Event | None = None
+        try:
+            recorded = _events.record(handle, _driver.current_device(), key)
+        finally:
+            for tracker, write in uses:
+                tracker.end_use(key, recorded, write)
 
 
 def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0,
            sharedmem: int = 0) -> None:
-    """Launch a numba CUDA kernel and record its completion on every buffer argument.
+    """Launch a numba CUDA kernel, ordered and recorded on every buffer argument.
 
     Parameters
     ----------
-    kernel : numba CUDA dispatcher
+    kernel : numba CUDA dispatcher or CoherentKernel
         A ``@cuda.jit`` kernel.
     griddim, blockdim : int or tuple
         Launch configuration, as in ``kernel[griddim, blockdim]``.
     *args
         Kernel arguments; umem_numba buffers (and views) among them are tracked.
-    stream : numba stream, 0 or None
+    stream : numba stream, CuPy/PyTorch stream, 0 or None
         The launch stream.
     sharedmem : int
         Dynamic shared memory in bytes.
@@ -71,29 +218,23 @@ def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0
     Raises
     ------
     CoherenceError
-        If a buffer argument is held by the host (:meth:`ManagedBuffer.on_host`).
+        A buffer argument is held by the host (:meth:`ManagedBuffer.on_host`),
+        or the stream is capturing a CUDA graph.
 
     Notes
     -----
-    Nothing is synchronised here: the launch records one CUDA event, and host
-    access to an argument later waits for exactly that event.
+    Nothing is synchronised on the host: the stream waits on the device for
+    conflicting work on other streams, and the launch records one CUDA event
+    that later host access waits for.
     """
-    _launch(kernel[griddim, blockdim, stream, sharedmem], stream, args)
+    coherent(kernel)[griddim, blockdim, stream, sharedmem](*args)
 
 
-class _ConfiguredLaunch:
-    __slots__ = ("_configured", "_stream")
-
-    def __init__(self, configured: Any, stream: Any) -> None:
-        self._configured = configured
-        self._stream = stream
-
-    def __call__(self, *args: Any) -> None:
-        _launch(self._configured, self._stream, args)
+_CONFIG_CACHE_SIZE = 64
 
 
 class CoherentKernel:
-    """A numba kernel whose launches are tracked by umem_numba's coherence checks.
+    """A numba kernel whose launches are ordered and recorded by umem_numba's coherence.
 
     Use it exactly like the kernel: ``k[grid, block, stream, sharedmem](*args)``.
     Other attributes (``py_func``, ``overloads``, ``inspect_*``...) are the
@@ -103,20 +244,45 @@ class CoherentKernel:
     ----------
     kernel : numba CUDA dispatcher
         The ``@cuda.jit`` kernel to wrap.
+    readonly : iterable of str, optional
+        Names of the parameters the kernel never writes (their buffers stay
+        readable by other streams concurrently).  Default: inferred from the
+        kernel's source, every parameter counting as written where that is
+        not available.
     """
 
-    __slots__ = ("kernel",)
+    __slots__ = ("_configs", "_info", "kernel")
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, readonly: Iterable[str] | None = None) -> None:
         if not hasattr(kernel, "__getitem__") or not hasattr(kernel, "py_func"):
             raise TypeError(f"coherent() needs a numba @cuda.jit kernel, got {type(kernel).__name__}")
         self.kernel = kernel
+        self._info = _KernelInfo(kernel, readonly)
+        self._configs: dict[tuple[Any, ...], _ConfiguredLaunch] = {}
+
+    @property
+    def writes(self) -> dict[str, bool]:
+        """For each parameter, whether a launch counts as writing it."""
+        return dict(zip(self._info.params, self._info.writes, strict=True))
 
     def __getitem__(self, config: Any) -> _ConfiguredLaunch:
         if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
             raise ValueError("launch configuration must be [griddim, blockdim[, stream[, sharedmem]]]")
         stream = config[2] if len(config) > 2 else 0
-        return _ConfiguredLaunch(self.kernel[config], stream)
+        try:
+            key = (config[0], config[1], id(stream), config[3] if len(config) > 3 else 0)
+            cached = self._configs.get(key)
+        except TypeError:  # unhashable dimensions (lists): no caching
+            return _ConfiguredLaunch(self.kernel[config], stream, self._info)
+        if cached is None or cached._stream is not stream:
+            configured = self.kernel[config]
+            cached = _ConfiguredLaunch(configured, stream, self._info)
+            if configured is self.kernel:
+                return cached  # numba's simulator configures the kernel object itself: never reuse
+            if len(self._configs) >= _CONFIG_CACHE_SIZE:
+                self._configs.clear()
+            self._configs[key] = cached
+        return cached
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.kernel(*args, **kwargs)  # numba raises its own "missing launch config" error
@@ -128,22 +294,59 @@ class CoherentKernel:
         return f"CoherentKernel({self.kernel!r})"
 
 
-def coherent(kernel: Any) -> CoherentKernel:
-    """Wrap a numba kernel so that its launches are tracked (see :class:`CoherentKernel`)."""
-    return kernel if isinstance(kernel, CoherentKernel) else CoherentKernel(kernel)
+def coherent(kernel: Any, *, readonly: Iterable[str] | None = None) -> CoherentKernel:
+    """Wrap a numba kernel so that its launches are ordered and recorded (see :class:`CoherentKernel`).
+
+    Parameters
+    ----------
+    kernel : numba CUDA dispatcher or CoherentKernel
+    readonly : iterable of str, optional
+        Parameters the kernel never writes (default: inferred).
+
+    Returns
+    -------
+    CoherentKernel
+    """
+    if isinstance(kernel, CoherentKernel) and readonly is None:
+        return kernel
+    if isinstance(kernel, CoherentKernel):
+        kernel = kernel.kernel
+    wrapped = getattr(kernel, "_umem_coherent", None)
+    if isinstance(wrapped, CoherentKernel) and readonly is None:
+        return wrapped
+    out = CoherentKernel(kernel, readonly)
+    if readonly is None:
+        try:
+            kernel._umem_coherent = out  # one wrapper per kernel: launch() reuses its cache
+        except AttributeError:
+            pass
+    return out
 
 
-def jit(func_or_sig: Any = None, **options: Any) -> Any:
+def jit(func_or_sig: Any = None, *, readonly: Iterable[str] | None = None, **options: Any) -> Any:
     """``numba.cuda.jit`` whose kernels are :func:`coherent`.
 
     Use as ``@umem_numba.jit`` or ``@umem_numba.jit(signature, **options)``;
     options are numba's.  Device functions (``device=True``) are returned
     unwrapped: they are not launched.
+
+    Parameters
+    ----------
+    func_or_sig : function, signature or None
+        As for ``numba.cuda.jit``.
+    readonly : iterable of str, optional
+        Parameters the kernel never writes (default: inferred).
+    **options
+        numba's options.
+
+    Returns
+    -------
+    CoherentKernel, or a decorator making one
     """
     from numba import cuda as nbcuda
 
     def wrap(obj: Any) -> Any:
-        return obj if options.get("device") else CoherentKernel(obj)
+        return obj if options.get("device") else coherent(obj, readonly=readonly)
 
     if func_or_sig is None:
         return lambda f: wrap(nbcuda.jit(**options)(f))

@@ -131,12 +131,17 @@ class DriverMemory(Memory):
         return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
 
 
-def _release(memory: Memory, tracker: Tracker) -> None:
+def _release(memory: Memory, tracker: Tracker, generation: int) -> None:
     """The one release path: wait, free, count, report.  Never raises."""
+    if generation != _driver.fork_generation:
+        # Made before fork() in the parent: the parent's context owns it, and a
+        # forked child can make no CUDA call.  Only the count goes.
+        _stats.record_free(memory.kind, memory.nbytes)
+        return
     what = memory.describe()
     try:
-        if not memory.stream_ordered and (tracker.pending or tracker.unknown):
-            tracker.wait(extra="context" if tracker.unknown else None)
+        if not memory.stream_ordered:
+            tracker.wait_all(f"releasing {what}")
     except Exception as exc:  # the free below still runs
         report_failed_free(f"waiting for device work before releasing {what}", exc)
     try:
@@ -177,6 +182,7 @@ class Allocation:
         "closed",
         "device_id",
         "device_ptr",
+        "generation",
         "kind",
         "memory",
         "ptr",
@@ -200,13 +206,14 @@ class Allocation:
         self.tracker = tracker
         self.closed = False
         self.memory = memory
+        self.generation = _driver.fork_generation
         self._exports = 0
         self._lock = threading.RLock()
         if memory is None:
             self._finalizer: weakref.finalize | None = None
         else:
             _stats.record_alloc(memory.kind, memory.nbytes)
-            self._finalizer = weakref.finalize(self, _release, memory, tracker)
+            self._finalizer = weakref.finalize(self, _release, memory, tracker, self.generation)
 
     @property
     def nbytes(self) -> int:
@@ -214,11 +221,15 @@ class Allocation:
         return 0 if self.memory is None else self.memory.nbytes
 
     def close(self) -> None:
-        """Release now, or as soon as the last numpy host view is gone.
+        """Release now; or, while exports live or the memory escaped to another library, once they are gone.
 
         Device work is settled first (per the coherence policy) without
         holding the lock, so a finalizer that runs during the wait cannot
-        deadlock on it.
+        deadlock on it.  A numpy array or a DLPack consumer over the memory
+        defers the release until it lets go; memory whose device view left
+        for another library (CUDA Array Interface) is released when the last
+        Python object over it is collected, since that library may still be
+        using it.
         """
         if self.closed:
             return
@@ -228,22 +239,22 @@ class Allocation:
             if self.closed:
                 return
             self.closed = True
-            deferred = self._exports > 0
+            deferred = self._exports > 0 or self.tracker.escaped
         if not deferred and self._finalizer is not None:
             self._finalizer()
 
-    def export_host(self) -> None:
-        """Count a numpy array over the memory (refused once closed)."""
+    def add_export(self) -> None:
+        """Count an object outside umem_numba over the memory (numpy array, DLPack consumer); refused once closed."""
         with self._lock:
             if self.closed:
                 raise BufferClosedError(f"this {self.kind} buffer is closed")
             self._exports += 1
 
-    def host_export_gone(self) -> None:
-        """A numpy array over the memory was collected; release if it was the last after close."""
+    def drop_export(self) -> None:
+        """An export is gone; release if it was the last one after close (and nothing escaped)."""
         with self._lock:
             self._exports -= 1
-            release = self.closed and self._exports == 0
+            release = self.closed and self._exports == 0 and not self.tracker.escaped
         if release and self._finalizer is not None:
             self._finalizer()
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _events
+from . import _driver
 from ._advice import ManagedMemoryHints, MigrationPolicy
 from ._buffer import Buffer, new_layout
 from ._lifetime import Allocation, DriverMemory
 from ._location import StreamLike, Target, stream_handle
 from ._pool import MemoryPool, check_pool
 from ._prefetch import prefetch
-from ._tracker import Tracker
+from ._tracker import DeviceUse, Tracker
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
 
@@ -240,10 +240,9 @@ class ManagedBuffer(Buffer):
             alloc.tracker.attached = target
             return
         flag = _attach_flag(to) if isinstance(to, str) else _driver.consts().attach_single
-        with _driver.device_context(alloc.device_id):
-            _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag,
-                         detail=f"attaching a managed buffer to {to!r}")
-            alloc.tracker.add(handle, _events.record(handle, alloc.device_id))
+        what = f"attaching a managed buffer to {to!r}"
+        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, True)], handle, what):
+            _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag, detail=what)
         alloc.tracker.attached = target
 
     @property

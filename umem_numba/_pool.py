@@ -314,7 +314,7 @@ class MemoryPool:
                 tx.commit()
             # Usable once the stream reaches the allocation: host access and
             # copies on other streams wait for this event.
-            tracker.add(stream, _events.record(stream, dev))
+            tracker.add(stream, _events.record(stream, dev))  # the allocation is the first write
         return alloc
 
     # -- lifetime ----------------------------------------------------------------------

@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from . import _driver, _events
+from . import _driver
 from ._errors import CudaError
 from ._location import Location, StreamLike, Target, as_location, stream_device, stream_handle
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
+from ._tracker import DeviceUse, Tracker
 
 __all__ = ["PrefetchPlan", "prefetch"]
 
@@ -46,14 +47,9 @@ def _issue_one(span: ManagedSpan, loc: Location, handle: int, what: str) -> None
     _check(res, "cuMemPrefetchAsync", f"{what}: prefetching {span.label} to {loc}", what)
 
 
-def _record(handle: int, device_id: int, spans: Iterable[ManagedSpan]) -> None:
-    """File one event after the prefetches under every buffer they touched."""
-    trackers = {id(r.tracker): r.tracker for r in spans if r.tracker is not None}
-    if not trackers:
-        return
-    event = _events.record(handle, device_id)
-    for tracker in trackers.values():
-        tracker.add(handle, event)
+def _uses(spans: Iterable[ManagedSpan]) -> list[tuple[Tracker, bool]]:
+    """A prefetch reads (it moves pages, the values stay): ordered after writes, before later writes."""
+    return [(s.tracker, False) for s in spans if s.tracker is not None]
 
 
 def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tuple[ManagedSpan, Location]:
@@ -89,12 +85,8 @@ def prefetch(obj: Any, target: Target, stream: StreamLike = None,
     span, loc = _prepare(obj, target, start, stop, what)
     device = stream_device(handle)
     as_location(device, require_concurrent=True, what=f"{what} (device of the stream)")
-    with _driver.device_context(device):
-        try:
-            _issue_one(span, loc, handle, what)
-        finally:
-            # Recorded even after a failure: the driver may have queued part of it.
-            _record(handle, device, (span,))
+    with _driver.device_context(device), DeviceUse(_uses((span,)), handle, what):
+        _issue_one(span, loc, handle, what)
 
 
 def _batch_possible(handle: int, count: int) -> bool:
@@ -229,18 +221,13 @@ class PrefetchPlan:
             return
         device = stream_device(handle)
         as_location(device, require_concurrent=True, what="PrefetchPlan.execute (device of the stream)")
-        issued = 0
-        with _driver.device_context(device):
-            try:
-                if _batch_possible(handle, len(prepared)):
-                    issued = len(prepared)  # a failed batch may have queued any part of it
-                    _issue_batch(prepared, handle)
-                else:
-                    for region, loc in prepared:
-                        issued += 1
-                        _issue_one(region, loc, handle, "PrefetchPlan.execute")
-            finally:
-                _record(handle, device, (r for r, _ in prepared[:issued]))
+        with _driver.device_context(device), DeviceUse(_uses(s for s, _ in prepared), handle,
+                                                        "PrefetchPlan.execute"):
+            if _batch_possible(handle, len(prepared)):
+                _issue_batch(prepared, handle)
+            else:
+                for span, loc in prepared:
+                    _issue_one(span, loc, handle, "PrefetchPlan.execute")
 
     def __repr__(self) -> str:
         shown = [f"{type(e.obj).__name__}[{e.start}:{e.stop}] -> {e.target}" for e in self._entries[:8]]

@@ -10,10 +10,25 @@ no host synchronisation on the launch path.  Host access (``.host``,
 under the default ``"sync"`` policy it waits on exactly those events, not on
 the whole device.
 
-A launch that bypasses the toolkit (a plain ``kernel[grid, block](buf)``) is
-still seen: numba reads the buffer's type and device pointer while launching,
-and that marks the allocation as used on an *unknown* stream; the next host
-access then synchronises the buffer's whole context (``"sync"``) or raises.
+Device-side ordering: work the toolkit issues on stream S (kernels, copies,
+prefetches, memsets) first makes S wait, on the device (``cuStreamWaitEvent``),
+for earlier toolkit work on *other* streams that conflicts with it: a read
+waits for the last write, a write waits for the last write and every read
+since.  Readers on different streams stay concurrent.  Streams are told apart
+by their ``cuStreamGetId``, never by the raw handle.
+
+Work the toolkit cannot see is still accounted for:
+
+* a plain numba launch (``kernel[grid, block](buf)``) reads the buffer's type
+  and device pointer while launching, which marks the allocation as used on an
+  *unknown* stream of the current device; the next host access synchronises
+  that device (``"sync"``) or raises;
+* a device view that leaves the toolkit (``__cuda_array_interface__`` read by
+  CuPy, PyTorch, ``cuda.as_cuda_array``; ``__dlpack__``) *escapes*: the other
+  library may use it at any time, so from then on every host access
+  synchronises every device with an active context.  ``buf.lend(stream)`` is
+  the precise alternative: the work on that stream is recorded when the block
+  ends.
 
 Policies
 --------
@@ -38,6 +53,7 @@ import contextvars
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from . import _driver, _events
 from ._errors import CoherenceError
@@ -45,6 +61,7 @@ from ._errors import CoherenceError
 __all__ = [
     "POLICIES",
     "CoherenceWarning",
+    "DeviceUse",
     "Tracker",
     "check_policy",
     "coherence_policy",
@@ -101,13 +118,19 @@ def coherence_policy(policy: str) -> Iterator[str]:
         _block_policy.reset(token)
 
 
-class _LaunchFlag(threading.local):
-    active = False
+class _Launching(threading.local):
+    """The trackers of the launch the calling thread is making right now.
+
+    numba reads each argument's type and device pointer while the toolkit
+    launches; those reads are the toolkit's own and must not mark the
+    allocation as used by an unknown launch.  Only the launch's own
+    arguments are exempt, not every buffer touched on the thread meanwhile.
+    """
+
+    current: tuple[Tracker, ...] = ()
 
 
-#: True on a thread while the toolkit itself launches: numba's reads of the
-#: buffers' types then are ours and must not mark an unknown-stream launch.
-_launching = _LaunchFlag()
+_launching = _Launching()
 
 
 class Tracker:
@@ -121,144 +144,328 @@ class Tracker:
         The device's concurrentManagedAccess: without it *any* running kernel
         makes host access to managed memory fault, so settling waits for the
         whole context.
+
+    Notes
+    -----
+    Every field is read and written under one lock; the driver is never
+    called with it held, so a garbage collection (which may run a buffer's
+    finalizer) can never deadlock on it.
     """
 
     __slots__ = (
+        "_idle",
         "_lock",
+        "_unknown_gen",
         "attached",
         "concurrent",
         "device_id",
+        "escaped",
         "holds",
-        "pending",
+        "inflight",
+        "last_write",
         "policy",
-        "unknown",
+        "reads",
+        "unknown_devices",
     )
 
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
-        self.pending: dict[int, _events.Event] = {}
-        self.unknown = False
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        #: Event after the last write (supersedes every earlier write: each
+        #: writer waited on the device for the previous one and for the reads).
+        self.last_write: _events.Event | None = None
+        #: Reads since the last write, the latest per stream key.
+        self.reads: dict[int, _events.Event] = {}
+        #: Devices on which a launch the toolkit did not make used the memory.
+        self.unknown_devices: set[int] = set()
+        self._unknown_gen = 0
+        #: A device view left the toolkit: work on it can appear at any time.
+        self.escaped = False
+        #: Toolkit work between its begin and its recorded event.
+        self.inflight = 0
         self.holds = 0
         self.policy: str | None = None
         self.device_id = device_id
         self.concurrent = concurrent
         #: None (attached globally), "host", or the stream handle it is attached to.
         self.attached: str | int | None = None
-        self._lock = threading.Lock()
 
-    # -- device side ----------------------------------------------------------
-    def on_device_export(self) -> None:
-        """numba (or another consumer) took the device view outside the toolkit."""
-        if _launching.active:
+    # -- what tests and tools read ---------------------------------------------
+    @property
+    def pending(self) -> dict[int, _events.Event]:
+        """Recorded work not yet known to be done, by stream handle (a snapshot)."""
+        with self._lock:
+            events = list(self.reads.values())
+            if self.last_write is not None:
+                events.append(self.last_write)
+        return {e.stream: e for e in events}
+
+    @property
+    def unknown(self) -> bool:
+        """Whether a launch the toolkit did not make may still use the memory."""
+        return bool(self.unknown_devices)
+
+    # -- device side -------------------------------------------------------------
+    def on_device_export(self, escape: bool) -> None:
+        """A device view was taken outside a toolkit launch.
+
+        Parameters
+        ----------
+        escape : bool
+            ``True``: the view left the toolkit for good (CUDA Array
+            Interface, DLPack).  ``False``: numba is launching with it right
+            now on the current device (a plain launch).
+        """
+        if self in _launching.current:
             return
-        if self.holds:
-            raise CoherenceError("a kernel launch (or other device use) was attempted while the host "
-                                 "holds this buffer (inside `with buf.on_host()`)")
-        self.unknown = True
+        device = -1 if escape else _driver.current_device()
+        with self._lock:
+            if self.holds:
+                raise CoherenceError("a kernel launch (or other device use) was attempted while the host "
+                                     "holds this buffer (inside `with buf.on_host()`)")
+            if escape:
+                self.escaped = True
+            else:
+                self.unknown_devices.add(device)
+                self._unknown_gen += 1
+
+    def begin_use(self, key: int, write: bool, what: str) -> list[_events.Event]:
+        """Register device work about to be issued on stream ``key``; return what it must wait for.
+
+        Every :meth:`begin_use` is paired with one :meth:`end_use`.
+
+        Raises
+        ------
+        CoherenceError
+            The host holds the buffer.
+        """
+        if self.unknown_devices:
+            # Work on an unknown stream cannot be ordered on the device: settle it on the host.
+            self.settle(what, self.effective_policy())
+        with self._lock:
+            if self.holds:
+                raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`); "
+                                     "leave the block first")
+            self.inflight += 1
+            waits = []
+            last = self.last_write
+            if last is not None and last.key != key:
+                waits.append(last)
+            if write:
+                for k, event in self.reads.items():
+                    if k != key:
+                        waits.append(event)
+            return waits
+
+    def end_use(self, key: int, event: _events.Event | None, write: bool, *, issued: bool = True) -> None:
+        """File the event recorded after work registered by :meth:`begin_use`.
+
+        ``event`` is ``None`` when recording failed: if the work was
+        ``issued`` the memory is then treated as used by an unknown launch.
+        """
+        with self._lock:
+            self.inflight -= 1
+            if event is not None:
+                if write:
+                    self.last_write = event
+                    self.reads = {}
+                else:
+                    self.reads[key] = event
+            elif issued:
+                self.unknown_devices.add(event_device_fallback(self.device_id))
+                self._unknown_gen += 1
+            if not self.inflight:
+                self._idle.notify_all()
 
     def add(self, stream: int, event: _events.Event) -> None:
-        """File ``event`` as the latest work on ``stream`` (supersedes the previous one)."""
-        self.pending[stream] = event
+        """File ``event`` as a write on ``stream`` (for work ordered by other means)."""
+        with self._lock:
+            self.last_write = event
+            self.reads = {}
 
-    # -- host side ------------------------------------------------------------
+    # -- host side -------------------------------------------------------------------
     def effective_policy(self) -> str:
+        """The policy in force: the buffer's, else the ``with`` block's, else the global one."""
         return self.policy or _block_policy.get() or _global_policy
 
     def before_host_access(self, what: str) -> None:
         """Settle before host code reads or writes the memory."""
-        if not self.pending and not self.unknown and self.concurrent:
+        if (self.last_write is None and not self.reads and not self.unknown_devices and not self.escaped
+                and not self.inflight and self.concurrent):
             return
         self.settle(what, self.effective_policy())
 
-    def _extra_wait(self, unknown: bool) -> str | int | None:
-        """Beyond recorded events, what host access must also wait for.
+    def _snapshot(self) -> tuple[list[_events.Event], set[int], int, bool]:
+        """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
+        while self.inflight:
+            self._idle.wait()
+        events = list(self.reads.values())
+        if self.last_write is not None:
+            events.append(self.last_write)
+        return events, set(self.unknown_devices), self._unknown_gen, self.escaped
 
-        ``"context"`` after an unknown-stream launch, or on a device without
-        concurrentManagedAccess for globally attached memory (any running
-        kernel makes host access fault there); a stream handle for memory
-        attached to one stream on such a device; else ``None``.
-        """
-        if unknown:
-            return "context"
+    def _forget(self, done: list[_events.Event], unknown_gen: int | None) -> None:
+        """Drop finished events (only those still filed) and, if nothing new came, the unknown mark."""
+        with self._lock:
+            if self.last_write is not None and self.last_write in done:
+                self.last_write = None
+            for k in [k for k, e in self.reads.items() if e in done]:
+                del self.reads[k]
+            if unknown_gen is not None and unknown_gen == self._unknown_gen:
+                self.unknown_devices.clear()
+
+    def _no_concurrent_wait(self) -> str | int | None:
+        """On a device without concurrentManagedAccess: the context, or the attached stream, to wait for."""
         if self.concurrent or self.attached == "host":
             return None
         return "context" if self.attached is None else self.attached
 
-    def settle(self, what: str, policy: str) -> None:
-        if policy == "off":
+    def settle(self, what: str, policy: str, *, always_wait: bool = False) -> None:
+        """Make host access safe under ``policy`` (``always_wait``: warn/off still wait, for unmapping)."""
+        if policy == "off" and not always_wait:
             return
         with self._lock:
-            busy = []
-            for stream, event in list(self.pending.items()):
-                if event.done():
-                    del self.pending[stream]
-                else:
-                    busy.append((stream, event))
-            unknown = self.unknown
-        extra = self._extra_wait(unknown)
-        if not busy and extra is None:
+            events, unknown, gen, escaped = self._snapshot()
+        busy = [e for e in events if not e.done()]
+        extra = self._no_concurrent_wait()
+        if not busy and not unknown and not escaped and extra is None:
+            self._forget(events, None)
             return
-        if policy in ("raise", "warn") and (busy or unknown):
-            if busy:
-                streams = ", ".join(f"{s:#x}" if s else "0 (default)" for s, _ in busy)
-                msg = f"{what}: kernel work on stream(s) {streams} may still be using this buffer"
-            else:
-                msg = (f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown); "
-                       "launch through umem_numba.launch/coherent/jit or call buf.synchronize() first")
+        if policy in ("raise", "warn") and (busy or unknown or escaped):
+            msg = _busy_message(what, busy, unknown, escaped)
             if policy == "raise":
                 raise CoherenceError(msg)
-            warnings.warn(msg, CoherenceWarning, stacklevel=4)
-            if extra is None or unknown:
-                return
+            if not always_wait:
+                warnings.warn(msg, CoherenceWarning, stacklevel=4)
+                if extra is None:
+                    return
+                busy, unknown, escaped = [], set(), False  # only the no-concurrent-access rule is kept
         # The no-concurrent-access rule is enforced under every policy but "off":
         # breaking it is a segmentation fault, not a stale read.
-        self.wait(busy, extra)
+        self._wait(events, busy, unknown, gen, escaped, extra, what)
 
-    def wait(self, busy: list | None = None, extra: str | int | None = "context") -> None:
-        """Block until the recorded work, and ``extra`` (see :meth:`_extra_wait`), is done."""
-        if busy is None:
-            with self._lock:
-                busy = list(self.pending.items())
-        for _, event in busy:
+    def _wait(self, events: list[_events.Event], busy: list[_events.Event], unknown: set[int], gen: int,
+              escaped: bool, extra: str | int | None, what: str) -> None:
+        for event in busy:
             event.synchronize()
-        if extra is not None:
+        if escaped:
+            _driver.synchronize_devices(None, f"{what}: waiting for other libraries' work on a shared buffer")
+        elif unknown:
+            _driver.synchronize_devices(unknown | {self.device_id},
+                                        f"{what}: waiting for a launch umem_numba did not make")
+        if extra == "context" and not escaped:
+            _driver.synchronize_devices({self.device_id}, f"{what}: waiting for the device (no concurrent access)")
+        elif isinstance(extra, int):
             with _driver.device_context(self.device_id):
-                if extra == "context":
-                    _driver.call("cuCtxSynchronize", detail="waiting for device work on a buffer")
-                else:
-                    _driver.call("cuStreamSynchronize", extra,
-                                 detail="waiting for the stream this buffer is attached to")
-        with self._lock:
-            for stream, event in busy:
-                if self.pending.get(stream) is event:
-                    del self.pending[stream]
-            if extra == "context":
-                self.unknown = False
+                _driver.call("cuStreamSynchronize", extra, detail="waiting for the stream this buffer is attached to")
+        self._forget(events, gen if (unknown or escaped) else None)
 
-    def order_before(self, stream: int, what: str) -> None:
-        """Make ``stream`` wait (on the device) for work recorded on other streams.
-
-        Work on an unknown stream cannot be ordered against: it is settled on
-        the host first.
-        """
-        if self.holds:
-            raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`)")
-        if self.unknown:
-            self.settle(what, self.effective_policy())
+    def wait_all(self, what: str) -> None:
+        """Wait for everything that may use the memory, whatever the policy (before it is freed)."""
         with self._lock:
-            events = [e for s, e in self.pending.items() if s != stream]
-        for event in events:
-            _driver.call("cuStreamWaitEvent", stream, event.handle, 0, detail=what)
+            events, unknown, gen, escaped = self._snapshot()
+        self._wait(events, events, unknown, gen, escaped, None, what)
 
     def hold(self, what: str) -> None:
-        self.before_host_access(what)
+        """Refuse device use from now on, then settle (atomically: no launch slips in between)."""
         with self._lock:
             self.holds += 1
+        try:
+            self.settle(what, self.effective_policy())
+        except BaseException:
+            self.release_hold()
+            raise
 
     def release_hold(self) -> None:
+        """End one :meth:`hold`."""
         with self._lock:
             self.holds -= 1
 
     def busy_streams(self) -> list[int]:
-        """Streams with launches not yet known to be finished."""
-        with self._lock:
-            return [s for s, e in self.pending.items() if not e.done()]
+        """Stream handles with recorded work not yet known to be finished."""
+        return [s for s, e in self.pending.items() if not e.done()]
+
+
+def event_device_fallback(device_id: int) -> int:
+    """The device to synchronise when work was issued but its event could not be recorded."""
+    try:
+        return _driver.current_device()
+    except Exception:
+        return device_id
+
+
+def _busy_message(what: str, busy: list[_events.Event], unknown: set[int], escaped: bool) -> str:
+    if busy:
+        streams = ", ".join(f"{e.stream:#x}" if e.stream else "0 (default)" for e in busy)
+        return f"{what}: device work on stream(s) {streams} may still be using this buffer"
+    if unknown:
+        return (f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown, device(s) "
+                f"{', '.join(map(str, sorted(unknown)))}); launch through umem_numba.launch/coherent/jit "
+                "or call buf.synchronize() first")
+    return (f"{what}: this buffer was handed to another library (CUDA Array Interface or DLPack) outside "
+            "`buf.lend(stream)`, so its work cannot be seen; lend it instead, or call buf.synchronize() "
+            "and access it under coherence_policy('off')")
+
+
+class DeviceUse:
+    """Order toolkit work on a stream against every buffer it touches, then record it.
+
+    Parameters
+    ----------
+    uses : sequence of (Tracker, bool)
+        Each tracker and whether the work writes its memory.
+    stream : int
+        The stream handle; the block must run with that stream's context
+        current (the event is recorded there).
+    what : str
+        Words for messages.
+
+    Examples
+    --------
+    >>> with DeviceUse([(tracker, True)], handle, "zeroing"):   # doctest: +SKIP
+    ...     _driver.call("cuMemsetD8Async", ptr, 0, n, handle)
+    """
+
+    __slots__ = ("event", "key", "stream", "uses", "what")
+
+    def __init__(self, uses: list[tuple[Tracker, bool]], stream: int, what: str) -> None:
+        merged: dict[int, tuple[Tracker, bool]] = {}
+        for tracker, write in uses:
+            old = merged.get(id(tracker))
+            merged[id(tracker)] = (tracker, write or (old is not None and old[1]))
+        self.uses = list(merged.values())
+        self.stream = stream
+        self.what = what
+        self.key = 0
+        #: The event recorded after the work (once the block ended without error).
+        self.event: _events.Event | None = None
+
+    def __enter__(self) -> DeviceUse:
+        self.key = _driver.stream_key(self.stream)
+        begun: list[tuple[Tracker, bool]] = []
+        try:
+            waits: dict[int, _events.Event] = {}
+            for tracker, write in self.uses:
+                for event in tracker.begin_use(self.key, write, self.what):
+                    waits[id(event)] = event
+                begun.append((tracker, write))
+            for event in waits.values():
+                _driver.call("cuStreamWaitEvent", self.stream, event.handle, 0, detail=self.what)
+        except BaseException:
+            for tracker, write in begun:
+                tracker.end_use(self.key, None, write, issued=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        event = None
+        if exc_type is None:
+            try:
+                event = self.event = _events.record(self.stream, _driver.current_device(), self.key)
+            finally:
+                for tracker, write in self.uses:
+                    tracker.end_use(self.key, event, write)
+        else:
+            # Part of the work may have been queued before the failure.
+            for tracker, write in self.uses:
+                tracker.end_use(self.key, None, write)

@@ -19,7 +19,6 @@ import threading
 from typing import Any
 
 from . import _driver, _stats
-from ._errors import UnsupportedError
 from ._lifetime import Allocation, Memory, Transaction, report_failed_free
 from ._tracker import Tracker
 from ._vmm import AddressRange
@@ -235,7 +234,3 @@ class VMMAllocation(Allocation):
     def release_past(self, keep: int) -> None:
         """Release the chunks that start at or past byte ``keep`` and count them."""
         _stats.record_resize("vmm", -self.chunks.release_tail(keep))
-
-    def export_host(self) -> None:
-        """VMM memory is device memory: no numpy array over it can exist."""
-        raise UnsupportedError("VMM memory is device memory: the host cannot map it")

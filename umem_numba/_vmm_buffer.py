@@ -400,7 +400,9 @@ class VMMBuffer(Buffer):
         if n == self._shape[0]:
             return
         with alloc.resize_lock:
-            alloc.tracker.before_host_access("shrinking a VMMBuffer")
+            # Unmapping under a running kernel is a fault, not a stale read:
+            # "warn" and "off" wait here too ("raise" raises).
+            alloc.tracker.settle("shrinking a VMMBuffer", alloc.tracker.effective_policy(), always_wait=True)
             new_nbytes = n * _row_bytes(self._shape, self._dtype)
             alloc.release_past(round_up(new_nbytes, alloc.granularity))
             alloc.shrinks.append(new_nbytes)
