@@ -233,13 +233,15 @@ class Allocation:
         """
         if self.closed:
             return
-        if self.memory is None or not self.memory.stream_ordered:
-            self.tracker.before_host_access(f"closing {self.kind} buffer")
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            deferred = self._exports > 0 or self.tracker.escaped
+        with self.tracker.exclusive("closing"):
+            # No launch can start from here on; those already registered are waited for.
+            if self.memory is None or not self.memory.stream_ordered:
+                self.tracker.before_host_access(f"closing {self.kind} buffer")
+            with self._lock:
+                if self.closed:
+                    return
+                self.closed = True
+                deferred = self._exports > 0 or self.tracker.escaped
         if not deferred and self._finalizer is not None:
             self._finalizer()
 

@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _driver, _events
-from ._errors import CoherenceError
+from ._errors import BufferClosedError, CoherenceError
 
 __all__ = [
     "POLICIES",
@@ -153,6 +153,7 @@ class Tracker:
     """
 
     __slots__ = (
+        "_blocked",
         "_idle",
         "_lock",
         "_unknown_gen",
@@ -184,6 +185,8 @@ class Tracker:
         #: Toolkit work between its begin and its recorded event.
         self.inflight = 0
         self.holds = 0
+        #: Why new device use is refused right now (closing, resizing), or None.
+        self._blocked: str | None = None
         self.policy: str | None = None
         self.device_id = device_id
         self.concurrent = concurrent
@@ -220,6 +223,7 @@ class Tracker:
             return
         device = -1 if escape else _driver.current_device()
         with self._lock:
+            self._refuse_if_blocked("device use")
             if self.holds:
                 raise CoherenceError("a kernel launch (or other device use) was attempted while the host "
                                      "holds this buffer (inside `with buf.on_host()`)")
@@ -243,6 +247,7 @@ class Tracker:
             # Work on an unknown stream cannot be ordered on the device: settle it on the host.
             self.settle(what, self.effective_policy())
         with self._lock:
+            self._refuse_if_blocked(what)
             if self.holds:
                 raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`); "
                                      "leave the block first")
@@ -276,6 +281,26 @@ class Tracker:
                 self._unknown_gen += 1
             if not self.inflight:
                 self._idle.notify_all()
+
+    def _refuse_if_blocked(self, what: str) -> None:
+        if self._blocked is not None:
+            error = BufferClosedError if self._blocked == "closing" else CoherenceError
+            raise error(f"{what}: the buffer is being {self._blocked} by another thread")
+
+    @contextlib.contextmanager
+    def exclusive(self, reason: str) -> Iterator[None]:
+        """Refuse new device use while the block runs (``reason``: "closing", "resized").
+
+        Work registered before the block is waited for by the settling done
+        inside it; nothing can start between that wait and the block's end.
+        """
+        with self._lock:
+            self._blocked = reason
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._blocked = None
 
     def add(self, stream: int, event: _events.Event) -> None:
         """File ``event`` as a write on ``stream`` (for work ordered by other means)."""

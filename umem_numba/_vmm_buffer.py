@@ -399,7 +399,7 @@ class VMMBuffer(Buffer):
             raise ValueError(f"shrink({n}) is larger than the current length {self._shape[0]}; use grow()")
         if n == self._shape[0]:
             return
-        with alloc.resize_lock:
+        with alloc.resize_lock, alloc.tracker.exclusive("resized"):
             # Unmapping under a running kernel is a fault, not a stale read:
             # "warn" and "off" wait here too ("raise" raises).
             alloc.tracker.settle("shrinking a VMMBuffer", alloc.tracker.effective_policy(), always_wait=True)
