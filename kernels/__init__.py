@@ -4,6 +4,9 @@
 * :func:`heat3d_step` / :func:`heat3d_kernel`: 3-D seven-point step.
 * :func:`max_abs_diff`: ``max |a - b|`` on the device, for convergence checks.
 * :mod:`.reference`: NumPy versions of each, for tests and checks.
+* :func:`human_bytes`, :func:`report_check`, :func:`save_field`,
+  :func:`progress`: what the examples share (the last two need the ``plot``
+  extra: matplotlib and tqdm).
 
 The kernels take numba device arrays and umem_numba buffers alike (managed,
 VMM, mapped pinned), float32 or float64, and copy the boundary through
@@ -15,7 +18,8 @@ Importing this package compiles nothing and touches no GPU.
 
 from __future__ import annotations
 
-from ._common import MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from ._common import MIN_BLOCKS, MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from ._report import MissingExtraError, human_bytes, progress, report_check, require_plot_extra, save_field
 from .reference import (
     heat2d_reference,
     heat2d_step_reference,
@@ -24,26 +28,29 @@ from .reference import (
     max_abs_diff_reference,
 )
 from .residual import max_abs_diff, max_abs_diff_kernel
-from .stencil2d import TUNED_2D, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
-from .stencil3d import TUNED_3D, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
+from .stencil2d import TUNED_2D, heat2d_compile, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
+from .stencil3d import TUNED_3D, heat3d_compile, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
 
 __all__ = [
     "SUPPORTED_DTYPES",
     "stencil_weights",
     "require_free_memory",
     "MemoryBudgetError",
+    "MIN_BLOCKS",
     # 2-D
     "heat2d_kernel",
     "heat2d_step",
     "launch_config_2d",
     "TUNED_2D",
     "heat2d_launch",
+    "heat2d_compile",
     # 3-D
     "heat3d_kernel",
     "heat3d_step",
     "launch_config_3d",
     "TUNED_3D",
     "heat3d_launch",
+    "heat3d_compile",
     # residual
     "max_abs_diff",
     "max_abs_diff_kernel",
@@ -53,4 +60,11 @@ __all__ = [
     "heat3d_step_reference",
     "heat3d_reference",
     "max_abs_diff_reference",
+    # for the examples
+    "human_bytes",
+    "report_check",
+    "save_field",
+    "progress",
+    "require_plot_extra",
+    "MissingExtraError",
 ]
