@@ -82,9 +82,8 @@ def _device_view(obj: Any, what: str) -> tuple[int, tuple[int, ...], np.dtype, A
 class PinnedBuffer(Buffer):
     """An n-d array in page-locked host memory.
 
-    Parameters
-    ----------
-    (use the constructors :meth:`empty`, :meth:`zeros`, :meth:`from_array`)
+    Build one with the constructors :meth:`empty`, :meth:`zeros` and
+    :meth:`from_array`.
 
     Notes
     -----

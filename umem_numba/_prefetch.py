@@ -11,13 +11,12 @@ target device and on the stream's device; elsewhere it raises
 :class:`~umem_numba.UnsupportedError` instead of doing nothing.
 
 "Asynchronous" is the driver's word: it orders the migration on the stream,
-but the call itself may do much of the work before returning.  Measured on an
-H200 with driver 580 (1 GiB): a prefetch to the device held the calling thread
-for about 10 of its 21 ms, one to the host for all of its 54 ms, and a batched
-plan (:class:`PrefetchPlan`) for all of its duration.  Device->host prefetch
-ran at 19-23 GB/s against 55 GB/s for a pinned copy, however it was issued
-(one call, an explicit host NUMA node, 64 batched ranges): use a pinned copy
-when the host needs the data fast.
+but the call itself may do much of the work before returning (a prefetch to
+the host, or a batched :class:`PrefetchPlan`, can hold the calling thread for
+its whole duration).  A device->host prefetch can be much slower than a
+pinned copy of the same bytes: when the host needs the data fast, copy into a
+:class:`~umem_numba.PinnedBuffer` instead.  ``python -m umem_numba bench
+prefetch`` measures both on the machine at hand.
 """
 
 from __future__ import annotations
@@ -188,10 +187,10 @@ class PrefetchPlan:
     call; otherwise (including the legacy default stream, which the batch
     call refuses) one ``cuMemPrefetchAsync`` per entry, in order.
 
-    Measured on an H200, driver 580, 64 ranges of 16 MiB to the device: the
-    batched call finished 1.15-1.6x sooner than 64 single calls, but returned
-    only when the migration was done (26 ms on the host, against 3.5 ms to
-    issue the single calls).  One whole-buffer prefetch beat both.
+    The batched call may return only when the migration is done, where
+    single calls return after issuing it; one whole-buffer prefetch is
+    usually the fastest way to move a whole buffer (``bench prefetch``
+    compares them).
     """
 
     __slots__ = ("_entries",)
