@@ -29,13 +29,22 @@ def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedPro
 
 
 def _colours(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The PNG as RGB floats, and inferno's hottest and coldest colours."""
+    """The field's columns of the PNG as RGB floats, and inferno's hottest and coldest colours.
+
+    The colorbar holds both colours too, so it is cut off: across the middle
+    of the picture, the widest run of non-white columns is the field (the
+    others are tick labels, the axis label and the narrow colorbar).
+    """
     image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
     from matplotlib import colormaps
 
     rgb = image.imread(path)[..., :3]
+    h = rgb.shape[0]
+    inked = np.flatnonzero((rgb[int(0.3 * h):int(0.7 * h)] < 0.97).any(axis=-1).any(axis=0))
+    runs = np.split(inked, np.flatnonzero(np.diff(inked) > 1) + 1)
+    field = max(runs, key=len)
     cmap = colormaps["inferno"]
-    return rgb, np.array(cmap(1.0)[:3]), np.array(cmap(0.0)[:3])
+    return rgb[:, field[0]:field[-1] + 1], np.array(cmap(1.0)[:3]), np.array(cmap(0.0)[:3])
 
 
 def _where(rgb: np.ndarray, colour: np.ndarray) -> np.ndarray:
