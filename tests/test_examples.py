@@ -14,9 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import numpy as np
+import pytest
 
 import umem_numba as um
 
