@@ -70,8 +70,15 @@ def _fake_modules(rng) -> tuple[dict, dict]:
     def broken_run(argv):
         raise RuntimeError("kernel exploded")
 
+    def old_style_main(argv):  # a benchmark with only main(): its --json output is read instead
+        path = argv[argv.index("--json") + 1]
+        with open(path, "w") as fh:
+            json.dump({"benchmark": "old", "speed": float(values["beta"][1])}, fh)
+        return 0
+
     modules = {
         "alpha": types.SimpleNamespace(run=alpha_run),
+        "old": types.SimpleNamespace(main=old_style_main),
         "beta": types.SimpleNamespace(run=beta_run, charts=beta_charts),
         "gamma": types.SimpleNamespace(run=skipped_run),
         "delta": types.SimpleNamespace(run=broken_run),
@@ -83,7 +90,8 @@ def test_report_puts_every_figure_next_to_its_goal(tmp_path, rng):
     modules, values = _fake_modules(rng)
     load = modules.__getitem__
     entries = _report.run_all(list(modules), str(tmp_path), quick=True, load=load)
-    assert [e["status"] for e in entries.values()] == ["ran", "ran", "skipped", "error"]
+    assert [e["status"] for e in entries.values()] == ["ran", "ran", "ran", "skipped", "error"]
+    assert entries["old"]["result"]["speed"] == values["beta"][1] and entries["old"]["result"]["figures"] == []
     assert "kernel exploded" in entries["delta"]["error"]
     assert (tmp_path / "alpha.log").read_text().startswith("alpha table")
     assert "RuntimeError" in (tmp_path / "delta.log").read_text()
@@ -106,6 +114,7 @@ def test_report_puts_every_figure_next_to_its_goal(tmp_path, rng):
     for png in ("alpha.png", "beta.png", "beta-extra.png"):
         assert f"]({png})" in md and (tmp_path / png).stat().st_size > 1000
     assert not (tmp_path / "gamma.png").exists()
+    assert "this benchmark has no run() returning figures" in md
 
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["quick"] is True and data["machine"]["reason"] == "no driver here"

@@ -15,7 +15,8 @@ bar, with its printed tables going to ``DIR/NAME.log``, and writes:
 
 A benchmark that cannot run here (no GPU, too little memory) is reported as
 skipped with its reason; one that fails is reported with its error, and the
-others still run.
+others still run.  A module with only ``main(argv)`` is run with ``--json
+DIR/NAME.json`` and its JSON is kept, with no figures in the summary.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def run_all(names: list[str], out_dir: str, *, quick: bool = False,
             entry: dict[str, Any]
             with open(log, "w") as fh, contextlib.redirect_stdout(fh):
                 try:
-                    result = load(name).run(list(argv))
+                    result = _run_one(load(name), list(argv), os.path.join(out_dir, f"{name}.json"))
                     entry = {"status": "ran", "result": result}
                 except BenchSkipped as exc:
                     entry = {"status": "skipped", "reason": str(exc)}
@@ -116,6 +117,24 @@ def run_all(names: list[str], out_dir: str, *, quick: bool = False,
             bar.write(f"{name}: {_one_line(entry)}", file=sys.stderr)
             bar.update(1)
     return entries
+
+
+def _run_one(module: ModuleType, argv: list[str], json_path: str) -> dict[str, Any]:
+    """``module.run(argv)``; for a module that has only ``main``, its ``--json`` output instead."""
+    run = getattr(module, "run", None)
+    if run is not None:
+        return run(argv)
+    status = module.main([*argv, "--json", json_path])
+    if status == 2:
+        raise BenchSkipped("it cannot run here (its main() returned 2; the log says why)")
+    if status:
+        raise RuntimeError(f"its main() returned {status}")
+    with open(json_path) as fh:
+        result = json.load(fh)
+    result.setdefault("figures", [])
+    if not result["figures"]:
+        result["figures_note"] = "this benchmark has no run() returning figures: see its JSON and log"
+    return result
 
 
 def _one_line(entry: dict[str, Any]) -> str:
@@ -232,6 +251,8 @@ def write_report(out_dir: str, entries: dict[str, dict[str, Any]], machine: dict
             md += [f"Failed: `{entry['error']}` (traceback in `{entry['log']}`)."]
             continue
         md.append(f"Ran in {entry['seconds']:.0f} s; its printed tables are in `{entry['log']}`.")
+        if entry["result"].get("figures_note"):
+            md += ["", entry["result"]["figures_note"] + "."]
         notes = [f for f in entry["result"].get("figures", []) if f.get("note")]
         if notes:
             md.append("")
