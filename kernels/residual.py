@@ -52,6 +52,7 @@ def _zero_first(out: Any, stream: Any) -> None:
     from umem_numba import _driver
     from umem_numba._location import stream_handle
 
+    _driver.ensure_context()  # numba's context, as a launch from this thread would make current
     _driver.call("cuMemsetD8Async", _device_address(out), 0, out.dtype.itemsize, stream_handle(stream),
                  detail="resetting the max_abs_diff result")
 
