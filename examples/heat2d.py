@@ -18,7 +18,8 @@ Memory (--memory):
                     GPU in bulk before the first step (the default)
   vmm               VMMBuffer: device memory from CUDA's virtual memory API
 
-At the end it writes a PNG of the plate and prints the bandwidth achieved
+At the end it writes a PNG of the plate (matplotlib: axes, colorbar, title)
+and prints the bandwidth achieved
 (each step reads and writes the whole grid: 2 * N * N * itemsize bytes).
 Heat spreads about sqrt(steps) cells, so on the default 8192^2 plate the
 discs only soften at the edges; try --size 512 --steps 20000 to watch it flow.
@@ -33,17 +34,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
-from umem_numba._png import field_to_png  # tiny PNG writer shipped with umem_numba
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import ProgressBar, human_bytes, report_check  # noqa: E402  (a small progress bar, next to this file)
 
 MEMORY_KINDS = ("device", "managed", "managed-prefetch", "vmm")
 
@@ -113,16 +109,6 @@ def allocate(memory: str, n: int, dtype: np.dtype, device: int, stream: cuda.str
     return a, b
 
 
-def compile_kernel(dtype: np.dtype, alpha: float) -> None:
-    """Compile the kernel for ``dtype`` before the clock starts (numba compiles on first launch).
-
-    A 2-D array in device, managed or VMM memory is the same type to numba, so
-    one launch on two tiny device arrays compiles what the run will use.
-    """
-    kernels.heat2d_step(cuda.device_array((3, 3), dtype), cuda.device_array((3, 3), dtype), alpha)
-    cuda.synchronize()
-
-
 def fetch(memory: str, buf, stream: cuda.stream) -> np.ndarray:
     """The final plate as a numpy array."""
     if memory in ("device", "vmm"):
@@ -149,15 +135,16 @@ def run(args: argparse.Namespace) -> int:
     device = cuda.get_current_device().id
     stream = cuda.stream()
     print(f"heat2d: {n} x {n} {dtype} plate on {args.memory} memory "
-          f"(2 grids of {human_bytes(grid_bytes)}), {args.steps} steps, alpha {args.alpha}")
-    compile_kernel(dtype, args.alpha)
+          f"(2 grids of {kernels.human_bytes(grid_bytes)}), {args.steps} steps, alpha {args.alpha}")
+    # numba compiles on first launch: compile now, so the clock measures only the steps.
+    kernels.heat2d_compile((n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
     try:
         start = cuda.event()
         start.record(stream)
         chunk = max(1, args.steps // 50)
         marks = []  # (event recorded after a chunk, steps done when it fires)
-        with ProgressBar(args.steps) as bar:
+        with kernels.progress(total=args.steps, desc="heat2d", unit="step") as bar:
             for first in range(0, args.steps, chunk):
                 for _ in range(min(chunk, args.steps - first)):
                     kernels.heat2d_step(a, b, args.alpha, stream=stream)
@@ -170,17 +157,18 @@ def run(args: argparse.Namespace) -> int:
                 if len(marks) > 1:
                     event, steps_done = marks.pop(0)
                     event.synchronize()
-                    bar.update(steps_done)
+                    bar.update(steps_done - bar.n)
             end, steps_done = marks.pop()
             end.synchronize()
-            bar.update(steps_done)
+            bar.update(steps_done - bar.n)
         seconds = start.elapsed_time(end) / 1e3
 
         plate = fetch(args.memory, a, stream)
         print(f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-              f"achieved (each step reads and writes {human_bytes(2 * grid_bytes)})")
-        height, width = field_to_png(args.out, plate, vmin=0.0, vmax=1.0)
-        print(f"wrote {args.out} ({width} x {height})")
+              f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})")
+        kernels.save_field(args.out, plate, vmin=0.0, vmax=1.0, label="temperature",
+                           title=f"heat2d: {n} x {n} {dtype} plate after {args.steps} steps ({args.memory})")
+        print(f"wrote {args.out}")
 
         if args.check:
             return check(plate, n, dtype, args.steps, args.alpha)
@@ -195,11 +183,16 @@ def check(plate: np.ndarray, n: int, dtype: np.dtype, steps: int, alpha: float) 
     """Compare with the NumPy reference; 0 if within rounding, else 1."""
     start = np.empty((n, n), dtype)
     set_initial(start)
-    return report_check(plate, kernels.heat2d_reference(start, steps, alpha), steps)
+    return kernels.report_check(plate, kernels.heat2d_reference(start, steps, alpha), steps)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        kernels.require_plot_extra()  # the picture and the progress bar, checked before the run
+    except kernels.MissingExtraError as exc:
+        print(f"heat2d: {exc}", file=sys.stderr)
+        return 1
     if not um.gpu_available():
         print("heat2d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
               file=sys.stderr)

@@ -11,7 +11,7 @@ two grids are swapped between steps and the kernel copies the fixed faces
 through.  The grids live in managed memory, advised to stay on the GPU and
 prefetched there before the first step (``--memory managed`` skips both and
 lets the first step fault the pages over; ``device`` uses numba device
-arrays).  At the end it writes a PNG of the vertical slice through the centre
+arrays).  At the end it writes a PNG (matplotlib) of the vertical slice through the centre
 and prints the bandwidth achieved (2 * N^3 * itemsize bytes per step).
 
 Examples:
@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
-from umem_numba._png import field_to_png  # tiny PNG writer shipped with umem_numba
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import ProgressBar, human_bytes, report_check  # noqa: E402  (a small progress bar, next to this file)
 
 MEMORY_KINDS = ("device", "managed", "managed-prefetch")
 
@@ -107,17 +102,16 @@ def run(args: argparse.Namespace) -> int:
 
     device = cuda.get_current_device().id
     stream = cuda.stream()
-    print(f"heat3d: {n}^3 {dtype} cube on {args.memory} memory (2 grids of {human_bytes(grid_bytes)}), "
+    print(f"heat3d: {n}^3 {dtype} cube on {args.memory} memory (2 grids of {kernels.human_bytes(grid_bytes)}), "
           f"{args.steps} steps, alpha {args.alpha:.4g}")
     # Compile first (a 3-D array is the same type to numba in any memory), then allocate.
-    kernels.heat3d_step(cuda.device_array((3, 3, 3), dtype), cuda.device_array((3, 3, 3), dtype), args.alpha)
-    cuda.synchronize()
+    kernels.heat3d_compile((n, n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
     try:
         start, end = cuda.event(), cuda.event()
         start.record(stream)
         chunk = max(1, args.steps // 50)
-        with ProgressBar(args.steps) as bar:
+        with kernels.progress(total=args.steps, desc="heat3d", unit="step") as bar:
             for first in range(0, args.steps, chunk):
                 for _ in range(min(chunk, args.steps - first)):
                     kernels.heat3d_step(a, b, args.alpha, stream=stream)
@@ -127,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 # A bar of finished steps: waiting here leaves the GPU a short gap per
                 # update, negligible at 50 updates (heat2d.py overlaps them instead).
                 stream.synchronize()
-                bar.update(first + chunk)
+                bar.update(min(first + chunk, args.steps) - bar.n)
         seconds = start.elapsed_time(end) / 1e3
 
         if args.memory == "device":
@@ -136,10 +130,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             cube = a.host  # waits for exactly the last kernel that wrote a
         print(f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-              f"achieved (each step reads and writes {human_bytes(2 * grid_bytes)})")
+              f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})")
         # The x-z slice through the centre shows both the hot floor and the ball.
-        height, width = field_to_png(args.out, cube[::-1, n // 2, :], vmin=0.0, vmax=1.0)
-        print(f"wrote {args.out} ({width} x {height}, the vertical slice y = {n // 2}, bottom face at the bottom)")
+        kernels.save_field(args.out, cube[:, n // 2, :], vmin=0.0, vmax=1.0, origin="lower",
+                           label="temperature", xlabel="x (cell)", ylabel="z (cell)",
+                           title=f"heat3d: slice y = {n // 2} of a {n}^3 cube after {args.steps} steps")
+        print(f"wrote {args.out} (the vertical slice y = {n // 2}, bottom face at the bottom)")
         return check(cube, n, dtype, args.steps, args.alpha) if args.check else 0
     finally:
         for buf in (a, b):
@@ -151,11 +147,16 @@ def check(cube: np.ndarray, n: int, dtype: np.dtype, steps: int, alpha: float) -
     """Compare with the NumPy reference; 0 if within rounding, else 1."""
     start = np.empty((n, n, n), dtype)
     set_initial(start)
-    return report_check(cube, kernels.heat3d_reference(start, steps, alpha), steps)
+    return kernels.report_check(cube, kernels.heat3d_reference(start, steps, alpha), steps)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        kernels.require_plot_extra()  # the picture and the progress bar, checked before the run
+    except kernels.MissingExtraError as exc:
+        print(f"heat3d: {exc}", file=sys.stderr)
+        return 1
     if not um.gpu_available():
         print("heat3d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
               file=sys.stderr)

@@ -31,7 +31,6 @@ from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
-from umem_numba._png import field_to_png  # tiny PNG writer shipped with umem_numba
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
         state = "converged" if value < args.tol else "stopped at --max-steps"
         print(f"{state} after {steps} sweeps in {seconds:.2f} s (residual {value:.3e})")
         if args.out:
-            height, width = field_to_png(args.out, a.host, vmin=0.0, vmax=1.0)
-            print(f"wrote {args.out} ({width} x {height})")
+            kernels.save_field(args.out, a.host, vmin=0.0, vmax=1.0, label="temperature",
+                               title=f"Laplace on a {n} x {n} plate, {steps} Jacobi sweeps")
+            print(f"wrote {args.out}")
         return 1 if failures else 0
     finally:
         for buf in (a, b, residual):
@@ -115,6 +115,12 @@ def verify(a: um.ManagedBuffer, b: um.ManagedBuffer, value: float, dtype: np.dty
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out:
+        try:
+            kernels.require_plot_extra()  # matplotlib for the picture, checked before the run
+        except kernels.MissingExtraError as exc:
+            print(f"residual: {exc}", file=sys.stderr)
+            return 1
     if not um.gpu_available():
         print("residual: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
               file=sys.stderr)

@@ -6,6 +6,9 @@
 * :mod:`.reference`: NumPy versions of each, for tests and checks.
 * :mod:`.decomp`: slab decomposition with halos (several GPUs or MPI ranks);
   :mod:`.multigpu`: the heat steps on several GPUs of one process.
+* :func:`human_bytes`, :func:`report_check`, :func:`save_field`,
+  :func:`progress`: what the examples share (the last two need the ``plot``
+  extra: matplotlib and tqdm).
 
 The kernels take numba device arrays and umem_numba buffers alike (managed,
 VMM, mapped pinned), float32 or float64, and copy the boundary through
@@ -17,7 +20,8 @@ Importing this package compiles nothing and touches no GPU.
 
 from __future__ import annotations
 
-from ._common import MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from ._common import MIN_BLOCKS, MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from ._report import MissingExtraError, human_bytes, progress, report_check, require_plot_extra, save_field
 from .reference import (
     heat2d_reference,
     heat2d_step_reference,
@@ -27,26 +31,29 @@ from .reference import (
 )
 from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
 from .residual import max_abs_diff, max_abs_diff_kernel
-from .stencil2d import TUNED_2D, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
-from .stencil3d import TUNED_3D, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
+from .stencil2d import TUNED_2D, heat2d_compile, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
+from .stencil3d import TUNED_3D, heat3d_compile, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
 
 __all__ = [
     "SUPPORTED_DTYPES",
     "stencil_weights",
     "require_free_memory",
     "MemoryBudgetError",
+    "MIN_BLOCKS",
     # 2-D
     "heat2d_kernel",
     "heat2d_step",
     "launch_config_2d",
     "TUNED_2D",
     "heat2d_launch",
+    "heat2d_compile",
     # 3-D
     "heat3d_kernel",
     "heat3d_step",
     "launch_config_3d",
     "TUNED_3D",
     "heat3d_launch",
+    "heat3d_compile",
     # residual
     "max_abs_diff",
     "max_abs_diff_kernel",
@@ -62,4 +69,11 @@ __all__ = [
     "heat3d_step_reference",
     "heat3d_reference",
     "max_abs_diff_reference",
+    # for the examples
+    "human_bytes",
+    "report_check",
+    "save_field",
+    "progress",
+    "require_plot_extra",
+    "MissingExtraError",
 ]

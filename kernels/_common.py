@@ -15,6 +15,9 @@ __all__ = [
     "ceil_div",
     "require_free_memory",
     "MemoryBudgetError",
+    "MIN_BLOCKS",
+    "simulating",
+    "compile_for_arrays",
 ]
 
 #: Element types the stencils are written and tested for.
@@ -22,6 +25,10 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: CUDA's limit on gridDim.y and gridDim.z.
 MAX_GRID_Y_Z = 65535
+
+#: Fewest blocks a default launch aims for: fewer leave most SMs of a large GPU
+#: idle (numba-cuda warns below this count, with a NumbaPerformanceWarning).
+MIN_BLOCKS = 128
 
 #: Memory left free for the CUDA context, numba's modules and the driver's
 #: own bookkeeping when sizing a run against ``cuMemGetInfo``.
@@ -31,6 +38,47 @@ _HEADROOM = 256 << 20
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative integers."""
     return -(-a // b)
+
+
+def simulating() -> bool:
+    """True under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    from numba import config
+
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+def compile_for_arrays(kernel: Any, ndim: int, dtype: Any) -> Any:
+    """Compile a stencil kernel for two C-contiguous arrays and two scalars, without launching it.
+
+    numba compiles a kernel on its first launch; compiling ahead keeps that
+    out of a timed run, and needs no throw-away launch on a tiny grid.  A
+    C-contiguous array is the same numba type in device, managed or VMM
+    memory, so this covers every memory kind.  Under the simulator there is
+    nothing to compile.
+
+    Parameters
+    ----------
+    kernel : numba CUDA dispatcher
+        ``kernel(src, dst, w_center, w_neighbour)``.
+    ndim : int
+        Dimensions of ``src`` and ``dst``.
+    dtype : float32 or float64
+        Their element type (the weights have the same type).
+
+    Returns
+    -------
+    numba CUDA dispatcher
+        ``kernel``, now holding the compiled overload.
+    """
+    if simulating() or not hasattr(kernel, "compile"):
+        return kernel
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
+
+    scalar = from_dtype(_as_float_dtype(dtype))
+    array = types.Array(scalar, ndim, "C")
+    kernel.compile((array, array, scalar, scalar))
+    return kernel
 
 
 def _as_float_dtype(dtype: Any) -> np.dtype:

@@ -11,7 +11,7 @@ from typing import Any
 
 from numba import cuda
 
-from ._common import ceil_div, check_pair
+from ._common import MIN_BLOCKS, ceil_div, check_pair, simulating
 
 __all__ = ["REDUCE_BLOCK", "max_abs_diff_kernel", "reset_kernel", "max_abs_diff"]
 
@@ -24,9 +24,37 @@ _ROWS_PER_BLOCK = 64
 
 @cuda.jit
 def reset_kernel(out):
-    """Set ``out[0] = 0`` on the device (stream-ordered, no host round trip)."""
+    """Set ``out[0] = 0`` (used under the simulator; on a GPU a memset does it)."""
     if cuda.grid(1) == 0:
         out[0] = 0
+
+
+def _device_address(out: Any) -> int:
+    """Device address of ``out``'s first element, without exporting a umem_numba buffer to numba."""
+    if hasattr(out, "_coherence_tracker"):  # umem_numba buffer: ``ptr`` is what kernels see
+        return int(out.ptr)
+    dcp = getattr(out, "device_ctypes_pointer", None)  # numba DeviceNDArray
+    if dcp is not None:
+        return int(dcp.value or 0)
+    cai = getattr(out, "__cuda_array_interface__", None)  # CuPy, PyTorch, ...
+    if cai is not None:
+        return int(cai["data"][0])
+    raise TypeError(f"out must be device memory (a umem_numba buffer or a CUDA array), got {type(out).__name__}")
+
+
+def _zero_first(out: Any, stream: Any) -> None:
+    """``out[0] = 0`` in stream order, with one memset (0.0 is all zero bits)."""
+    if simulating():
+        from umem_numba import launch
+
+        launch(reset_kernel, 1, 1, out, stream=stream)
+        return
+    from umem_numba import _driver
+    from umem_numba._location import stream_handle
+
+    _driver.ensure_context()  # numba's context, as a launch from this thread would make current
+    _driver.call("cuMemsetD8Async", _device_address(out), 0, out.dtype.itemsize, stream_handle(stream),
+                 detail="resetting the max_abs_diff result")
 
 
 @cuda.jit
@@ -71,7 +99,15 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
         Receives the maximum; a :class:`umem_numba.ManagedBuffer` lets the host
         read it with ``out.host[0]``, which waits for this launch only.
     stream : numba stream or 0
-        Launch stream (both launches use it, in order).
+        Stream of the reset (a ``cuMemsetD8Async``) and of the reduction, in order.
+
+    Notes
+    -----
+    The reduction launch goes through :func:`umem_numba.launch`, and comes
+    after the reset on the same stream, so ``out.host`` waits for both.  For
+    empty grids there is no reduction: the stream is synchronised after the
+    reset instead.  Grids with few columns get more row chunks, so the
+    reduction still has :data:`MIN_BLOCKS` blocks where the grid has the rows.
     """
     from umem_numba import launch
 
@@ -80,8 +116,17 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
         raise ValueError(f"out must be a 1-element {dtype} array, got "
                          f"{getattr(out, 'shape', None)} {getattr(out, 'dtype', None)}")
     n, m = (int(d) for d in a.shape)
-    launch(reset_kernel, 1, 32, out, stream=stream)
+    _zero_first(out, stream)
     if n == 0 or m == 0:
+        if not simulating():  # nothing launched after the memset for .host to wait for
+            from umem_numba import _driver
+            from umem_numba._location import stream_handle
+
+            _driver.call("cuStreamSynchronize", stream_handle(stream), detail="max_abs_diff of empty grids")
         return
-    grid = (ceil_div(m, REDUCE_BLOCK), max(1, min(ceil_div(n, _ROWS_PER_BLOCK), 65535)))
+    columns = ceil_div(m, REDUCE_BLOCK)
+    chunks = ceil_div(n, _ROWS_PER_BLOCK)
+    if not simulating():  # occupancy means nothing to the simulator, which runs every block in turn
+        chunks = max(chunks, ceil_div(MIN_BLOCKS, columns))
+    grid = (columns, max(1, min(chunks, n, 65535)))
     launch(max_abs_diff_kernel, grid, REDUCE_BLOCK, a, b, out, stream=stream)

@@ -31,10 +31,10 @@ consecutive rows at one column ``j``.
 * ``rows_per_thread`` is a compile-time constant (one kernel per value), so
   the loops unroll and the strip lives in registers, not local memory.
 
-On an H200 this runs at 0.93 (float32, 16384^2) and 0.97 (float64) of the
-device-to-device copy rate measured in the same run; a naive
-one-point-per-thread numba kernel reaches 0.35 and 0.68.  Numbers per design
-step: ``docs/stencil-performance.md``.
+Grids too small to give :data:`MIN_BLOCKS` blocks with the tuned shape get
+fewer rows per thread, then narrower blocks, so that small problems still
+spread over the GPU.  How fast each design step made it:
+``docs/stencil-performance.md`` and ``python -m umem_numba bench stencil``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,15 @@ from typing import Any
 import numpy as np
 from numba import cuda, uint64
 
-from ._common import MAX_GRID_Y_Z, ceil_div, check_pair, stencil_weights
+from ._common import (
+    MAX_GRID_Y_Z,
+    MIN_BLOCKS,
+    ceil_div,
+    check_pair,
+    compile_for_arrays,
+    simulating,
+    stencil_weights,
+)
 
 __all__ = [
     "TUNED_2D",
@@ -53,6 +61,7 @@ __all__ = [
     "launch_config_2d",
     "heat2d_launch",
     "heat2d_step",
+    "heat2d_compile",
 ]
 
 #: Rows per thread and block shape per dtype, tuned on an H200 (docs/stencil-performance.md).
@@ -175,21 +184,60 @@ def heat2d_launch(shape: tuple[int, int], dtype: Any, rows_per_thread: int | Non
     Parameters
     ----------
     shape : (rows, columns)
+        The grid.
     dtype : float32 or float64
+        Its element type.
     rows_per_thread, block : optional
-        Override the tuned values of :data:`TUNED_2D`.
+        Override the tuned values of :data:`TUNED_2D`.  When both are
+        omitted and the tuned shape gives fewer than :data:`MIN_BLOCKS`
+        blocks, rows per thread are halved (down to 1), then the block
+        width (down to 32), until there are enough blocks.
 
     Returns
     -------
     (kernel, grid, block)
+        The kernel for the chosen rows per thread, and its launch shape.
     """
     dt = np.dtype(dtype)
     if dt not in TUNED_2D:
         raise TypeError(f"the stencils support float32 and float64, not {dt}")
     rows, blk = TUNED_2D[dt]
     rows = rows if rows_per_thread is None else int(rows_per_thread)
-    grid, blk = launch_config_2d(shape, rows, blk if block is None else block)
+    blk = blk if block is None else block
+    grid, blk = launch_config_2d(shape, rows, blk)
+    if rows_per_thread is None and block is None and not simulating():
+        while grid[0] * grid[1] < MIN_BLOCKS and (rows > 1 or blk[0] > 32):
+            if rows > 1:
+                rows //= 2
+            else:
+                blk = (blk[0] // 2, blk[1])
+            grid, blk = launch_config_2d(shape, rows, blk)
     return heat2d_kernel(rows), grid, blk
+
+
+def heat2d_compile(shape: tuple[int, int], dtype: Any, rows_per_thread: int | None = None,
+                   block: tuple[int, int] | None = None) -> Any:
+    """Compile the kernel :func:`heat2d_step` will launch on this grid, without launching anything.
+
+    numba compiles on the first launch; call this before timing a run.  It
+    covers C-contiguous arrays in any memory (device arrays, managed, VMM).
+
+    Parameters
+    ----------
+    shape : (rows, columns)
+        The grid the steps will run on (the launch shape depends on it).
+    dtype : float32 or float64
+        Its element type.
+    rows_per_thread, block : optional
+        As for :func:`heat2d_step`.
+
+    Returns
+    -------
+    numba CUDA dispatcher
+        The compiled kernel.
+    """
+    kernel, _, _ = heat2d_launch(shape, dtype, rows_per_thread, block)
+    return compile_for_arrays(kernel, 2, dtype)
 
 
 def heat2d_step(src: Any, dst: Any, alpha: float = 0.25, *, stream: Any = 0,

@@ -17,10 +17,9 @@ the neighbouring warps of the block.  All loads are issued before the first
 store; the hot path uses unsigned indices; strips touching the first or last
 plane take a simple per-element path.
 
-On an H200 this reaches 0.75 of the device-to-device copy rate in float32
-(3.08 TB/s at 512^3) and 0.86 in float64, 3.5x and 2.1x a naive
-one-point-per-thread kernel; the extra neighbour loads, not DRAM, limit it
-(see ``docs/stencil-performance.md``).
+The extra neighbour loads, not DRAM, limit it; small grids get fewer planes
+per thread and narrower blocks, as in 2-D.  How fast each design step made
+it: ``docs/stencil-performance.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +30,15 @@ from typing import Any
 import numpy as np
 from numba import cuda, uint64
 
-from ._common import MAX_GRID_Y_Z, ceil_div, check_pair, stencil_weights
+from ._common import (
+    MAX_GRID_Y_Z,
+    MIN_BLOCKS,
+    ceil_div,
+    check_pair,
+    compile_for_arrays,
+    simulating,
+    stencil_weights,
+)
 
 __all__ = [
     "TUNED_3D",
@@ -39,6 +46,7 @@ __all__ = [
     "launch_config_3d",
     "heat3d_launch",
     "heat3d_step",
+    "heat3d_compile",
 ]
 
 #: Planes per thread (the register-blocking factor along z) and (x, y) block
@@ -153,17 +161,59 @@ def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: in
                   ) -> tuple[Any, tuple[int, int, int], tuple[int, int, int]]:
     """The kernel, grid and block that :func:`heat3d_step` uses (tuned per dtype, see :data:`TUNED_3D`).
 
+    Parameters
+    ----------
+    shape : (nz, ny, nx)
+        The grid.
+    dtype : float32 or float64
+        Its element type.
+    planes_per_thread, block : optional
+        Override the tuned values.  When both are omitted and the tuned
+        shape gives fewer than :data:`MIN_BLOCKS` blocks, planes per thread
+        are halved (down to 1), then the block width (down to 32).
+
     Returns
     -------
     (kernel, grid, block)
+        The kernel for the chosen planes per thread, and its launch shape.
     """
     dt = np.dtype(dtype)
     if dt not in TUNED_3D:
         raise TypeError(f"the stencils support float32 and float64, not {dt}")
     planes, blk = TUNED_3D[dt]
     planes = planes if planes_per_thread is None else int(planes_per_thread)
-    grid, blk3 = launch_config_3d(shape, planes, blk if block is None else block)
+    blk = blk if block is None else block
+    grid, blk3 = launch_config_3d(shape, planes, blk)
+    if planes_per_thread is None and block is None and not simulating():
+        while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > 1 or blk[0] > 32):
+            if planes > 1:
+                planes //= 2
+            else:
+                blk = (blk[0] // 2, blk[1])
+            grid, blk3 = launch_config_3d(shape, planes, blk)
     return heat3d_kernel(planes), grid, blk3
+
+
+def heat3d_compile(shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None,
+                   block: tuple[int, int] | None = None) -> Any:
+    """Compile the kernel :func:`heat3d_step` will launch on this grid, without launching anything.
+
+    Parameters
+    ----------
+    shape : (nz, ny, nx)
+        The grid the steps will run on.
+    dtype : float32 or float64
+        Its element type.
+    planes_per_thread, block : optional
+        As for :func:`heat3d_step`.
+
+    Returns
+    -------
+    numba CUDA dispatcher
+        The compiled kernel.
+    """
+    kernel, _, _ = heat3d_launch(shape, dtype, planes_per_thread, block)
+    return compile_for_arrays(kernel, 3, dtype)
 
 
 def heat3d_step(src: Any, dst: Any, alpha: float = 1.0 / 6.0, *, stream: Any = 0,

@@ -194,7 +194,7 @@ def test_bench_scale_cli_without_gpu_says_why() -> None:
         pytest.skip("this machine has a GPU: the benchmark would run")
     r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"], capture_output=True,
                        text=True, timeout=120, env=_env(), cwd=ROOT)
-    assert r.returncode == 1 and "bench scale: no usable GPU" in r.stderr
+    assert r.returncode == 2 and "bench scale: no usable GPU" in r.stderr
     r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"], capture_output=True,
                        text=True, timeout=120, env=_env(), cwd=ROOT)
     assert r.returncode == 2 and "--steps and --trials >= 1" in r.stderr

@@ -143,7 +143,7 @@ def test_host_alloc_flags_algebra():
         _as_flags("portable")
 
 
-@pytest.mark.parametrize("name", ["launch", "prefetch", "vmm", "stencil"])
+@pytest.mark.parametrize("name", ["all", "launch", "prefetch", "vmm", "stencil"])
 def test_bench_help_runs_anywhere(name):
     proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", name, "--help"],
                           capture_output=True, text=True, timeout=120)

@@ -1,4 +1,8 @@
-"""Command line: ``python -m umem_numba info | bench NAME`` (``bench --help`` lists them)."""
+"""Command line: ``python -m umem_numba info | bench {all,launch,prefetch,vmm,stencil,...}``.
+
+``bench NAME`` runs one benchmark; ``bench all --out DIR`` runs every one in
+``_BENCHES`` and writes one report (JSON, PNG charts, Markdown) into DIR.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import importlib
 import json
 import sys
 
+#: Registered benchmarks: name -> one-line description.  Each is the module
+#: ``umem_numba._bench.NAME`` with ``run(argv) -> dict`` and ``main(argv) -> int``
+#: (see ``umem_numba._bench._common``); ``bench all`` runs them in this order.
 _BENCHES = {
     "launch": "Per-launch cost: ManagedBuffer vs DeviceNDArray vs numba managed_array, coherent launch overhead",
     "prefetch": "Prefetch bandwidth vs pinned copies, fault-driven first touch, batched plans",
@@ -21,16 +28,19 @@ _BENCHES = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m umem_numba`` and the ``umem-numba`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in _BENCHES:
+    if len(argv) >= 2 and argv[0] == "bench" and (argv[1] in _BENCHES or argv[1] == "all"):
         # everything after the name, --help included, belongs to the benchmark
-        module = importlib.import_module(f"umem_numba._bench.{argv[1]}")
+        name = "_report" if argv[1] == "all" else argv[1]
+        module = importlib.import_module(f"umem_numba._bench.{name}")
         return int(module.main(argv[2:]) or 0)
     parser = argparse.ArgumentParser(prog="python -m umem_numba", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="describe the GPU(s), driver and library versions")
     p_info.add_argument("--json", action="store_true", help="print JSON instead of text")
     p_bench = sub.add_parser("bench", help="run a benchmark (pass --help after its name for options)")
-    p_bench.add_argument("name", choices=sorted(_BENCHES), help="; ".join(f"{k}: {v}" for k, v in _BENCHES.items()))
+    p_bench.add_argument("name", choices=["all", *sorted(_BENCHES)],
+                         help="all: every benchmark, one report (--out DIR); "
+                         + "; ".join(f"{k}: {v}" for k, v in _BENCHES.items()))
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "info":

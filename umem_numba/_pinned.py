@@ -64,9 +64,8 @@ def _as_flags(flags: Any) -> HostAllocFlags:
 class PinnedBuffer(Buffer):
     """An n-d array in page-locked host memory.
 
-    Parameters
-    ----------
-    (use the constructors :meth:`empty`, :meth:`zeros`, :meth:`from_array`)
+    Build one with the constructors :meth:`empty`, :meth:`zeros` and
+    :meth:`from_array`.
 
     Notes
     -----

@@ -11,10 +11,12 @@ target device and on the stream's device; elsewhere it raises
 :class:`~umem_numba.UnsupportedError` instead of doing nothing.
 
 "Asynchronous" is the driver's word: it orders the migration on the stream,
-but the call itself may do much of the work before returning (a batched plan
-returns only when its migration is done).  A device-to-host prefetch is
-bounded by the driver's migration into host pages, well below a pinned
-copy: when the host needs the data fast, copy it (``copy_to_host``).
+but the call itself may do much of the work before returning (a prefetch to
+the host, or a batched :class:`PrefetchPlan`, can hold the calling thread for
+its whole duration).  A device->host prefetch can be much slower than a
+pinned copy of the same bytes: when the host needs the data fast, copy into a
+:class:`~umem_numba.PinnedBuffer` instead.  ``python -m umem_numba bench
+prefetch`` measures both on the machine at hand.
 """
 
 from __future__ import annotations
@@ -147,6 +149,11 @@ class PrefetchPlan:
     driver that has it, the whole plan is one ``cuMemPrefetchBatchAsync``
     call; otherwise (including the legacy default stream, which the batch
     call refuses) one ``cuMemPrefetchAsync`` per entry, in order.
+
+    The batched call may return only when the migration is done, where
+    single calls return after issuing it; one whole-buffer prefetch is
+    usually the fastest way to move a whole buffer (``bench prefetch``
+    compares them).
     """
 
     __slots__ = ("_entries",)

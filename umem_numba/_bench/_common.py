@@ -1,11 +1,32 @@
-"""Small helpers the benchmarks share: timing with CUDA events, tables, JSON."""
+"""What the benchmarks share: timing with CUDA events, goal rows, tables, JSON.
+
+Every benchmark module ``umem_numba._bench.NAME`` (registered in
+``umem_numba.__main__._BENCHES``) exposes the same two functions:
+
+``run(argv: list[str] | None = None) -> dict``
+    Parse ``argv`` (the benchmark's own options; ``--quick`` makes a short
+    run), measure, print the human-readable tables on stdout and return the
+    results: a JSON-able dict with at least ``"benchmark"`` (its name) and
+    ``"figures"``, a list of :func:`goal_row` dicts (each measured figure
+    next to its goal).  Raises :class:`BenchSkipped` when it cannot run here
+    (no GPU, too little free memory).
+``main(argv: list[str] | None = None) -> int``
+    The command line, ``python -m umem_numba bench NAME``: ``run`` plus
+    ``--json PATH``; returns the exit status.
+
+``python -m umem_numba bench all --out DIR`` calls every ``run`` and writes
+one report from the ``figures`` (see :mod:`umem_numba._bench._report`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import sys
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 
 def cuda_timer_ms(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, stream: Any = 0) -> float:
@@ -46,6 +67,107 @@ def wall_timer_us(fn: Callable[[], Any], n: int, repeat: int = 3) -> float:
         cuda.synchronize()
         best = min(best, (t1 - t0) / n * 1e6)
     return best
+
+
+class BenchSkipped(Exception):
+    """A benchmark cannot run on this machine; the message says why (no GPU, too little memory)."""
+
+
+def goal_row(name: str, value: float, goal: float | None = None, *, higher_is_better: bool = True,
+             unit: str = "x", note: str = "") -> dict[str, Any]:
+    """One measured figure next to its goal, as every benchmark reports it.
+
+    Parameters
+    ----------
+    name : str
+        What was measured (``"ManagedBuffer / DeviceNDArray launch"``).
+    value : float
+        The measurement, usually a ratio of two measurements from the same run.
+    goal : float, optional
+        The target; ``None`` for a figure reported without a goal.
+    higher_is_better : bool
+        Whether the goal is a floor (``value >= goal``) or a ceiling.
+    unit : str
+        ``"x"`` for ratios, else the unit of ``value`` (``"us"``, ``"GB/s"``).
+    note : str
+        Anything a reader needs to read the figure right.
+
+    Returns
+    -------
+    dict
+        ``name``, ``value``, ``goal``, ``higher_is_better``, ``unit``,
+        ``note`` and ``met`` (``None`` without a goal).
+    """
+    value = float(value)
+    met = None if goal is None else bool(value >= goal if higher_is_better else value <= goal)
+    return {"name": name, "value": value, "goal": None if goal is None else float(goal),
+            "higher_is_better": bool(higher_is_better), "unit": unit, "note": note, "met": met}
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """``1.23x``, ``2.30 us``: a figure with its unit."""
+    if value is None:
+        return "-"
+    text = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return f"{text}x" if unit == "x" else f"{text} {unit}"
+
+
+def format_goal(row: dict) -> str:
+    """``>= 0.9x``, ``<= 3 us`` or ``-``."""
+    if row.get("goal") is None:
+        return "-"
+    return ("\u2265 " if row["higher_is_better"] else "\u2264 ") + format_value(row["goal"], row["unit"])
+
+
+def met_text(row: dict) -> str:
+    """``met``, ``MISSED`` or ``-`` (no goal)."""
+    return "-" if row.get("met") is None else ("met" if row["met"] else "MISSED")
+
+
+def print_figures(rows: Iterable[dict], file: Any = None) -> None:
+    """Print goal rows as a table: figure, value, goal, met."""
+    print_table([(r["name"], format_value(r["value"], r["unit"]), format_goal(r), met_text(r)) for r in rows],
+                ["figure", "value", "goal", ""], file=file)
+
+
+@contextlib.contextmanager
+def one_block_launches() -> Iterator[None]:
+    """Turn off numba's low-occupancy warning while benchmarks time one-block launches on purpose.
+
+    numba-cuda warns on every launch with fewer than 128 blocks; in a launch
+    benchmark the tiny grid is the point, and issuing the warning would be
+    part of what is timed.
+    """
+    configs = []
+    for name in ("numba.cuda.core.config", "numba.core.config"):
+        try:
+            configs.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    saved = [(c, getattr(c, "CUDA_LOW_OCCUPANCY_WARNINGS", None)) for c in configs]
+    for c, _ in saved:
+        c.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    try:
+        yield
+    finally:
+        for c, old in saved:
+            if old is None:
+                del c.CUDA_LOW_OCCUPANCY_WARNINGS
+            else:
+                c.CUDA_LOW_OCCUPANCY_WARNINGS = old
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterable:
+    """``iterable`` under a tqdm bar on stderr when tqdm is installed (the ``plot`` extra), else as is.
+
+    Progress is a convenience here: a benchmark runs the same without it.
+    """
+    try:
+        from .._plot import progress as bar
+
+        return bar(iterable, total=total, desc=desc, unit="step", leave=False)
+    except ImportError:
+        return iterable
 
 
 def print_table(rows: Iterable[Iterable[Any]], header: Iterable[str], file: Any = None) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _copy, _driver
 from .._errors import CudaUnavailableError
-from ._common import device_name, goal_text, print_table, write_json
+from ._common import BenchSkipped, device_name, goal_row, goal_text, print_table, write_json
 
 _GIB = 1 << 30
 _HEADROOM = 1 << 30
@@ -74,13 +74,49 @@ def _median(reps: int, run: Callable[[], Any], setup: Callable[[], Any] | None =
     return statistics.median(times)
 
 
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure, print the tables and return the results with their ``figures`` (goal rows).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The benchmark's options.
+
+    Returns
+    -------
+    dict
+    """
+    return _run(_parse(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line: :func:`run` plus ``--json PATH``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments.
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     args = _parse(argv)
+    try:
+        results = _run(args)
+    except BenchSkipped as exc:
+        print(f"bench copy: {exc}", file=sys.stderr)
+        return 2
+    write_json(args.json, results)
+    return int(results.get("status", 0))
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _driver.api()
     except CudaUnavailableError as exc:
-        print(f"bench copy: {exc}", file=sys.stderr)
-        return 2
+        raise BenchSkipped(f"no usable GPU: {exc}")
     from numba import cuda
 
     import umem_numba as um
@@ -90,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     free, _total = _driver.mem_get_info()
     need = 3 * nbytes + _HEADROOM
     if free < need:
-        print(f"bench copy: needs {need / _GIB:.1f} GiB free device memory, has {free / _GIB:.1f}; "
-              "use a smaller --size-gib", file=sys.stderr)
-        return 2
+        raise BenchSkipped(f"needs {need / _GIB:.1f} GiB free device memory, has {free / _GIB:.1f}; "
+              "use a smaller --size-gib")
 
     @cuda.jit
     def fill(a, s):
@@ -234,5 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["path", "GB/s", "reference GB/s", "ratio (ref time / ours)", "goal >= 0.9x"])
     for obj in (m, m2, hm, pin):
         obj.close()
-    write_json(args.json, results)
-    return 0
+    results["figures"] = [
+        goal_row("managed -> PinnedBuffer / numba DtoH into pinned", results["to_pinned"]["ratio"], 0.9),
+        goal_row("managed -> new numpy / numba copy_to_host()", results["to_new_numpy"]["ratio"], 0.9),
+        goal_row("numpy -> managed + kernel / numba pinned H2D + kernel",
+                 results["from_numpy_then_kernel"]["ratio"], 0.9),
+        goal_row("kernel into HOST_MAPPED memory / device + copy back", results["host_mapped"]["ratio"],
+                 note="no goal"),
+    ]
+    return results

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError, UnsupportedError
-from ._common import device_name, goal_text, print_table, wall_timer_us, write_json
+from ._common import BenchSkipped, device_name, goal_row, goal_text, print_table, wall_timer_us, write_json
 
 _SIZE = 1 << 20
 _GOAL_US = 2.0
@@ -41,13 +41,49 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure, print the tables and return the results with their ``figures`` (goal rows).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The benchmark's options.
+
+    Returns
+    -------
+    dict
+    """
+    return _run(_parse(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line: :func:`run` plus ``--json PATH``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments.
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     args = _parse(argv)
+    try:
+        results = _run(args)
+    except BenchSkipped as exc:
+        print(f"bench pool: {exc}", file=sys.stderr)
+        return 2
+    write_json(args.json, results)
+    return int(results.get("status", 0))
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _driver.api()
     except CudaUnavailableError as exc:
-        print(f"bench pool: {exc}", file=sys.stderr)
-        return 2
+        raise BenchSkipped(f"no usable GPU: {exc}")
     from numba import cuda
 
     import umem_numba as um
@@ -125,5 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
     print(f"bench pool on {results['device']}: allocate + free {_SIZE >> 20} MiB, best of 3 batches of {n}")
     print_table(rows, ["allocator", "µs per cycle", f"goal <= {_GOAL_US} µs"])
-    write_json(args.json, results)
-    return 0
+    results["figures"] = [goal_row(f"allocate + free 1 MiB: {name}", c["us_per_cycle"], _GOAL_US if c["goal"] else None,
+                                   higher_is_better=False, unit="µs")
+                          for name, c in results["cases"].items() if isinstance(c, dict) and "us_per_cycle" in c]
+    return results

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import goal_text, print_table, write_json
+from ._common import BenchSkipped, goal_row, goal_text, print_figures, print_table, write_json
 
 #: Device memory left alone besides the benchmark's own buffer.
 _HEADROOM = 512 << 20
@@ -284,7 +284,17 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     for r in rows:
         r["ratio"] = r["gbps"] / r["reference_gbps"]
         r["met"] = None if r["goal"] is None else bool(r["ratio"] >= r["goal"])
+    figures = [
+        goal_row("prefetch host->device / pinned copy", rows[0]["ratio"], 0.9),
+        goal_row("prefetch device->host / pinned copy", rows[1]["ratio"], 0.8),
+        goal_row("kernel on host-resident data: faults time / (prefetch + kernel) time", rows[2]["ratio"],
+                 note="how much sooner prefetch + kernel finishes than a kernel faulting the pages in"),
+        goal_row(f"{_PLAN_ENTRIES}-entry plan / {_PLAN_ENTRIES} single calls, host->device bandwidth",
+                 rows[3]["ratio"]),
+    ]
     return {
+        "benchmark": "prefetch",
+        "figures": figures,
         "device": {"ordinal": dev, "name": name},
         "versions": {"cuda_bindings": _driver.api().version},
         "size_bytes": nbytes,
@@ -326,6 +336,40 @@ def _print(res: dict[str, Any]) -> None:
         print(f"note: {n}")
 
 
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure prefetch against pinned copies, print the tables and return the results.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The benchmark's options (``--size-gib``, ``--quick``).
+
+    Returns
+    -------
+    dict
+        ``benchmark``, ``figures`` (goal rows), and the raw measurements.
+
+    Raises
+    ------
+    BenchSkipped
+        No usable GPU, or too little free device memory.
+    """
+    return _run_and_print(_parse(argv))
+
+
+def _run_and_print(args: argparse.Namespace) -> dict[str, Any]:
+    if not _driver.available():
+        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    try:
+        res = _run(args)
+    except (_Refused, CudaUnavailableError) as exc:
+        raise BenchSkipped(str(exc)) from exc
+    _print(res)
+    print()
+    print_figures(res["figures"])
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the prefetch benchmark; print a table and optionally write JSON.
 
@@ -340,15 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         0 on success, 2 when the benchmark cannot run (no GPU, not enough free memory).
     """
     args = _parse(argv)
-    if not _driver.available():
-        print(f"prefetch benchmark: no GPU: {_driver.unavailable_reason()}", file=sys.stderr)
-        return 2
     try:
-        res = _run(args)
-    except (_Refused, CudaUnavailableError) as exc:
+        res = _run_and_print(args)
+    except BenchSkipped as exc:
         print(f"prefetch benchmark: {exc}", file=sys.stderr)
         return 2
-    _print(res)
     write_json(args.json, res)
     return 0
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import goal_text, print_table, write_json
+from ._common import BenchSkipped, goal_row, goal_text, print_table, write_json
 
 GOAL_WEAK = 0.95
 GOAL_STRONG_PEER = 1.85
@@ -134,15 +134,50 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             "transport_how": data["transport_how"]}
 
 
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure, print the tables and return the results with their ``figures`` (goal rows).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The benchmark's options.
+
+    Returns
+    -------
+    dict
+    """
+    return _run(_parse(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the scaling benchmark; see the module docstring.  Returns the exit status."""
+    """The command line: :func:`run` plus ``--json PATH``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments.
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     args = _parse(argv)
+    try:
+        results = _run(args)
+    except BenchSkipped as exc:
+        print(f"bench scale: {exc}", file=sys.stderr)
+        return 2
+    write_json(args.json, results)
+    return int(results.get("status", 0))
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     import umem_numba as um
     from umem_numba import _driver
 
     if not um.gpu_available():
-        print(f"bench scale: no usable GPU: {_driver.unavailable_reason()}", file=sys.stderr)
-        return 1
+        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
     from ._common import device_name
 
     count = _driver.device_count()
@@ -215,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table(gtable, ["goal", "value", "target", ""])
     if "peer" in result and not result["peer"]["strong"]["bitwise_equal_to_one_gpu"]:
         print("\nERROR: the N-GPU field differs from the one-GPU field", file=sys.stderr)
-    write_json(args.json, result)
     if args.png:
         _chart(args.png, result)
-    return status
+    result["status"] = status
+    result["figures"] = [goal_row(name, g["value"], g["goal"]) for name, g in result["goals"].items()]
+    return result
 
 
 def _chart(path: str, result: dict) -> None:

@@ -27,13 +27,9 @@ the same run.  Times are CUDA events around ``--steps`` back-to-back launches;
 the median of ``--trials`` trials is reported, after two warm-up steps.
 
 Goals: managed+prefetch >= 0.98x device_array; the stencil on device_array
->= 0.85x the copy.  Measured on an H200, 16384^2 float32 (two 1 GiB grids):
-copy 4207 GB/s; device_array 3891 GB/s = 0.925x the copy; managed (no hints)
-0.984x device_array, its first fault-driven sweep 8.9 GB/s; managed+prefetch
-1.005x (prefetch 47.6 GB/s); +advice 1.005x; vmm 1.005x.  float64 (11585^2):
-device_array 0.970x the copy, managed+prefetch 0.998x device_array.  How the
-kernel got there, per design step, and the 3-D numbers:
-``docs/stencil-performance.md``.
+>= 0.85x the copy.  How the kernel got there, per design step:
+``docs/stencil-performance.md``; the latest figures: the benchmark report in
+``docs/``.
 
 The grids must fit in free GPU memory (checked with ``cuMemGetInfo``);
 ``--allow-oversubscribe`` runs anyway, at the risk of a very long run.
@@ -49,7 +45,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._common import goal_text, print_table, write_json
+from ._common import BenchSkipped, goal_row, print_figures, print_table, progress, write_json
 
 KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
 GOAL_PREFETCH_VS_DEVICE = 0.98
@@ -240,55 +236,56 @@ def _close(bufs: list) -> None:
             close()
 
 
-def _chart(path: str, title: str, rows: list[dict], copy_gbps: float) -> str:
-    """Bar chart of GB/s per kind; matplotlib if importable, else the built-in PNG writer."""
+def _chart(path: str, title: str, rows: list[dict], copy_gbps: float) -> None:
+    """Bar chart of GB/s per kind (and of the fault-driven first sweep) against the copy."""
+    from .._plot import save_bar_chart
+
     labels, values, texts = [], [], []
     for r in rows:
         if "gbps" not in r:
             continue
         labels.append(r["kind"])
         values.append(r["gbps"])
-        texts.append(f"{r['gbps']:.0f} GB/s {r['vs_device_array']:.2f}x dev {r['vs_copy']:.2f}x copy")
+        texts.append(f"{r['gbps']:.0f} GB/s, {r['vs_device_array']:.3f}x device_array, "
+                     f"{r['vs_copy']:.3f}x copy")
         if "first_sweep_gbps" in r:
-            labels.append(f"{r['kind']} 1st sweep")
+            labels.append(f"{r['kind']}, 1st sweep")
             values.append(r["first_sweep_gbps"])
             texts.append(f"{r['first_sweep_gbps']:.1f} GB/s (page faults)")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        from .._png import bar_chart, write_png
-        write_png(path, bar_chart(labels, values, title=title, value_labels=texts, reference=copy_gbps,
-                                  reference_label=f"DtoD copy {copy_gbps:.0f} GB/s"))
-        return "built-in PNG writer"
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(labels) + 1.5))
-    y = np.arange(len(labels))[::-1]
-    ax.barh(y, values, color=[f"C{i}" for i in range(len(labels))])
-    ax.set_yticks(y, labels)
-    ax.axvline(copy_gbps, color="k", ls="--", lw=1, label=f"DtoD copy {copy_gbps:.0f} GB/s")
-    for yi, v, t in zip(y, values, texts):
-        ax.text(v, yi, " " + t, va="center", fontsize=8)
-    ax.set_xlabel("GB/s (read + write)")
-    ax.set_title(title)
-    ax.set_xlim(0, max(values + [copy_gbps]) * 1.45)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return "matplotlib"
+    save_bar_chart(path, labels, values, texts=texts, reference=copy_gbps,
+                   reference_label=f"device-to-device copy {copy_gbps:.0f} GB/s",
+                   xlabel="GB/s (read + write)", title=title)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the stencil benchmark; see the module docstring.  Returns the exit status."""
-    args = _parse(argv)
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Time the stencil on every memory kind, print the tables and return the results.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The benchmark's options (see ``--help``; ``--png PATH`` draws a chart).
+
+    Returns
+    -------
+    dict
+        ``benchmark``, ``figures`` (goal rows), ``ok`` (every kind produced
+        the same field) and the raw measurements.
+
+    Raises
+    ------
+    BenchSkipped
+        No usable GPU, or the grids do not fit in free memory.
+    """
+    return _run(_parse(argv))
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     import umem_numba as um
     from umem_numba import _driver
     from umem_numba.kernels import MemoryBudgetError, require_free_memory
 
     if not um.gpu_available():
-        print(f"bench stencil: no usable GPU: {_driver.unavailable_reason()}", file=sys.stderr)
-        return 1
+        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
     from numba import cuda
 
     from ._common import device_name
@@ -301,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         free, total = require_free_memory(2 * grid_bytes, f"2 grids of {n}x{n} {dtype}",
                                           allow_oversubscribe=args.allow_oversubscribe)
     except MemoryBudgetError as exc:
-        print(f"bench stencil: {exc}", file=sys.stderr)
-        return 2
+        raise BenchSkipped(str(exc)) from exc
 
     device_id = _driver.ensure_context()
     stream = cuda.stream()
@@ -315,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = _copy_bandwidth(runner, u0)
     rows: list[dict] = []
     reference_final = None
-    for kind in args.kinds:
+    for kind in progress(args.kinds, desc="bench stencil"):
         row: dict[str, Any] = {"kind": kind}
         try:
             bufs, info, fetch = _allocate(kind, u0, device_id, stream)
@@ -362,24 +358,34 @@ def main(argv: list[str] | None = None) -> int:
     print_table(table, ["memory", "GB/s", "best", "vs device_array", "vs copy", "notes"])
 
     goals = {}
+    figures = []
     by_kind = {r["kind"]: r for r in rows if "gbps" in r}
-    if "managed+prefetch" in by_kind and base:
-        v = by_kind["managed+prefetch"]["vs_device_array"]
-        goals["managed+prefetch / device_array"] = {"value": v, "goal": GOAL_PREFETCH_VS_DEVICE,
-                                                    "status": goal_text(v, GOAL_PREFETCH_VS_DEVICE)}
     if base:
         v = base / copy["gbps"]
         goals["stencil (device_array) / DtoD copy"] = {"value": v, "goal": GOAL_STENCIL_VS_COPY,
-                                                       "status": goal_text(v, GOAL_STENCIL_VS_COPY)}
-    if goals:
+                                                       "status": "met" if v >= GOAL_STENCIL_VS_COPY else "MISSED"}
+        figures.append(goal_row(f"stencil on device_array / device-to-device copy ({dtype})", v,
+                                GOAL_STENCIL_VS_COPY))
+    if "managed+prefetch" in by_kind and base:
+        v = by_kind["managed+prefetch"]["vs_device_array"]
+        goals["managed+prefetch / device_array"] = {"value": v, "goal": GOAL_PREFETCH_VS_DEVICE,
+                                                    "status": "met" if v >= GOAL_PREFETCH_VS_DEVICE else "MISSED"}
+        figures.append(goal_row("stencil on managed+prefetch / device_array", v, GOAL_PREFETCH_VS_DEVICE))
+    if base:
+        for kind in ("managed", "managed+prefetch+advice", "vmm"):
+            if kind in by_kind:
+                figures.append(goal_row(f"stencil on {kind} / device_array", by_kind[kind]["vs_device_array"]))
+        if "managed" in by_kind:
+            figures.append(goal_row("first sweep of managed memory without hints (page faults)",
+                                    by_kind["managed"]["first_sweep_gbps"], unit="GB/s"))
+    if figures:
         print()
-        print_table([(g, f"{d['value']:.3f}", f">= {d['goal']}", d["status"]) for g, d in goals.items()],
-                    ["goal", "value", "target", ""])
+        print_figures(figures)
     warnings = []
     ms_per_step = runner.bytes_per_step / (copy["gbps"] * 1e9) * 1e3
     if ms_per_step < 0.1:
-        # Measured on an H200: at 4096^2 float32 (32 us per copy) numba's copy_to_device
-        # and the kernel launches are host-bound, so the ratios mean little.
+        # At 4096^2 float32 (32 us per copy) numba's copy_to_device and the
+        # kernel launches are host-bound, so the ratios mean little.
         warnings.append(f"a step moves only {runner.bytes_per_step / 2**20:.0f} MiB ({ms_per_step * 1e3:.0f} us "
                         "at copy speed): launch overhead and L2 hits skew these numbers; use --size 8192 or more")
     for w in warnings:
@@ -396,11 +402,56 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_per_step": runner.bytes_per_step,
         "kernel": {"name": "heat2d", "rows_per_thread": runner.rows,
                    "block": list(runner.block), "grid": list(runner.grid)},
-        "copy": copy, "results": rows, "goals": goals, "all_kinds_identical": identical, "warnings": warnings,
+        "copy": copy, "results": rows, "goals": goals, "figures": figures,
+        "all_kinds_identical": identical, "ok": identical, "warnings": warnings,
     }
-    write_json(args.json, result)
     if args.png:
-        how = _chart(args.png, f"heat2d {n}^2 {dtype} on {device_name()}", rows, copy["gbps"])
-        print(f"wrote {args.png} ({how})")
-    return 0 if identical else 1
+        _chart(args.png, f"heat2d {n}^2 {dtype} on {device_name()}", rows, copy["gbps"])
+        print(f"wrote {args.png}")
+    return result
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stencil benchmark; see the module docstring.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments (``sys.argv[1:]`` when ``None``).
+
+    Returns
+    -------
+    int
+        0 after a run, 1 when the memory kinds disagreed, 2 when it cannot run here.
+    """
+    args = _parse(argv)
+    try:
+        result = _run(args)
+    except BenchSkipped as exc:
+        print(f"bench stencil: {exc}", file=sys.stderr)
+        return 2
+    write_json(args.json, result)
+    return 0 if result["ok"] else 1
+
+
+def charts(result: dict[str, Any], out_dir: str) -> list[str]:
+    """Extra charts for the benchmark report: GB/s per memory kind against the copy.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run` returned.
+    out_dir : str
+        Folder to write into.
+
+    Returns
+    -------
+    list of str
+        The files written.
+    """
+    import os
+
+    path = os.path.join(out_dir, "stencil-bandwidth.png")
+    _chart(path, f"heat2d {result['size']}^2 {result['dtype']} on {result['device']}", result["results"],
+           result["copy"]["gbps"])
+    return [path]

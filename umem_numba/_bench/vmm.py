@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import device_name, goal_text, print_table, write_json
+from ._common import BenchSkipped, device_name, goal_row, goal_text, print_figures, print_table, write_json
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -268,27 +268,33 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the VMM benchmark; see the module docstring.
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure VMM growth and kernel bandwidth, print the tables and return the results.
 
     Parameters
     ----------
     argv : list of str, optional
-        Command-line arguments (``--json PATH``, ``--quick``, ``--repeats N``).
+        The benchmark's options (``--quick``, ``--repeats N``).
 
     Returns
     -------
-    int
-        0 after a run (goals missed included: they are reported), 2 without a GPU
-        or with too little free device memory.
+    dict
+        ``benchmark``, ``figures`` (goal rows), and the raw measurements.
+
+    Raises
+    ------
+    BenchSkipped
+        No usable GPU, or too little free device memory.
     """
-    args = _parse(argv)
+    return _run(_parse(argv))
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _driver.ensure_context()
         free, total = _driver.mem_get_info()
     except CudaUnavailableError as exc:
-        print(f"bench vmm: no GPU: {exc}")
-        return 2
+        raise BenchSkipped(f"no usable GPU: {exc}") from exc
     if args.quick:
         wanted = {"grow": 64 * _MIB, "step": 16 * _MIB, "append_total": 256 * _MIB, "stream": 64 * _MIB}
         repeats, warmup, launches, rounds = args.repeats or 3, 1, 5, 3
@@ -298,8 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes, scaled = _fit(wanted, free)
     except MemoryError as exc:
-        print(f"bench vmm: {exc}")
-        return 2
+        raise BenchSkipped(str(exc)) from exc
 
     from .._vmm_access import allocation_granularity
 
@@ -320,25 +325,61 @@ def main(argv: list[str] | None = None) -> int:
          f"{a['doubling_peak_bytes'] / _GIB:.2f} GiB",
          f"{a['doubling_peak_bytes'] / a['vmm_peak_bytes']:.2f}x less", "-", "-"),
     ]
+    figures = [
+        goal_row(f"grow {g / _GIB:g} -> {2 * g / _GIB:g} GiB in place: alloc+copy+free time / grow time",
+                 grow["speedup"], 10.0),
+        goal_row(f"append {a['step_bytes'] // _MIB} MiB steps to {a['total_bytes'] / _GIB:g} GiB: "
+                 "doubling time / VMM time", a["speedup"]),
+        goal_row("append: doubling peak memory / VMM peak memory",
+                 a["doubling_peak_bytes"] / a["vmm_peak_bytes"]),
+    ]
     for name, bw in stream["bandwidth_Bps"].items():
         if name == "DeviceNDArray":
             continue
         ratio = bw / ref
         rows.append((f"stream a=b*s, {name}", f"{bw / 1e12:.3f} TB/s", f"DeviceNDArray {ref / 1e12:.3f} TB/s",
                      f"{ratio:.3f}x", ">= 0.98x", goal_text(ratio, 0.98)))
+        figures.append(goal_row(f"streaming kernel on {name} / DeviceNDArray", ratio, 0.98))
+    note = " (quick: small sizes, goals not meaningful)" if args.quick else ""
     print(f"VMM benchmark on {device_name()}: granularity {gran // _MIB} MiB, "
-          f"{free / _GIB:.1f} of {total / _GIB:.1f} GiB free"
-          + (" (quick: small sizes, goals not meaningful)" if args.quick else "")
+          f"{free / _GIB:.1f} of {total / _GIB:.1f} GiB free" + note
           + (" (sizes halved to fit free memory)" if scaled else ""))
     print_table(rows, ["figure", "VMM", "baseline", "ratio", "goal", ""])
+    print()
+    print_figures(figures)
     if not all(stream["values_ok"].values()):
         print(f"WARNING: wrong kernel results: {stream['values_ok']}")
-    write_json(args.json, {
+    return {
         "benchmark": "vmm", "device": device_name(), "quick": args.quick, "scaled": scaled,
         "granularity": gran, "free_bytes": free, "total_bytes": total,
         "grow": grow, "append": append, "stream": stream,
         "goals": {"grow_speedup": {"value": grow["speedup"], "goal": 10.0},
                   **{f"stream {k}": {"value": v / ref, "goal": 0.98}
                      for k, v in stream["bandwidth_Bps"].items() if k != "DeviceNDArray"}},
-    })
+        "figures": figures,
+        "ok": all(stream["values_ok"].values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the VMM benchmark; see the module docstring.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments (``--json PATH``, ``--quick``, ``--repeats N``).
+
+    Returns
+    -------
+    int
+        0 after a run (goals missed included: they are reported), 2 without a GPU
+        or with too little free device memory.
+    """
+    args = _parse(argv)
+    try:
+        res = _run(args)
+    except BenchSkipped as exc:
+        print(f"bench vmm: {exc}")
+        return 2
+    write_json(args.json, res)
     return 0

@@ -1,0 +1,79 @@
+"""What the examples share: byte counts, the NumPy check, pictures and progress bars.
+
+Pictures and progress bars come from matplotlib and tqdm (the ``plot`` extra);
+they are imported on first use, with a clear error naming the extra when
+they are missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from umem_numba._plot import MissingExtraError, progress, require_plot_extra, save_field
+
+__all__ = ["MissingExtraError", "human_bytes", "progress", "report_check", "require_plot_extra", "save_field"]
+
+
+def human_bytes(n: float) -> str:
+    """A byte count in binary units.
+
+    Parameters
+    ----------
+    n : float
+        Bytes.
+
+    Returns
+    -------
+    str
+        ``"512 B"``, ``"256 MiB"``, ``"1.50 GiB"``.
+
+    Examples
+    --------
+    >>> human_bytes(268435456)
+    '256 MiB'
+    """
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def report_check(result: Any, expected: Any, steps: int) -> int:
+    """Print how far ``result`` is from a NumPy reference, and whether that is rounding.
+
+    The error is the largest absolute difference relative to the largest
+    absolute value of ``expected``; the tolerance is 1e-5 for float32 and
+    1e-12 for float64 (the GPU may fuse multiply-adds, NumPy does not).
+
+    Parameters
+    ----------
+    result : ndarray
+        What the GPU computed.
+    expected : ndarray
+        The reference (:func:`heat2d_reference` ...), same shape.
+    steps : int
+        Steps both ran, for the message.
+
+    Returns
+    -------
+    int
+        0 within the tolerance, else 1 (an exit status).
+
+    Raises
+    ------
+    ValueError
+        The shapes differ.
+    """
+    result, expected = np.asarray(result), np.asarray(expected)
+    if result.shape != expected.shape:
+        raise ValueError(f"result has shape {result.shape}, the reference {expected.shape}")
+    scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-30)
+    error = float(np.max(np.abs(result - expected))) / scale if result.size else 0.0
+    tolerance = 1e-5 if result.dtype == np.float32 else 1e-12
+    verdict = "OK" if error < tolerance else "MISMATCH"
+    print(f"check against NumPy ({steps} steps): max error {error:.2e} of the largest value "
+          f"(tolerance {tolerance:.0e}): {verdict}")
+    return 0 if error < tolerance else 1
