@@ -219,5 +219,5 @@ def test_a_view_taken_during_another_launch_is_tracked(kernels, rng):
     values = random_array(rng, N, np.float64)
     a.host[:] = values
     um.launch(sleep_then_copy, N // 128, 128, Wrapper(), a, 40)  # b is written through the wrapper
-    assert b._coherence_tracker.escaped and not a._coherence_tracker.escaped
     np.testing.assert_array_equal(b.host, values)
+    assert b._coherence_tracker.escaped and not a._coherence_tracker.escaped
