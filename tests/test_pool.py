@@ -116,7 +116,8 @@ def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memo
     pool.trim(0)
     st = pool.statistics()
     assert st.reserved_current == 0, st
-    assert _driver.mem_get_info()[0] >= free0 - 8 * MiB  # and back to the driver
+    if kind == "device":  # managed pages stay counted in cuMemGetInfo after a trim (driver)
+        assert _driver.mem_get_info()[0] >= free0 - 8 * MiB  # and back to the driver
     pool.reset_high()
     assert pool.statistics().used_high == 0
     pool.close()
@@ -129,6 +130,10 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
     from numba import cuda
     pool = _pool(kind)
     s = cuda.stream()
+    for _ in range(1_000):  # warm up: the pool reserves what the loop needs
+        pool.free(pool.allocate(MiB, s), s)
+    s.synchronize()
+    free_warm, _ = _driver.mem_get_info()
     for _ in range(50_000):  # raw pool interface
         pool.free(pool.allocate(MiB, s), s)
     for _ in range(50_000):  # buffers: stream-ordered close
@@ -138,10 +143,14 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
     st = pool.statistics()
     assert st.used_current == 0
     assert st.reserved_high <= 64 * MiB, f"the pool kept growing: {st}"  # memory was reused
+    assert _driver.mem_get_info()[0] >= free_warm - 8 * MiB  # the loop itself leaked nothing
     pool.trim(0)
     assert pool.statistics().reserved_current == 0
     pool.close()
-    device_memory()
+    if kind == "device":
+        # Managed pool pages the driver placed on the device stay counted in
+        # cuMemGetInfo after a trim (the pool's own counters above are 0).
+        device_memory()
 
 
 @pytest.mark.gpu
@@ -222,10 +231,12 @@ def test_hints_and_prefetch_on_managed_pool_memory(kernels, rng):
     buf = um.ManagedBuffer.from_array(data, pool=pool, stream=s)
     dev = um.Location.device(buf.device_id)
     h = buf.hints
-    h.set_read_mostly()
+    # The driver takes preferred location and accessed-by on pool memory, not read-mostly.
+    with pytest.raises(um.UnsupportedError, match="SET_READ_MOSTLY.*does not support"):
+        h.set_read_mostly()
     h.set_accessed_by(dev)
     h.set_preferred_location("cpu")
-    assert h.read_mostly and dev in h.accessed_by and h.preferred_location == um.HOST
+    assert not h.read_mostly and dev in h.accessed_by and h.preferred_location == um.HOST
     buf.prefetch(dev, stream=s)
     buf.synchronize()
     assert h.last_prefetch_location == dev

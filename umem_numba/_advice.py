@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from . import _driver
-from ._errors import CudaError
+from ._errors import CudaError, UnsupportedError
 from ._location import HOST, Location, StreamLike, Target, as_location
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
 from ._prefetch import prefetch
@@ -420,7 +420,12 @@ class ManagedMemoryHints:
             undo.append((MemAdvice.UNSET_PREFERRED_LOCATION, None))
         undo += [(MemAdvice.UNSET_ACCESSED_BY, loc) for loc in sorted(have_accessed - want_accessed, key=str)]
         todo = [(a, loc) for a, loc in wanted if not (a is MemAdvice.SET_ACCESSED_BY and loc in have_accessed)]
-        for advice, loc in undo + todo:
+        for advice, loc in undo:
+            try:
+                _advise(span, advice, loc)
+            except UnsupportedError:
+                pass  # memory that cannot take this advice (pool memory and read-mostly) has none to undo
+        for advice, loc in todo:
             _advise(span, advice, loc)
 
     # -- prefetch ---------------------------------------------------------------------

@@ -447,7 +447,7 @@ class Buffer:
         consumer = _driver.consts().stream_legacy if stream is None else stream
         if consumer != -1:
             with _driver.device_context(alloc.device_id):
-                waits = alloc.tracker.begin_use(_driver.stream_key(consumer), True, "__dlpack__")
+                waits, _ = alloc.tracker.begin_use(_driver.stream_key(consumer), True, "__dlpack__")
                 try:
                     for event in waits:
                         _driver.call("cuStreamWaitEvent", consumer, event.handle, 0, detail="__dlpack__")

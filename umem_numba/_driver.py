@@ -302,9 +302,16 @@ def device_context(device_id: int | None) -> Iterator[int]:
     ``None`` means the current device.  The previous context is restored;
     nested blocks for the device already entered cost nothing.
     """
-    if device_id is not None and _scope.device == device_id:
-        yield device_id
-        return
+    if device_id is not None:
+        if _scope.device == device_id:
+            yield device_id
+            return
+        # A context of that device is current already (numba's, or one numba is
+        # setting up right now, e.g. while it initialises a memory manager).
+        err, current_dev = api().drv.cuCtxGetDevice()
+        if err == 0 and int(current_dev) == device_id:
+            yield device_id
+            return
     current = ensure_context()
     if device_id is None or device_id == current:
         yield current

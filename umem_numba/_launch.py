@@ -44,12 +44,32 @@ _META = frozenset({"shape", "size", "ndim", "dtype", "strides", "itemsize", "nby
 # Which arguments a kernel writes
 
 
+#: Calls that read their arguments and cannot write an array passed to them.
+_READING_CALLS = frozenset({"range", "len", "min", "max", "abs", "int", "float", "bool", "complex", "round"})
+#: Expressions whose operands are only read.
+_READING_PARENTS = (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.If, ast.While, ast.Assert,
+                    ast.FormattedValue)
+
+
+def _reads_only(node: ast.Name, parent: ast.AST | None) -> bool:
+    """Whether this use of a parameter can only read it (anything unsure counts as a write)."""
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return isinstance(parent.ctx, ast.Load)  # p[i] read; p[i] = ... / p[i] += ... write
+    if isinstance(parent, ast.Attribute) and parent.value is node:
+        return parent.attr in _META  # p.shape and friends; a method call could write
+    if isinstance(parent, ast.Call) and node in parent.args:
+        func = parent.func
+        return isinstance(func, ast.Name) and func.id in _READING_CALLS  # device functions may write
+    if isinstance(parent, ast.For) and parent.iter is node:
+        return True
+    return isinstance(parent, _READING_PARENTS)
+
+
 def _written_params(func: Callable[..., Any]) -> tuple[str, ...] | None:
     """Names of the parameters ``func`` may write (``None``: the source is unavailable: all)."""
     try:
-        source = textwrap.dedent(inspect.getsource(func))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError, IndentationError):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except Exception:  # no source (exec'd, interactive), or none we can parse
         return None
     defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func.__name__]
     if not defs:
@@ -62,18 +82,9 @@ def _written_params(func: Callable[..., Any]) -> tuple[str, ...] | None:
             parents[id(child)] = node
     written: set[str] = set()
     for node in ast.walk(fn):
-        if not isinstance(node, ast.Name) or node.id not in params:
-            continue
-        parent = parents.get(id(node))
-        if isinstance(parent, ast.arguments):
-            continue
-        if isinstance(node.ctx, ast.Load):
-            if isinstance(parent, ast.Subscript) and parent.value is node:
-                if isinstance(parent.ctx, ast.Load):
-                    continue  # p[i] read
-            elif isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _META:
-                continue  # p.shape and friends
-        written.add(node.id)  # a store into it, a rebinding, or use we cannot follow
+        if (isinstance(node, ast.Name) and node.id in params
+                and (isinstance(node.ctx, ast.Store) or not _reads_only(node, parents.get(id(node))))):
+            written.add(node.id)  # rebound, stored into, or used in a way we cannot follow
     return tuple(p for p in params if p in written)
 
 
@@ -141,7 +152,7 @@ def _add(uses: list[tuple[Tracker, bool]], tracker: Tracker, write: bool) -> Non
 
 
 class _ConfiguredLaunch:
-    """``kernel[grid, block, stream, sharedmem]`` with the stream's handle and identity worked out once."""
+    """``kernel[grid, block, stream, sharedmem]`` with the stream's handle worked out once."""
 
     __slots__ = ("_configured", "_handle", "_info", "_key", "_stream")
 
@@ -150,9 +161,10 @@ class _ConfiguredLaunch:
         self._stream = stream  # held: its handle cannot be reused while this object lives
         self._handle = stream_handle(stream, what="launch")
         self._info = info
-        # A created stream keeps its identity; the special handles (legacy 0/1,
-        # per-thread 2) name a different stream per context or thread.
-        self._key = None if self._handle in (0, 1, 2) else _driver.stream_key(self._handle)
+        # A created stream keeps its identity (looked up at the first tracked
+        # launch); the special handles (legacy 0/1, per-thread 2) name a
+        # different stream per context or thread.
+        self._key: int | None = None
 
     def __call__(self, *args: Any) -> None:
         uses = _uses(self._info, args)
@@ -167,26 +179,30 @@ class _ConfiguredLaunch:
                 "with plain numba launches and keep the buffers alive (and unchanged on the host) while the "
                 "graph can run"
             )
-        key = self._key if self._key is not None else _driver.stream_key(handle)
-        begun: list[tuple[Tracker, bool]] = []
+        key = self._key
+        if key is None:
+            key = _driver.stream_key(handle)
+            if handle not in (0, 1, 2):
+                self._key = key
+        begun: list[tuple[Tracker, bool, tuple[_events.Event, ...]]] = []
         flag = _launching
         try:
-            waits = None
+            waits: list[_events.Event] = []
             for tracker, write in uses:
-                w = tracker.begin_use(key, write, "launch")
-                begun.append((tracker, write))
-                if w:
-                    waits = w if waits is None else waits + w
+                wait, covered = tracker.begin_use(key, write, "launch")
+                begun.append((tracker, write, covered))
+                if wait:
+                    waits += wait
             if waits:
-                wait = _driver.api().stream_wait_event
+                stream_wait = _driver.api().stream_wait_event
                 for event in {id(e): e for e in waits}.values():
-                    _driver.check(wait(handle, event.handle, 0), "cuStreamWaitEvent",
+                    _driver.check(stream_wait(handle, event.handle, 0), "cuStreamWaitEvent",
                                   "ordering a launch after conflicting work on another stream")
             flag.current = tuple(t for t, _ in uses)
             self._configured(*args)
         except BaseException:
             flag.current = ()
-            for tracker, write in begun:
+            for tracker, write, _ in begun:
                 tracker.end_use(key, None, write, issued=False)
             raise
         flag.current = ()
@@ -194,8 +210,8 @@ class _ConfiguredLaunch:
         try:
             recorded = _events.record(handle, _driver.current_device(), key)
         finally:
-            for tracker, write in uses:
-                tracker.end_use(key, recorded, write)
+            for tracker, write, covered in begun:
+                tracker.end_use(key, recorded, write, covered)
 
 
 def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0,

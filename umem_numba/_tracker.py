@@ -163,19 +163,20 @@ class Tracker:
         "escaped",
         "holds",
         "inflight",
-        "last_write",
         "policy",
         "reads",
         "unknown_devices",
+        "writes",
     )
 
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        #: Event after the last write (supersedes every earlier write: each
-        #: writer waited on the device for the previous one and for the reads).
-        self.last_write: _events.Event | None = None
-        #: Reads since the last write, the latest per stream key.
+        #: Writes not known to be implied by a later one, by identity.  A new
+        #: write supersedes exactly the events it was ordered after (see
+        #: begin_use); one that was filed meanwhile by another thread stays.
+        self.writes: dict[int, _events.Event] = {}
+        #: Reads since those writes, by identity.
         self.reads: dict[int, _events.Event] = {}
         #: Devices on which a launch the toolkit did not make used the memory.
         self.unknown_devices: set[int] = set()
@@ -198,9 +199,7 @@ class Tracker:
     def pending(self) -> dict[int, _events.Event]:
         """Recorded work not yet known to be done, by stream handle (a snapshot)."""
         with self._lock:
-            events = list(self.reads.values())
-            if self.last_write is not None:
-                events.append(self.last_write)
+            events = [*self.writes.values(), *self.reads.values()]
         return {e.stream: e for e in events}
 
     @property
@@ -233,15 +232,24 @@ class Tracker:
                 self.unknown_devices.add(device)
                 self._unknown_gen += 1
 
-    def begin_use(self, key: int, write: bool, what: str) -> list[_events.Event]:
-        """Register device work about to be issued on stream ``key``; return what it must wait for.
+    def begin_use(self, key: int, write: bool, what: str) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
+        """Register device work about to be issued on stream ``key``.
 
-        Every :meth:`begin_use` is paired with one :meth:`end_use`.
+        Returns
+        -------
+        waits : list of Event
+            What the stream must wait for, on the device: the writes on other
+            streams, and for a write also the reads on other streams.
+        covered : tuple of Event
+            Every event the work will come after (those waited for, and the
+            earlier ones of its own stream): pass it to :meth:`end_use`.
 
         Raises
         ------
         CoherenceError
-            The host holds the buffer.
+            The host holds the buffer (or it is being resized).
+        BufferClosedError
+            The buffer is being closed.
         """
         if self.unknown_devices:
             # Work on an unknown stream cannot be ordered on the device: settle it on the host.
@@ -252,17 +260,16 @@ class Tracker:
                 raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`); "
                                      "leave the block first")
             self.inflight += 1
-            waits = []
-            last = self.last_write
-            if last is not None and last.key != key:
-                waits.append(last)
-            if write:
-                for k, event in self.reads.items():
-                    if k != key:
-                        waits.append(event)
-            return waits
+            writes, reads = self.writes, self.reads
+            if not writes and not reads:
+                return [], ()
+            covered = (*writes.values(), *reads.values()) if write else tuple(writes.values())
+            if not write and reads:
+                covered += tuple(e for e in reads.values() if e.key == key)
+            return [e for e in covered if e.key != key], covered
 
-    def end_use(self, key: int, event: _events.Event | None, write: bool, *, issued: bool = True) -> None:
+    def end_use(self, key: int, event: _events.Event | None, write: bool,
+                covered: tuple[_events.Event, ...] = (), *, issued: bool = True) -> None:
         """File the event recorded after work registered by :meth:`begin_use`.
 
         ``event`` is ``None`` when recording failed: if the work was
@@ -271,11 +278,11 @@ class Tracker:
         with self._lock:
             self.inflight -= 1
             if event is not None:
-                if write:
-                    self.last_write = event
-                    self.reads = {}
-                else:
-                    self.reads[key] = event
+                for old in covered:
+                    self.writes.pop(id(old), None)
+                    if write or old.key == key:
+                        self.reads.pop(id(old), None)
+                (self.writes if write else self.reads)[id(event)] = event
             elif issued:
                 self.unknown_devices.add(event_device_fallback(self.device_id))
                 self._unknown_gen += 1
@@ -303,10 +310,9 @@ class Tracker:
                 self._blocked = None
 
     def add(self, stream: int, event: _events.Event) -> None:
-        """File ``event`` as a write on ``stream`` (for work ordered by other means)."""
+        """File ``event`` as a write that comes before any other use (a pool allocation)."""
         with self._lock:
-            self.last_write = event
-            self.reads = {}
+            self.writes[id(event)] = event
 
     # -- host side -------------------------------------------------------------------
     def effective_policy(self) -> str:
@@ -315,7 +321,7 @@ class Tracker:
 
     def before_host_access(self, what: str) -> None:
         """Settle before host code reads or writes the memory."""
-        if (self.last_write is None and not self.reads and not self.unknown_devices and not self.escaped
+        if (not self.writes and not self.reads and not self.unknown_devices and not self.escaped
                 and not self.inflight and self.concurrent):
             return
         self.settle(what, self.effective_policy())
@@ -324,18 +330,15 @@ class Tracker:
         """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
         while self.inflight:
             self._idle.wait()
-        events = list(self.reads.values())
-        if self.last_write is not None:
-            events.append(self.last_write)
+        events = [*self.writes.values(), *self.reads.values()]
         return events, set(self.unknown_devices), self._unknown_gen, self.escaped
 
     def _forget(self, done: list[_events.Event], unknown_gen: int | None) -> None:
         """Drop finished events (only those still filed) and, if nothing new came, the unknown mark."""
         with self._lock:
-            if self.last_write is not None and self.last_write in done:
-                self.last_write = None
-            for k in [k for k, e in self.reads.items() if e in done]:
-                del self.reads[k]
+            for event in done:
+                self.writes.pop(id(event), None)
+                self.reads.pop(id(event), None)
             if unknown_gen is not None and unknown_gen == self._unknown_gen:
                 self.unknown_devices.clear()
 
@@ -451,7 +454,7 @@ class DeviceUse:
     ...     _driver.call("cuMemsetD8Async", ptr, 0, n, handle)
     """
 
-    __slots__ = ("event", "key", "stream", "uses", "what")
+    __slots__ = ("covered", "event", "key", "stream", "uses", "what")
 
     def __init__(self, uses: list[tuple[Tracker, bool]], stream: int, what: str) -> None:
         merged: dict[int, tuple[Tracker, bool]] = {}
@@ -464,16 +467,22 @@ class DeviceUse:
         self.key = 0
         #: The event recorded after the work (once the block ended without error).
         self.event: _events.Event | None = None
+        self.covered: list[tuple[_events.Event, ...]] = []
 
     def __enter__(self) -> DeviceUse:
+        if _driver.is_capturing(self.stream):
+            raise CoherenceError(f"{self.what}: the stream is capturing a CUDA graph; umem_numba cannot track "
+                                 "work inside a capture")
         self.key = _driver.stream_key(self.stream)
         begun: list[tuple[Tracker, bool]] = []
         try:
             waits: dict[int, _events.Event] = {}
             for tracker, write in self.uses:
-                for event in tracker.begin_use(self.key, write, self.what):
-                    waits[id(event)] = event
+                wait, covered = tracker.begin_use(self.key, write, self.what)
                 begun.append((tracker, write))
+                self.covered.append(covered)
+                for event in wait:
+                    waits[id(event)] = event
             for event in waits.values():
                 _driver.call("cuStreamWaitEvent", self.stream, event.handle, 0, detail=self.what)
         except BaseException:
@@ -488,8 +497,8 @@ class DeviceUse:
             try:
                 event = self.event = _events.record(self.stream, _driver.current_device(), self.key)
             finally:
-                for tracker, write in self.uses:
-                    tracker.end_use(self.key, event, write)
+                for (tracker, write), covered in zip(self.uses, self.covered, strict=True):
+                    tracker.end_use(self.key, event, write, covered)
         else:
             # Part of the work may have been queued before the failure.
             for tracker, write in self.uses:
