@@ -197,7 +197,8 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         """Create this context's pool (once) and size numba's deferred-free queue."""
         if self._pool is None:
             from ._pool import MemoryPool
-            dev = int(self.context.device.id)
+            device = self.context.device
+            dev = int(getattr(device, "id", device))  # numba's Device, or the binding's CUdevice
             exportable = False
             if self._kind == "device":
                 fd = int(_driver.consts().vmm_posix_fd)
@@ -282,7 +283,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         if not pool.exportable:
             raise UnsupportedError(f"device {pool.device_id} cannot export memory pools as file "
                                    "descriptors, so numba IPC handles are unavailable through umem_numba")
-        base, _end = nbdriver.device_extents(memory)
+        base = int(memory.handle) if not hasattr(memory.handle, "value") else int(memory.handle.value)
         data = _driver.call("cuMemPoolExportPointer", base, detail="exporting a pool allocation for IPC")
         raw = ctypes.string_at(data.getPtr(), _EXPORT_BYTES)
         fd = int(_driver.call("cuMemPoolExportToShareableHandle", pool.handle,

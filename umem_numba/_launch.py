@@ -62,6 +62,10 @@ def _reads_only(node: ast.Name, parent: ast.AST | None) -> bool:
         return isinstance(func, ast.Name) and func.id in _READING_CALLS  # device functions may write
     if isinstance(parent, ast.For) and parent.iter is node:
         return True
+    if isinstance(parent, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and parent.value is node:
+        # Storing its value into an array element reads it; binding it to a name aliases it.
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        return all(isinstance(t, ast.Subscript) for t in targets)
     return isinstance(parent, _READING_PARENTS)
 
 

@@ -157,6 +157,7 @@ class Tracker:
         "_idle",
         "_lock",
         "_unknown_gen",
+        "_waiters",
         "attached",
         "concurrent",
         "device_id",
@@ -172,6 +173,7 @@ class Tracker:
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._waiters = 0  # threads waiting for in-flight registrations to end
         #: Writes not known to be implied by a later one, by identity.  A new
         #: write supersedes exactly the events it was ordered after (see
         #: begin_use); one that was filed meanwhile by another thread stays.
@@ -278,15 +280,20 @@ class Tracker:
         with self._lock:
             self.inflight -= 1
             if event is not None:
-                for old in covered:
-                    self.writes.pop(id(old), None)
-                    if write or old.key == key:
+                if write:  # ordered after every covered write and read: they are implied by this event
+                    for old in covered:
+                        self.writes.pop(id(old), None)
                         self.reads.pop(id(old), None)
-                (self.writes if write else self.reads)[id(event)] = event
+                    self.writes[id(event)] = event
+                else:  # a read supersedes only earlier reads of its own stream; writes stay for others
+                    for old in covered:
+                        if old.key == key:
+                            self.reads.pop(id(old), None)
+                    self.reads[id(event)] = event
             elif issued:
                 self.unknown_devices.add(event_device_fallback(self.device_id))
                 self._unknown_gen += 1
-            if not self.inflight:
+            if not self.inflight and self._waiters:
                 self._idle.notify_all()
 
     def _refuse_if_blocked(self, what: str) -> None:
@@ -329,7 +336,11 @@ class Tracker:
     def _snapshot(self) -> tuple[list[_events.Event], set[int], int, bool]:
         """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
         while self.inflight:
-            self._idle.wait()
+            self._waiters += 1
+            try:
+                self._idle.wait()
+            finally:
+                self._waiters -= 1
         events = [*self.writes.values(), *self.reads.values()]
         return events, set(self.unknown_devices), self._unknown_gen, self.escaped
 

@@ -57,3 +57,34 @@ for _ in range(20000):
 pr.disable()
 cuda.synchronize()
 pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+
+# Step by step, the same work as _ConfiguredLaunch.__call__, timed without a profiler.
+from umem_numba import _launch, _tracker
+pc = time.perf_counter_ns
+acc = [0] * 7
+info, configured = cfg._info, cfg._configured
+for _ in range(20000):
+    t0 = pc()
+    uses = _launch._uses(info, (buf,))
+    t1 = pc()
+    _driver.is_capturing(h)
+    t2 = pc()
+    key = cfg._key
+    begun = [(t, w, t.begin_use(key, w, "launch")[1]) for t, w in uses]
+    t3 = pc()
+    _tracker._launching.current = tuple(t for t, _ in uses)
+    configured(buf)
+    _tracker._launching.current = ()
+    t4 = pc()
+    rec = _events.record(h, _driver.current_device(), key)
+    t5 = pc()
+    for t, w, covered in begun:
+        t.end_use(key, rec, w, covered)
+    t6 = pc()
+    for i, (a, b) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6), (t0, t6))):
+        acc[i] += b - a
+names = ["_uses", "is_capturing", "begin_use", "numba launch", "record", "end_use", "total"]
+for n_, v in zip(names, acc):
+    print(f"{n_:14s} {v / 20000 / 1000:.3f} us")
+cuda.synchronize(); buf.synchronize()
+print("bare ManagedBuffer again %.3f us" % per_call(lambda: nb_cfg(buf), 20000))

@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                                "stage_to_host_default": _copy.STAGE_TO_HOST,
                                "stage_from_host_default": _copy.STAGE_FROM_HOST}
 
-    expect = np.arange(n, dtype=np.float32) * np.float32(0.5) + np.float32(1.0)
+    expect = (np.arange(n, dtype=np.float64) * 0.5 + 1.0).astype(np.float32)  # as the kernel computes it
 
     # -- sources: device-resident managed and a numba device array, same values
     m = um.ManagedBuffer.empty(n, np.float32)
