@@ -258,13 +258,29 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             self._managed_tried = True
             from ._pool import MemoryPool, managed_pool_support
             if not managed_pool_support():
-                self._managed_pool = MemoryPool("managed", device=int(self.context.device.id))
+                device = self.context.device
+                self._managed_pool = MemoryPool("managed", device=int(getattr(device, "id", device)))
         return self._managed_pool
+
+    @contextlib.contextmanager
+    def _context_current(self) -> Iterator[None]:
+        """This manager's context current for a driver call (numba may call in while it sets it up)."""
+        err, current = _driver.api().drv.cuCtxGetCurrent()
+        handle = self.context.handle
+        if err == 0 and current is not None and int(current) == int(handle):
+            yield
+            return
+        _driver.call("cuCtxPushCurrent", handle, detail="making numba's context current")
+        try:
+            yield
+        finally:
+            _driver.call("cuCtxPopCurrent", detail="restoring the previous context")
 
     # -- information ---------------------------------------------------------------------
     def get_memory_info(self) -> Any:
         """``(free, total)`` of the device; free includes what the pools hold unused."""
-        free, total = _driver.call("cuMemGetInfo", detail="memory info for numba")
+        with self._context_current():
+            free, total = _driver.call("cuMemGetInfo", detail="memory info for numba")
         idle = 0
         for pool in (self._pool, self._managed_pool):
             if pool is not None and pool.kind == "device" and not pool.closed:
