@@ -55,7 +55,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m umem_numba bench scale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the N-GPU points (default: all, >= 2)")
+    ap.add_argument("--gpus", type=int, default=None, metavar="N",
+                    help="GPUs for the N-GPU points (default: all, >= 2)")
     ap.add_argument("--size", type=int, default=16384, metavar="N", help="plate width; strong-scaling side (16384)")
     ap.add_argument("--weak-rows", type=int, default=None, metavar="N", help="rows per GPU for weak scaling (= --size)")
     ap.add_argument("--steps", type=int, default=100, metavar="N", help="timed steps per trial (100)")
@@ -133,7 +134,7 @@ def _mpirun() -> tuple[list[str] | None, str]:
     if not EXAMPLE.exists():
         return None, f"{EXAMPLE} is not there (run from a source checkout)"
     cmd = [exe]
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
     if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
         cmd.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -141,19 +142,21 @@ def _mpirun() -> tuple[list[str] | None, str]:
     return cmd, ""
 
 
-def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace) -> dict:
+def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace, halo: str = "pinned") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", str(args.size), "--rows", str(rows),
                "--steps", str(args.steps + 3), "--warmup", "3", "--dtype", args.dtype, "--out", "", "--json", out]
+        cmd += ["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
         if r.returncode != 0:
             return {"ranks": ranks, "error": f"exit {r.returncode}: {(r.stderr or r.stdout)[-800:]}"}
         with open(out) as fh:
             data = json.load(fh)
     return {"ranks": ranks, "shape": data["shape"], "ms_per_step": data["ms_per_step"],
             "halo_us_per_step": data["halo_us_per_step"], "device_buffers": data["device_buffers"],
+            "halo": data.get("halo", "mpi"),
             "transport_how": data["transport_how"]}
 
 
@@ -213,26 +216,44 @@ def main(argv: list[str] | None = None) -> int:
             result["mpi"] = {"skipped": why}
             print(f"MPI path skipped: {why}", file=sys.stderr)
         else:
-            mpi: dict[str, Any] = {}
-            for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
-                              ("strong", [(1, args.size), (n, args.size)])):
-                p1, pn = (_mpi_point(mpirun, r, h, args) for r, h in pts)
-                mpi[mode] = {"one": p1, "n": pn}
-                for p in (p1, pn):
-                    if "error" in p:
-                        rows.append(("mpi", mode, p["ranks"], "", "error", "", p["error"][-120:]))
+            for halo in args.mpi_halos:
+                key = "mpi" if halo == "pinned" else f"mpi-{halo}"
+                mpi: dict[str, Any] = {}
+                for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
+                                  ("strong", [(1, args.size), (n, args.size)])):
+                    p1, pn = (_mpi_point(mpirun, r, h, args, halo) for r, h in pts)
+                    mpi[mode] = {"one": p1, "n": pn}
+                    for p in (p1, pn):
+                        if "error" in p:
+                            rows.append((key, mode, p["ranks"], "", "error", "", p["error"][-120:]))
+                        else:
+                            how = "ipc (VMM, in place)" if p["halo"] == "ipc" else \
+                                "device bufs" if p["device_buffers"] else "pinned"
+                            rows.append((key, mode, p["ranks"], "x".join(map(str, p["shape"])),
+                                         f"{p['ms_per_step']:.3f}", f"{p['halo_us_per_step']:.1f}", how))
+                    if "error" not in p1 and "error" not in pn:
+                        mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
                     else:
-                        rows.append(("mpi", mode, p["ranks"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
-                                     f"{p['halo_us_per_step']:.1f}", "device bufs" if p["device_buffers"] else "pinned"))
-                if "error" not in p1 and "error" not in pn:
-                    mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
-                else:
-                    status = 1
-            result["mpi"] = mpi
-            if "efficiency" in mpi["weak"]:
-                goals["mpi weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
-            if "speedup" in mpi["strong"]:
-                goals[f"mpi strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"], GOAL_STRONG_MPI if n == 2 else None)
+                        status = 1
+                result[key] = mpi
+                if "efficiency" in mpi["weak"]:
+                    goals[f"{key} weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
+                if "speedup" in mpi["strong"]:
+                    goals[f"{key} strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"],
+                                                                 GOAL_STRONG_MPI if n == 2 else None)
+            if {"mpi", "mpi-ipc"} <= set(result):
+                cmp = {}
+                for mode in ("weak", "strong"):
+                    a, b = result["mpi"][mode]["n"], result["mpi-ipc"][mode]["n"]
+                    if "error" not in a and "error" not in b:
+                        cmp[mode] = {"pinned_ms": a["ms_per_step"], "ipc_ms": b["ms_per_step"],
+                                     "ipc_over_pinned_speed": a["ms_per_step"] / b["ms_per_step"],
+                                     "pinned_halo_us": a["halo_us_per_step"], "ipc_halo_us": b["halo_us_per_step"]}
+                result["ipc_vs_pinned"] = cmp
+                for mode, c in cmp.items():
+                    print(f"MPI {mode}, {n} ranks: ipc {c['ipc_ms']:.3f} ms/step vs pinned {c['pinned_ms']:.3f} "
+                          f"({c['ipc_over_pinned_speed']:.3f}x); halo wait {c['ipc_halo_us']:.1f} vs "
+                          f"{c['pinned_halo_us']:.1f} us/step")
     print()
     print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
     print()
@@ -269,7 +290,7 @@ def _chart(path: str, result: dict) -> None:
                 values.append(value)
                 goals.append(goal)
         ax.bar(labels, values, color=["C0", "C1"][:len(labels)])
-        for i, (v, g) in enumerate(zip(values, goals)):
+        for i, (v, g) in enumerate(zip(values, goals, strict=True)):
             ax.text(i, v, f"{v:.3f}", ha="center", va="bottom")
             ax.hlines(g, i - 0.4, i + 0.4, colors="k", linestyles="--")
         ax.set_title(f"{mode} scaling, {key} on {n} GPUs" + (" (simulated)" if result["simulated"] else ""))
