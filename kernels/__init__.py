@@ -32,7 +32,16 @@ from .reference import (
 from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
 from .residual import max_abs_diff, max_abs_diff_kernel
 from .stencil2d import TUNED_2D, heat2d_compile, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
-from .stencil3d import TUNED_3D, heat3d_compile, heat3d_kernel, heat3d_launch, heat3d_step, launch_config_3d
+from .stencil3d import (
+    DEFAULT_VARIANT_3D,
+    TUNED_3D,
+    VARIANTS_3D,
+    heat3d_compile,
+    heat3d_kernel,
+    heat3d_launch,
+    heat3d_step,
+    launch_config_3d,
+)
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -52,6 +61,8 @@ __all__ = [
     "heat3d_step",
     "launch_config_3d",
     "TUNED_3D",
+    "VARIANTS_3D",
+    "DEFAULT_VARIANT_3D",
     "heat3d_launch",
     "heat3d_compile",
     # residual

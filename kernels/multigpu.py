@@ -2,19 +2,38 @@
 
 :class:`MultiGPUHeat` cuts the grid with :class:`~umem_numba.kernels.decomp.Decomposition`
 (aligned to the tuned kernel's strips, so the result is bitwise equal to the
-one-GPU run) and gives each slab a device, a stream and two device arrays.
-One step is:
+one-GPU run) and gives each slab a device, two streams (*main* and *edge*),
+two fields and, per halo row it sends, a small *band* array.  One step of
+slab ``k`` is:
 
-1. on every slab's stream: the tuned kernel over the slab (``heat2d_kernel`` /
-   ``heat3d_kernel``, the very launch :func:`heat2d_step` makes on one GPU),
-   then an event;
-2. for each halo row: the *receiving* slab's stream waits for the sending
-   slab's event (``cuStreamWaitEvent``) and copies the row device to device:
-   ``cuMemcpyPeerAsync`` between GPUs with peer access (enabled here with
-   ``cuCtxEnablePeerAccess``), ``cuMemcpyDtoDAsync`` between slabs on one GPU,
-   and otherwise through a portable :class:`umem_numba.PinnedBuffer` (a
-   device-to-host copy on the sender's stream, a host-to-device copy on the
-   receiver's; the buffer's coherence tracking orders the two).
+1. main stream: wait for the halo rows its neighbours sent last step
+   (``cuStreamWaitEvent`` on their events) and put them into the field's
+   halo rows (a device-local copy, or nothing for ``halo="vmm"``: see
+   below); record ``ready``; then the full slab step (the tuned kernel over
+   the slab, the very launch :func:`heat2d_step` / :func:`heat3d_step` makes
+   on one GPU);
+2. edge stream, concurrently: wait for ``ready``; launch the same kernel over
+   the band of ``2 R + 1`` rows around each owned edge row
+   (:meth:`Decomposition.band`: the row comes out bitwise as in the full
+   launch) into the band array; then, as soon as that small launch is done,
+   move the row towards the neighbour while both GPUs compute their
+   interiors:
+
+   ``halo="copy"`` (default)
+       into a *landing* row on the receiver: ``cuMemcpyPeerAsync`` between
+       GPUs with peer access (enabled with ``cuCtxEnablePeerAccess``),
+       ``cuMemcpyDtoDAsync`` between slabs on one GPU, and otherwise into a
+       pinned host row (``transport="pinned"`` forces that); the receiver
+       copies landing row -> halo row at the start of its next step;
+   ``halo="vmm"``
+       nothing: the band arrays are :class:`umem_numba.VMMBuffer` objects to which
+       the receiving GPU is granted READ access (``set_access``), and the
+       receiver's main stream reads the row in place, through the peer
+       mapping, straight into its halo row at the start of its next step (one
+       transfer, no landing row and no staging; the stencil kernels take one
+       array, so the row still lands in the field).  Needs
+       ``cuDeviceCanAccessPeer`` between every pair of neighbouring GPUs;
+       otherwise :class:`MultiGPUHeat` warns and falls back to ``"copy"``.
 
 Nothing in a step waits on the host, so the host queues steps ahead of the GPUs.
 
@@ -22,16 +41,24 @@ The same GPU may appear several times in ``devices``: ``devices=[0, 0, 0]``
 runs a *simulated* decomposition into three slabs on GPU 0, with the same
 exchange logic (the tests compare it bitwise with the one-slab run).
 
-Ordering argument: slab ``k`` reads its neighbour's new field only after
-waiting for the neighbour's kernel; the neighbour overwrites that field two
-steps later, after its own stream has waited for slab ``k``'s next kernel,
-which slab ``k``'s stream queued after the copy.  So every read of a
-neighbour's memory is ordered between the write it needs and the next write.
+Ordering (every hazard, by the events that close it):
+
+* the band of step ``t`` reads the field after the halos of step ``t`` are in
+  (``ready``); the full kernel of step ``t`` overwrites the field the band of
+  step ``t - 1`` read only after that band (``band_done``, waited on by main);
+* a band array is rewritten by the next band only after the row moved out of
+  it (same edge stream; for ``"vmm"`` the edge stream also waits for the
+  receiver's ``ready``, which follows its in-place read);
+* a landing row is rewritten only after the receiver consumed it (the copy
+  waits for the receiver's ``ready`` of the same step);
+* the receiver's halo row is written after its own full kernel of the
+  previous step (same main stream) and before its band/full kernel read it.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -40,11 +67,15 @@ import numpy as np
 from ._common import _as_float_dtype, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
-__all__ = ["MultiGPUHeat", "PeerExchange", "heat_multi", "heat2d_multi", "heat3d_multi", "TRANSPORTS"]
+__all__ = ["MultiGPUHeat", "PeerExchange", "heat_multi", "heat2d_multi", "heat3d_multi", "TRANSPORTS", "HALOS"]
 
 #: Halo transports: ``auto`` picks per pair (same GPU: device copy; peer access: peer copy;
 #: otherwise pinned staging); ``pinned`` stages every halo through pinned host memory.
 TRANSPORTS = ("auto", "pinned")
+
+#: How a halo row reaches the neighbour: ``copy`` (into a landing row, then into the field) or
+#: ``vmm`` (read in place from the sender's peer-mapped VMM band array into the field).
+HALOS = ("copy", "vmm")
 
 
 @dataclass
@@ -59,10 +90,29 @@ class _SlabState:
     block: tuple
     row_bytes: int
     ptrs: dict = field(default_factory=dict)
+    edge: Any = None          # edge stream: bands and outgoing rows
+    ready: Any = None         # main: halos of this step are in the field
+    band_done: Any = None     # edge: the bands of this step have read the field
 
 
 def _ptr(arr: Any) -> int:
     return int(arr.__cuda_array_interface__["data"][0])
+
+
+@dataclass
+class _Link:
+    """One halo move with its band launch, buffers and event."""
+
+    kind: str                 # device | peer | pinned | vmm
+    band: tuple[int, int]     # local rows of the sender's band launch
+    band_row: int             # the sent row's index in the band array
+    scratch: Any              # band array on the sender (VMMBuffer for vmm)
+    grid: tuple
+    block: tuple
+    landing: Any = None       # device array on the receiver, or PinnedBuffer (None for vmm)
+    landing_ptr: int = 0
+    sent: Any = None          # event on the sender's edge stream: the row left (or, vmm: is ready)
+    views: dict = field(default_factory=dict)  # band views of the sender's two fields
 
 
 class PeerExchange(HaloExchange):
@@ -72,24 +122,46 @@ class PeerExchange(HaloExchange):
     ----------
     decomp : Decomposition
     slabs : list of _SlabState
-        Per slab: device, context, stream, fields and the event its step records.
+        Per slab: device, context, streams, fields and events.
     transport : {'auto', 'pinned'}
+    halo : {'copy', 'vmm'}
+    kernel, config : the slab kernel and its launch-configuration function (for the bands)
+    block : the kernel's (x, y) block
+    rows : the kernel's strip height
     """
 
-    def __init__(self, decomp: Decomposition, slabs: list[_SlabState], transport: str = "auto") -> None:
+    def __init__(self, decomp: Decomposition, slabs: list[_SlabState], transport: str = "auto",
+                 halo: str = "copy", *, kernel: Any = None, config: Any = None, block: tuple = (),
+                 rows: int = 1) -> None:
         super().__init__(decomp)
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if halo not in HALOS:
+            raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
         import umem_numba as um
-        from umem_numba import _driver
         from numba import cuda
+        from umem_numba import _driver
 
         self._slabs = slabs
+        self._drv = _driver
+        self.kernel = kernel
+        self.halo = halo
+        self.fallback: str | None = None
+        if halo == "vmm":
+            why = _vmm_unavailable(decomp, slabs, transport)
+            if why:
+                self.fallback = f"halo='vmm' is not available ({why}); using halo='copy'"
+                warnings.warn(self.fallback, RuntimeWarning, stacklevel=3)
+                self.halo = halo = "copy"
+        rest = decomp.shape[1:]
+        dtype = slabs[0].src.dtype
+        self.links: list[_Link] = []
         self.kinds: list[str] = []
-        self._pinned: list[Any] = []
         for m in self.moves:
             a, b = slabs[m.src], slabs[m.dst]
-            if transport == "pinned":
+            if halo == "vmm":
+                kind = "vmm"
+            elif transport == "pinned":
                 kind = "pinned"
             elif a.device == b.device:
                 kind = "device"
@@ -97,44 +169,108 @@ class PeerExchange(HaloExchange):
                 kind = "peer"
             else:
                 kind = "pinned"
-            self.kinds.append(kind)
+            sa = decomp.slabs[m.src]
+            b0, b1 = decomp.band(m.src, sa.start + m.src_row)
+            with cuda.gpus[a.device]:
+                if kind == "vmm":
+                    scratch = um.VMMBuffer.empty((b1 - b0, *rest), dtype, device=a.device)
+                    if b.device != a.device:
+                        scratch.set_access(b.device, um.AccessFlags.READ)
+                else:
+                    scratch = cuda.device_array((b1 - b0, *rest), dtype)
+                grid, blk3 = config((b1 - b0, *rest), rows, block)
+                sent = cuda.event(timing=False)
+            link = _Link(kind, (b0, b1), m.src_row - b0, scratch, grid, blk3, sent=sent)
             if kind == "pinned":
+                link.landing = um.PinnedBuffer.empty(rest, dtype, um.HostAllocFlags.PORTABLE)
+                link.landing_ptr = int(link.landing.host.ctypes.data)
+            elif kind in ("device", "peer"):
                 with cuda.gpus[b.device]:
-                    shape = decomp.shape[1:]
-                    self._pinned.append(um.PinnedBuffer.empty(shape, a.src.dtype, um.HostAllocFlags.PORTABLE))
+                    link.landing = cuda.device_array(rest, dtype)
+                link.landing_ptr = _ptr(link.landing)
+            self.links.append(link)
+            self.kinds.append(kind)
+
+    def _scratch_row_ptr(self, link: _Link) -> int:
+        base = int(link.scratch.ptr) if link.kind == "vmm" else _ptr(link.scratch)
+        return base + link.band_row * self._slabs[0].row_bytes
+
+    def receive(self, k: int) -> None:
+        """On slab ``k``'s main stream: put the rows sent to it last step into its ``src`` halo rows."""
+        s = self._slabs[k]
+        h = int(s.stream.handle)
+        for m, link in zip(self.moves, self.links):
+            if m.dst != k:
+                continue
+            link.sent.wait(s.stream)
+            dst = _ptr(s.src) + m.dst_row * s.row_bytes
+            if link.kind == "vmm":
+                # Read in place through the peer mapping of the sender's band array.
+                self._drv.call("cuMemcpyAsync", dst, self._scratch_row_ptr(link), s.row_bytes, h)
+            elif link.kind == "pinned":
+                self._drv.call("cuMemcpyHtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
             else:
-                self._pinned.append(None)
-        self._drv = _driver
+                self._drv.call("cuMemcpyDtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
+
+    def send(self, k: int, weights: tuple) -> None:
+        """On slab ``k``'s edge stream: the bands of this step, then the rows towards the neighbours."""
+        s = self._slabs[k]
+        s.ready.wait(s.edge)
+        mine = [(m, link) for m, link in zip(self.moves, self.links) if m.src == k]
+        for _, link in mine:
+            view = link.views.get(id(s.src))
+            if view is None:  # slicing a device array costs host time: once per field
+                b0, b1 = link.band
+                view = link.views[id(s.src)] = s.src[b0:b1]
+            self.kernel[link.grid, link.block, s.edge](view, link.scratch, *weights)
+        s.band_done.record(s.edge)
+        h = int(s.edge.handle)
+        for m, link in mine:
+            b = self._slabs[m.dst]
+            b.ready.wait(s.edge)  # the receiver consumed the previous row (landing or band array)
+            src = self._scratch_row_ptr(link)
+            if link.kind == "peer":
+                self._drv.call("cuMemcpyPeerAsync", link.landing_ptr, b.ctx, src, s.ctx, s.row_bytes, h)
+            elif link.kind == "device":
+                self._drv.call("cuMemcpyDtoDAsync", link.landing_ptr, src, s.row_bytes, h)
+            elif link.kind == "pinned":
+                self._drv.call("cuMemcpyDtoHAsync", link.landing_ptr, src, s.row_bytes, h)
+            link.sent.record(s.edge)
 
     def exchange(self, fields: Sequence[Any] | None = None) -> None:
-        """Queue every halo move of the slabs' current ``dst`` fields (after their kernels; no host wait)."""
-        from numba import cuda
-
-        slabs = self._slabs
-        for m, kind, pin in zip(self.moves, self.kinds, self._pinned):
-            a, b = slabs[m.src], slabs[m.dst]
-            if kind == "pinned":
-                with cuda.gpus[a.device]:
-                    pin.copy_from_device(a.dst[m.src_row], stream=a.stream)
-                with cuda.gpus[b.device]:
-                    pin.copy_to_device(b.dst[m.dst_row], stream=b.stream)
-                continue
-            src = _ptr(a.dst) + m.src_row * a.row_bytes
-            dst = _ptr(b.dst) + m.dst_row * b.row_bytes
-            with cuda.gpus[b.device]:
-                a.done.wait(b.stream)
-                h = int(b.stream.handle)
-                if kind == "device":
-                    self._drv.call("cuMemcpyDtoDAsync", dst, src, a.row_bytes, h)
-                else:
-                    self._drv.call("cuMemcpyPeerAsync", dst, b.ctx, src, a.ctx, a.row_bytes, h)
+        """Not used: :class:`MultiGPUHeat` calls :meth:`receive` and :meth:`send` per slab."""
+        raise NotImplementedError("PeerExchange moves halos inside MultiGPUHeat.step (receive/send per slab)")
 
     def close(self) -> None:
-        """Free the pinned staging buffers."""
-        for p in self._pinned:
-            if p is not None:
-                p.close()
-        self._pinned = [None] * len(self._pinned)
+        """Free the band, landing and staging buffers."""
+        for link in self.links:
+            for buf in (link.scratch, link.landing):
+                close = getattr(buf, "close", None)
+                if close is not None:
+                    close()
+            link.scratch = link.landing = None
+            link.views.clear()
+        self.links = []
+
+
+def _vmm_unavailable(decomp: Decomposition, slabs: list[_SlabState], transport: str) -> str | None:
+    """Why ``halo='vmm'`` cannot run here, or None."""
+    from umem_numba import _driver
+
+    if transport == "pinned":
+        return "transport='pinned' asks for staging through host memory"
+    for m in decomp.moves():
+        a, b = slabs[m.src], slabs[m.dst]
+        if a.device != b.device and not int(_driver.call("cuDeviceCanAccessPeer", b.device, a.device)):
+            return f"GPU {b.device} cannot access GPU {a.device}'s memory (cuDeviceCanAccessPeer is 0)"
+    for d in {s.device for s in slabs}:
+        try:
+            supported = _driver.device_attribute("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", d)
+        except Exception as exc:
+            return f"cannot ask GPU {d} for VMM support: {exc}"
+        if not supported:
+            return f"GPU {d} does not support virtual memory management"
+    return None
 
 
 def _enable_peer(a: _SlabState, b: _SlabState) -> bool:
@@ -168,6 +304,11 @@ class MultiGPUHeat:
         Diffusion number; 0.25 (2-D) or 1/6 (3-D) when omitted.
     transport : {'auto', 'pinned'}
         How halos move (see :data:`TRANSPORTS`).
+    halo : {'copy', 'vmm'}
+        ``"vmm"``: the neighbour reads each sent row in place from a
+        peer-mapped :class:`umem_numba.VMMBuffer` (see the module notes);
+        falls back to ``"copy"`` with a :class:`RuntimeWarning` (and
+        :attr:`fallback` says why) where the GPUs cannot access each other.
     rows_per_thread : int, optional
         The kernel's strip height (``rows_per_thread`` / ``planes_per_thread``);
         the tuned value for the dtype when omitted.  The decomposition aligns to it.
@@ -189,7 +330,7 @@ class MultiGPUHeat:
     """
 
     def __init__(self, u0: Any, devices: Sequence[int], alpha: float | None = None, *,
-                 transport: str = "auto", rows_per_thread: int | None = None,
+                 transport: str = "auto", halo: str = "copy", rows_per_thread: int | None = None,
                  block: tuple[int, int] | None = None, allow_oversubscribe: bool = False) -> None:
         u0 = np.asarray(u0)
         if u0.ndim not in (2, 3):
@@ -200,6 +341,8 @@ class MultiGPUHeat:
             raise ValueError("devices must name at least one GPU")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if halo not in HALOS:
+            raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
         ndim = u0.ndim
         alpha = (0.25 if ndim == 2 else 1.0 / 6.0) if alpha is None else float(alpha)
         self.weights = stencil_weights(alpha, ndim, dtype)
@@ -229,7 +372,11 @@ class MultiGPUHeat:
             require_free_memory(nbytes, f"the slabs of GPU {d}", allow_oversubscribe=allow_oversubscribe,
                                 free=free, total=total)
 
-        self.kernel = make(rows)
+        if ndim == 2:
+            self.kernel = make(rows)
+        else:
+            from .stencil3d import DEFAULT_VARIANT_3D
+            self.kernel = make(rows, DEFAULT_VARIANT_3D[dtype], blk)
         self.devices = devices
         self.dtype = dtype
         row_bytes = self.decomp.halo_cells() * dtype.itemsize
@@ -243,15 +390,28 @@ class MultiGPUHeat:
                 dst = cuda.to_device(local, stream=stream)  # alignment rows start defined
                 grid, block3 = config(local.shape, rows, blk)
                 self.slabs.append(_SlabState(d, ctx, stream, src, dst, cuda.event(timing=False),
-                                             grid, block3, row_bytes))
-        self.exchanger = PeerExchange(self.decomp, self.slabs, transport)
+                                             grid, block3, row_bytes, edge=cuda.stream(),
+                                             ready=cuda.event(timing=False), band_done=cuda.event(timing=False)))
+        self.exchanger = PeerExchange(self.decomp, self.slabs, transport, halo, kernel=self.kernel,
+                                      config=config, block=blk, rows=rows)
+        self._pending = False  # rows sent by the last step wait to be received
         self.steps_done = 0
         self.synchronize()
 
     @property
     def transports(self) -> list[str]:
-        """How each halo move travels (``device``, ``peer`` or ``pinned``), in :meth:`Decomposition.moves` order."""
+        """How each halo move travels (``device``, ``peer``, ``pinned`` or ``vmm``), in :meth:`Decomposition.moves` order."""
         return list(self.exchanger.kinds)
+
+    @property
+    def halo(self) -> str:
+        """The halo mode in use (``"copy"`` after a fallback from ``"vmm"``)."""
+        return self.exchanger.halo
+
+    @property
+    def fallback(self) -> str | None:
+        """Why ``halo="vmm"`` fell back to ``"copy"``, or None."""
+        return self.exchanger.fallback
 
     def step(self, n: int = 1, *, exchange: bool = True) -> None:
         """Queue ``n`` steps on every GPU (asynchronous: no host synchronize).
@@ -262,21 +422,30 @@ class MultiGPUHeat:
         from numba import cuda
 
         wc, wn = self.weights
+        ex = self.exchanger
         for _ in range(int(n)):
-            for s in self.slabs:
+            for k, s in enumerate(self.slabs):
                 with cuda.gpus[s.device]:
+                    if exchange and self._pending:
+                        ex.receive(k)          # last step's rows into the halo rows
+                    s.ready.record(s.stream)
+                    s.band_done.wait(s.stream)  # the last bands have read what this kernel overwrites
                     self.kernel[s.grid, s.block, s.stream](s.src, s.dst, wc, wn)
                     s.done.record(s.stream)
             if exchange:
-                self.exchanger.exchange()
+                for k, s in enumerate(self.slabs):
+                    with cuda.gpus[s.device]:
+                        ex.send(k, self.weights)  # bands, then rows out, while the kernels run
+            self._pending = exchange
             for s in self.slabs:
                 s.src, s.dst = s.dst, s.src
             self.steps_done += 1
 
     def synchronize(self) -> None:
-        """Wait for everything queued on every slab's stream."""
+        """Wait for everything queued on every slab's streams."""
         for s in self.slabs:
             s.stream.synchronize()
+            s.edge.synchronize()
 
     def timed(self, n: int, *, exchange: bool = True) -> float:
         """Seconds for ``n`` steps, host clock between synchronizes of every GPU."""

@@ -20,6 +20,28 @@ plane take a simple per-element path.
 The extra neighbour loads, not DRAM, limit it; small grids get fewer planes
 per thread and narrower blocks, as in 2-D.  How fast each design step made
 it: ``docs/stencil-performance.md``.
+
+Variants
+--------
+:func:`heat3d_kernel` builds one of :data:`VARIANTS_3D`:
+
+``"column"``
+    The design above (the default until a measurement says otherwise).
+``"tile"``
+    2.5-D blocking: each thread still walks ``planes_per_thread`` planes
+    with its own column (and the planes above and below) in registers, but
+    the block also stores its ``x``/``y`` tile of every plane, with a
+    one-cell ring, in shared memory; the four in-plane neighbours then come
+    from shared memory, so each element is loaded from global memory about
+    once (plus the ring and the two halo planes) instead of five times.
+    One ``__syncthreads`` per strip.  The block shape is a compile-time
+    constant of this variant (the tile's size).
+
+Every variant evaluates the same expression in the same order, takes the
+same strips along ``z`` (so :class:`~umem_numba.kernels.decomp.Decomposition`
+aligns to ``planes_per_thread`` alike) and matches the NumPy reference bit
+for bit under numba's simulator.  ``python -m umem_numba bench stencil
+--variants`` times them all against the device-to-device copy in one run.
 """
 
 from __future__ import annotations
@@ -42,6 +64,8 @@ from ._common import (
 
 __all__ = [
     "TUNED_3D",
+    "VARIANTS_3D",
+    "DEFAULT_VARIANT_3D",
     "heat3d_kernel",
     "launch_config_3d",
     "heat3d_launch",
@@ -56,15 +80,45 @@ TUNED_3D = {
     np.dtype(np.float64): (4, (32, 4)),
 }
 
+#: The kernel designs :func:`heat3d_kernel` can build (see the module notes).
+VARIANTS_3D = ("column", "tile")
 
-@functools.lru_cache(maxsize=None)
-def heat3d_kernel(planes_per_thread: int = 8) -> Any:
-    """The ``@cuda.jit`` seven-point kernel for one register-blocking factor.
+#: The variant :func:`heat3d_step` uses per dtype (measure with ``bench stencil --variants``).
+DEFAULT_VARIANT_3D = {
+    np.dtype(np.float32): "column",
+    np.dtype(np.float64): "column",
+}
+
+#: Static shared memory a block may use (the tile variant's tile must fit).
+_MAX_SHARED_BYTES = 48 * 1024
+
+
+def _check_variant(variant: str) -> str:
+    if variant not in VARIANTS_3D:
+        raise ValueError(f"variant must be one of {VARIANTS_3D}, got {variant!r}")
+    return variant
+
+
+def tile_shared_bytes(planes_per_thread: int, block: tuple[int, int], itemsize: int) -> int:
+    """Shared memory of one block of the ``"tile"`` variant: ``planes * (by + 2) * (bx + 2)`` elements."""
+    bx, by = (int(b) for b in block)
+    return int(planes_per_thread) * (by + 2) * (bx + 2) * int(itemsize)
+
+
+def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column",
+                  block: tuple[int, int] | None = None) -> Any:
+    """The ``@cuda.jit`` seven-point kernel for one register-blocking factor and design.
 
     Parameters
     ----------
     planes_per_thread : int
         Planes each thread computes; a compile-time constant (cached per value).
+    variant : {'column', 'tile'}
+        The design (see the module notes and :data:`VARIANTS_3D`).
+    block : (int, int), optional
+        The ``(x, y)`` block shape; required by ``"tile"`` (its shared tile is
+        sized at compile time; launch it with exactly this block), ignored by
+        ``"column"``.
 
     Returns
     -------
@@ -72,10 +126,29 @@ def heat3d_kernel(planes_per_thread: int = 8) -> Any:
         ``kernel[grid, block, stream](src, dst, w_center, w_neighbour)`` with
         3-D float arrays of equal shape and dtype and weights of that dtype.
         Use :func:`launch_config_3d` for ``grid`` and ``block``.
+
+    Raises
+    ------
+    ValueError
+        ``planes_per_thread < 1``, an unknown variant, or ``"tile"`` without a
+        valid block.
     """
     planes = int(planes_per_thread)
     if planes < 1:
         raise ValueError(f"planes_per_thread must be >= 1, got {planes_per_thread}")
+    _check_variant(variant)
+    if variant == "column":
+        return _column_kernel(planes)
+    if block is None:
+        raise ValueError("the 'tile' variant needs the block shape at compile time: pass block=(bx, by)")
+    bx, by = (int(b) for b in block)
+    if bx < 1 or by < 1 or bx * by > 1024:
+        raise ValueError(f"block must be two positive sizes with at most 1024 threads, got {block}")
+    return _tile_kernel(planes, bx, by)
+
+
+@functools.lru_cache(maxsize=None)
+def _column_kernel(planes: int) -> Any:
     halo = planes + 2
 
     @cuda.jit
@@ -128,6 +201,82 @@ def heat3d_kernel(planes_per_thread: int = 8) -> Any:
     return heat3d
 
 
+@functools.lru_cache(maxsize=None)
+def _tile_kernel(planes: int, bx: int, by: int) -> Any:
+    halo = planes + 2
+    tile_shape = (planes, by + 2, bx + 2)
+    last_x = bx - 1
+    last_y = by - 1
+
+    @cuda.jit
+    def heat3d_tile(src, dst, w_center, w_neighbour):
+        nz, ny, nx = src.shape
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        x = cuda.blockIdx.x * bx + tx
+        y = cuda.blockIdx.y * by + ty
+        z0 = cuda.blockIdx.z * planes
+        if z0 >= nz:
+            return  # the whole block (z0 is the block's)
+        if 0 < z0 and z0 + planes < nz:
+            # Hot path, taken by the whole block (it has a barrier): threads past the
+            # grid's x/y end load clamped cells into the tile and store nothing.
+            inside = x < nx and y < ny
+            xc = x if x < nx else nx - 1
+            yc = y if y < ny else ny - 1
+            edge = xc == 0 or xc == nx - 1 or yc == 0 or yc == ny - 1
+            xu = uint64(xc)
+            yu = uint64(yc)
+            top = uint64(z0 - 1)
+            # Tile coordinates of this thread's cell (ring of one cell around the block).
+            tc = uint64(tx + 1)
+            tr = uint64(ty + 1)
+            tile = cuda.shared.array(tile_shape, src.dtype)
+            col = cuda.local.array(halo, src.dtype)
+            for r in range(halo):
+                col[r] = src[top + uint64(r), yu, xu]
+            if tx == 0:
+                xw = uint64(xc - 1 if xc > 0 else xc)
+                for r in range(planes):
+                    tile[r, tr, 0] = src[top + uint64(r + 1), yu, xw]
+            if tx == last_x:
+                xe = uint64(xc + 1 if xc < nx - 1 else xc)
+                for r in range(planes):
+                    tile[r, tr, tc + uint64(1)] = src[top + uint64(r + 1), yu, xe]
+            if ty == 0:
+                ys = uint64(yc - 1 if yc > 0 else yc)
+                for r in range(planes):
+                    tile[r, 0, tc] = src[top + uint64(r + 1), ys, xu]
+            if ty == last_y:
+                yn = uint64(yc + 1 if yc < ny - 1 else yc)
+                for r in range(planes):
+                    tile[r, tr + uint64(1), tc] = src[top + uint64(r + 1), yn, xu]
+            for r in range(planes):
+                tile[r, tr, tc] = col[r + 1]
+            cuda.syncthreads()
+            if inside:
+                for r in range(planes):
+                    u = col[r + 1]
+                    v = w_center * u + w_neighbour * (
+                        ((col[r] + col[r + 2]) + (tile[r, tr - uint64(1), tc] + tile[r, tr + uint64(1), tc]))
+                        + (tile[r, tr, tc - uint64(1)] + tile[r, tr, tc + uint64(1)]))
+                    dst[top + uint64(r + 1), yu, xu] = u if edge else v
+        else:
+            if x >= nx or y >= ny:
+                return
+            edge = x == 0 or x == nx - 1 or y == 0 or y == ny - 1
+            for z in range(z0, min(z0 + planes, nz)):
+                u = src[z, y, x]
+                if edge or z == 0 or z == nz - 1:
+                    dst[z, y, x] = u
+                else:
+                    dst[z, y, x] = w_center * u + w_neighbour * (
+                        ((src[z - 1, y, x] + src[z + 1, y, x]) + (src[z, y - 1, x] + src[z, y + 1, x]))
+                        + (src[z, y, x - 1] + src[z, y, x + 1]))
+
+    return heat3d_tile
+
+
 def launch_config_3d(shape: tuple[int, int, int], planes_per_thread: int, block: tuple[int, int]
                      ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Grid and block for :func:`heat3d_kernel` on a grid of ``shape`` ``(nz, ny, nx)``.
@@ -157,7 +306,7 @@ def launch_config_3d(shape: tuple[int, int, int], planes_per_thread: int, block:
 
 
 def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None,
-                  block: tuple[int, int] | None = None
+                  block: tuple[int, int] | None = None, variant: str | None = None
                   ) -> tuple[Any, tuple[int, int, int], tuple[int, int, int]]:
     """The kernel, grid and block that :func:`heat3d_step` uses (tuned per dtype, see :data:`TUNED_3D`).
 
@@ -171,18 +320,29 @@ def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: in
         Override the tuned values.  When both are omitted and the tuned
         shape gives fewer than :data:`MIN_BLOCKS` blocks, planes per thread
         are halved (down to 1), then the block width (down to 32).
+    variant : {'column', 'tile'}, optional
+        Override :data:`DEFAULT_VARIANT_3D`.
 
     Returns
     -------
     (kernel, grid, block)
         The kernel for the chosen planes per thread, and its launch shape.
+
+    Raises
+    ------
+    TypeError
+        A dtype other than float32/float64.
+    ValueError
+        A bad launch shape, an unknown variant, or a ``"tile"`` block whose
+        tile does not fit in 48 KiB of shared memory.
     """
     dt = np.dtype(dtype)
     if dt not in TUNED_3D:
         raise TypeError(f"the stencils support float32 and float64, not {dt}")
     planes, blk = TUNED_3D[dt]
     planes = planes if planes_per_thread is None else int(planes_per_thread)
-    blk = blk if block is None else block
+    blk = blk if block is None else (int(block[0]), int(block[1]))
+    var = _check_variant(DEFAULT_VARIANT_3D[dt] if variant is None else variant)
     grid, blk3 = launch_config_3d(shape, planes, blk)
     if planes_per_thread is None and block is None and not simulating():
         while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > 1 or blk[0] > 32):
@@ -191,7 +351,11 @@ def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: in
             else:
                 blk = (blk[0] // 2, blk[1])
             grid, blk3 = launch_config_3d(shape, planes, blk)
-    return heat3d_kernel(planes), grid, blk3
+    if var == "tile" and tile_shared_bytes(planes, blk, dt.itemsize) > _MAX_SHARED_BYTES:
+        raise ValueError(f"the 'tile' variant with {planes} planes and block {blk} needs "
+                         f"{tile_shared_bytes(planes, blk, dt.itemsize)} bytes of shared memory per block "
+                         f"for {dt}, more than {_MAX_SHARED_BYTES}; use fewer planes or a smaller block")
+    return heat3d_kernel(planes, var, blk), grid, blk3
 
 
 def heat3d_compile(shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None,
@@ -217,7 +381,8 @@ def heat3d_compile(shape: tuple[int, int, int], dtype: Any, planes_per_thread: i
 
 
 def heat3d_step(src: Any, dst: Any, alpha: float = 1.0 / 6.0, *, stream: Any = 0,
-                planes_per_thread: int | None = None, block: tuple[int, int] | None = None) -> None:
+                planes_per_thread: int | None = None, block: tuple[int, int] | None = None,
+                variant: str | None = None) -> None:
     """Launch one explicit 3-D heat step ``src -> dst`` (asynchronous).
 
     Parameters
@@ -233,6 +398,8 @@ def heat3d_step(src: Any, dst: Any, alpha: float = 1.0 / 6.0, *, stream: Any = 0
     planes_per_thread, block : int, tuple of int, optional
         Launch shape (see :func:`heat3d_kernel`); the tuned values for the
         dtype (:data:`TUNED_3D`) when omitted.
+    variant : {'column', 'tile'}, optional
+        Kernel design; :data:`DEFAULT_VARIANT_3D` for the dtype when omitted.
 
     Notes
     -----
@@ -245,5 +412,5 @@ def heat3d_step(src: Any, dst: Any, alpha: float = 1.0 / 6.0, *, stream: Any = 0
     w_center, w_neighbour = stencil_weights(alpha, 3, dtype)
     if 0 in tuple(src.shape):
         return
-    kernel, grid, blk = heat3d_launch(tuple(src.shape), dtype, planes_per_thread, block)
+    kernel, grid, blk = heat3d_launch(tuple(src.shape), dtype, planes_per_thread, block, variant)
     launch(kernel, grid, blk, src, dst, w_center, w_neighbour, stream=stream)

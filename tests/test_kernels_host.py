@@ -139,6 +139,22 @@ def test_tuned_launches_exist_for_both_dtypes():
         assert block3 == (*tuned3, 1) and grid3 == K.launch_config_3d((50, 60, 70), planes, tuned3)[0]
 
 
+def test_heat3d_variants_are_checked_before_compiling():
+    with pytest.raises(ValueError, match="variant must be one of"):
+        K.heat3d_kernel(4, "shuffle")
+    with pytest.raises(ValueError, match="needs the block shape"):
+        K.heat3d_kernel(4, "tile")
+    with pytest.raises(ValueError, match="1024 threads"):
+        K.heat3d_kernel(4, "tile", (64, 32))
+    # 16 planes of a (64, 8) float64 tile with its ring: 16 * 10 * 66 * 8 bytes > 48 KiB.
+    with pytest.raises(ValueError, match="shared memory"):
+        K.heat3d_launch((64, 64, 64), np.float64, 16, (64, 8), "tile")
+    _, grid, block = K.heat3d_launch((64, 64, 64), np.float32, 16, (64, 8), "tile")
+    assert block == (64, 8, 1) and grid == (1, 8, 4)
+    assert K.heat3d_kernel(4, "tile", (32, 4)) is K.heat3d_kernel(4, "tile", (32, 4))  # cached per shape
+    assert set(K.DEFAULT_VARIANT_3D.values()) <= set(K.VARIANTS_3D)
+
+
 def test_step_validates_before_launching(rng):
     a = random_array(rng, (8, 8), np.float32)
     with pytest.raises(ValueError, match="shapes differ"):

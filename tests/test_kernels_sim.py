@@ -48,6 +48,8 @@ _WORKER = textwrap.dedent("""
         if c["tiling"] is not None:
             key = "rows_per_thread" if c["kind"] == "2d" else "planes_per_thread"
             opts = {key: c["tiling"], "block": tuple(c["block"])}
+        if c.get("variant"):
+            opts["variant"] = c["variant"]
         for _ in range(c["steps"]):
             step(u, v, c["alpha"], **opts)
             u, v = v, u
@@ -118,6 +120,29 @@ def test_heat3d_matches_reference_in_simulator(tmp_path, rng, dtype):
     for c in cases:
         expected = K.heat3d_reference(arrays[c["name"]], c["steps"], c["alpha"])
         _assert_same(out[c["name"]], expected, f"3-D {arrays[c['name']].shape} {c}")
+
+
+# Blocks of one thread, one row, odd sizes, and tiles that overhang the grid in x and y.
+TILINGS_3D_VARIANTS = [(1, (4, 2)), (2, (1, 1)), (3, (5, 3)), (4, (3, 1)), (2, (1, 4))]
+
+
+@pytest.mark.parametrize("variant", K.VARIANTS_3D)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_heat3d_variants_match_reference_in_simulator(tmp_path, rng, dtype, variant):
+    """Every 3-D kernel design gives the reference's bits (same expression, same order)."""
+    cases, arrays = [], {}
+    for tiling, block in TILINGS_3D_VARIANTS:
+        for shape in [(1, 1, 1), (3, 3, 3), (2, 5, 4), (9, 6, 7), (7, 11, 5), (13, 4, 9)]:
+            name = f"c{len(cases)}"
+            arrays[name] = random_array(rng, shape, dtype)
+            cases.append({"kind": "3d", "name": name, "steps": int(rng.integers(1, 4)),
+                          "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
+                          "tiling": tiling, "block": block, "variant": variant})
+    out = _run_in_simulator(tmp_path, cases, arrays)
+    for c in cases:
+        expected = K.heat3d_reference(arrays[c["name"]], c["steps"], c["alpha"])
+        assert not np.array_equal(expected, arrays[c["name"]]) or min(arrays[c["name"]].shape) < 3
+        _assert_same(out[c["name"]], expected, f"3-D {variant} {arrays[c['name']].shape} {c}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

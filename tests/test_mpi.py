@@ -198,3 +198,127 @@ def test_bench_scale_cli_without_gpu_says_why() -> None:
     r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"], capture_output=True,
                        text=True, timeout=120, env=_env(), cwd=ROOT)
     assert r.returncode == 2 and "--steps and --trials >= 1" in r.stderr
+
+
+# -- same-node zero copy: descriptors over Unix sockets (CPU parts) ---------------------------
+def _file_fd(tmp_path: Path, name: str, payload: bytes) -> int:
+    path = tmp_path / name
+    path.write_bytes(payload)
+    return os.open(path, os.O_RDONLY)
+
+
+def _read_fd(fd: int, n: int) -> bytes:
+    return os.pread(fd, n, 0)
+
+
+def test_handles_pass_over_a_socketpair(tmp_path: Path) -> None:
+    """The fds arrive as new descriptors of the same open files, with sizes and metadata in order."""
+    import socket
+
+    from umem_numba.kernels.distributed import recv_handles, send_handles
+
+    payloads = [os.urandom(int(n)) for n in np.random.default_rng().integers(1, 5000, 3)]
+    fds = [_file_fd(tmp_path, f"f{i}", p) for i, p in enumerate(payloads)]
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        send_handles(a, [(fd, len(p)) for fd, p in zip(fds, payloads)], {"device": 3, "shape": [2, 2, 7]})
+        for fd in fds:
+            os.close(fd)  # the sender's copies are gone; the receiver's must still work
+        pairs, meta = recv_handles(b)
+    try:
+        assert meta == {"device": 3, "shape": [2, 2, 7]}
+        assert [n for _, n in pairs] == [len(p) for p in payloads]
+        assert [_read_fd(fd, n) for fd, n in pairs] == payloads
+        assert len({fd for fd, _ in pairs}) == 3
+    finally:
+        for fd, _ in pairs:
+            os.close(fd)
+
+
+def test_recv_handles_reports_a_closed_peer() -> None:
+    import socket
+
+    from umem_numba.kernels.distributed import recv_handles
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.close()
+    with b, pytest.raises(ConnectionError, match="closed the socket"):
+        recv_handles(b)
+
+
+def test_exchange_handles_between_three_ranks_in_threads(tmp_path: Path) -> None:
+    """A chain 0-1-2, as the MPI ranks run it (no barrier: connects retry), each gets its neighbours' files."""
+    import threading
+
+    from umem_numba.kernels.distributed import exchange_handles
+
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir()
+    payload = {r: os.urandom(100 + r) for r in range(3)}
+    results: dict[int, object] = {}
+
+    def rank(r: int) -> None:
+        fd = _file_fd(tmp_path, f"rank{r}.bin", payload[r])
+        try:
+            neighbours = [p for p in (r - 1, r + 1) if 0 <= p < 3]
+            got = exchange_handles(str(sock_dir), r, neighbours, [(fd, len(payload[r]))], {"device": r},
+                                   timeout=20)
+            results[r] = {p: (_read_fd(pairs[0][0], pairs[0][1]), meta["device"]) for p, (pairs, meta) in got.items()}
+            for pairs, _ in got.values():
+                for f, _ in pairs:
+                    os.close(f)
+        except Exception as exc:  # reported below
+            results[r] = exc
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 0, 1)]  # any start order
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "exchange_handles hung"
+    assert results[0] == {1: (payload[1], 1)}
+    assert results[1] == {0: (payload[0], 0), 2: (payload[2], 2)}
+    assert results[2] == {1: (payload[1], 1)}
+    assert not list(sock_dir.iterdir())  # sockets removed
+
+
+def test_exchange_handles_times_out_without_the_neighbour(tmp_path: Path) -> None:
+    from umem_numba.kernels.distributed import exchange_handles
+
+    fd = _file_fd(tmp_path, "x", b"abc")
+    try:
+        with pytest.raises(TimeoutError, match="rank 1 never listened"):
+            exchange_handles(str(tmp_path), 0, [1], [(fd, 3)], {}, timeout=0.5)
+    finally:
+        os.close(fd)
+
+
+def test_mpi_halo_ipc_refuses_cpu_on_every_rank() -> None:
+    mpirun = _mpirun()
+    r = _run([*mpirun, "-np", "2", sys.executable, str(EXAMPLE), "--cpu", "--halo", "ipc", "--size", "32",
+              "--steps", "2", "--out", ""], timeout=120)
+    assert r.returncode == 2
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: --halo ipc maps GPU memory between ranks" in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpi_gpu_halo_ipc_bitwise_one_gpu(tmp_path: Path, ranks: int) -> None:
+    """Ranks on one node reading each other's exported VMM rows in place, against the one-GPU run."""
+    mpirun = _mpirun()
+    seed = int.from_bytes(os.urandom(4), "little")
+    out, js = tmp_path / "plate.npy", tmp_path / "r.json"
+    r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", "1000", "--rows", "777",
+              "--steps", "40", "--init", "random", "--seed", str(seed), "--halo", "ipc", "--check",
+              "--save", str(out), "--json", str(js), "--out", ""], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "exported VMM rows" in r.stdout
+    assert "check against the one-GPU run: bitwise equal" in r.stdout
+    import json
+    assert json.loads(js.read_text())["halo"] == "ipc"
+    plate = np.load(out)
+    u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)
+    assert not np.array_equal(plate, u0)

@@ -68,6 +68,36 @@ def test_simulated_slabs_3d_bitwise(rng, dtype, parts: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
+    """halo='vmm' on one GPU: band arrays are VMMBuffers read in place by the neighbour's stream."""
+    import umem_numba as um
+
+    shape = (int(rng.integers(200, 400)), 211) if ndim == 2 else (int(rng.integers(50, 80)), 29, 67)
+    u0 = random_array(rng, shape, np.float32)
+    alpha = 0.22 if ndim == 2 else 0.15
+    with MG.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm") as run:
+        assert run.halo == "vmm" and run.fallback is None
+        assert run.transports == ["vmm"] * (2 * (parts - 1))
+        assert all(isinstance(link.scratch, um.VMMBuffer) for link in run.exchanger.links)
+        run.step(13)
+        got = run.result()
+    _check(got, u0, 13, alpha)
+
+
+@pytest.mark.gpu
+def test_overlapped_steps_queue_ahead_of_the_gpu(rng) -> None:
+    """Many steps queued without a host wait, then one result: still bitwise the one-GPU run."""
+    u0 = random_array(rng, (1500, 700), np.float32)
+    with MG.MultiGPUHeat(u0, [0, 0], 0.25) as run:
+        for _ in range(6):
+            run.step(7)  # no synchronize between the calls
+        got = run.result()
+    _check(got, u0, 42, 0.25)
+
+
+@pytest.mark.gpu
 def test_simulated_slabs_odd_strip_height(rng) -> None:
     """A non-tuned strip height: the decomposition follows it and equality holds against that launch."""
     from numba import cuda
@@ -90,6 +120,20 @@ def test_bad_devices_named() -> None:
         MG.MultiGPUHeat(u0, [])
     with pytest.raises(ValueError, match="cannot be cut into 3 slabs"):
         MG.MultiGPUHeat(np.zeros((2, 64), np.float32), [0, 0, 0])
+    with pytest.raises(ValueError, match="halo must be one of"):
+        MG.MultiGPUHeat(u0, [0], halo="ipc")
+
+
+@pytest.mark.gpu
+def test_vmm_halo_with_pinned_transport_falls_back_with_reason(rng) -> None:
+    u0 = random_array(rng, (300, 100), np.float32)
+    with pytest.warns(RuntimeWarning, match="halo='vmm' is not available .*pinned"):
+        run = MG.MultiGPUHeat(u0, [0, 0], 0.25, halo="vmm", transport="pinned")
+    with run:
+        assert run.halo == "copy" and "pinned" in run.fallback and run.transports == ["pinned", "pinned"]
+        run.step(9)
+        got = run.result()
+    _check(got, u0, 9, 0.25)
 
 
 @pytest.mark.multigpu
@@ -108,3 +152,24 @@ def test_two_gpus_bitwise(rng, ndim: int, transport: str) -> None:
         run.step(21)
         got = run.result()
     _check(got, u0, 21, alpha)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
+    """Band arrays on each GPU, READ access granted to the other; read in place over the peer mapping."""
+    import umem_numba as um
+    from umem_numba import _driver
+
+    if not int(_driver.call("cuDeviceCanAccessPeer", 0, 1)):
+        pytest.skip("GPUs 0 and 1 have no peer access: halo='vmm' falls back (tested above)")
+    shape = (1029, 801) if ndim == 2 else (95, 66, 81)
+    u0 = random_array(rng, shape, np.float32)
+    alpha = 0.25 if ndim == 2 else 1.0 / 6.0
+    with MG.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm") as run:
+        assert run.halo == "vmm" and run.transports == ["vmm", "vmm"]
+        for m, link in zip(run.exchanger.moves, run.exchanger.links):
+            assert link.scratch.get_access(run.slabs[m.dst].device) == um.AccessFlags.READ  # the driver's own answer
+        run.step(19)
+        got = run.result()
+    _check(got, u0, 19, alpha)

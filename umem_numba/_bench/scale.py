@@ -11,7 +11,10 @@ float32) in total; speedup ``t(1) / t(N)`` (goals on two GPUs: >= 1.85x peer,
 >= 1.75x MPI).
 
 Peer path: :class:`umem_numba.kernels.multigpu.MultiGPUHeat` (one slab per
-GPU, halos by peer copies ordered with events); timed with the host clock
+GPU; the rows a slab sends are computed first by a small band launch on a
+second stream and moved while the interior runs, ordered with events), once
+per ``--halos`` mode: ``copy`` (peer copy into a landing row) and ``vmm``
+(the neighbour reads the row in place from a peer-mapped VMM buffer); timed with the host clock
 between synchronizes of every GPU over ``--steps`` steps after warm-up, the
 median of ``--trials``.  Its *halo time per step* is the time of a step with
 the exchange minus one without.  The N-GPU strong-scaling field is compared
@@ -52,7 +55,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m umem_numba bench scale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the N-GPU points (default: all, >= 2)")
+    ap.add_argument("--gpus", type=int, default=None, metavar="N",
+                    help="GPUs for the N-GPU points (default: all, >= 2)")
     ap.add_argument("--size", type=int, default=16384, metavar="N", help="plate width; strong-scaling side (16384)")
     ap.add_argument("--weak-rows", type=int, default=None, metavar="N", help="rows per GPU for weak scaling (= --size)")
     ap.add_argument("--steps", type=int, default=100, metavar="N", help="timed steps per trial (100)")
@@ -60,6 +64,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPI path")
     ap.add_argument("--no-peer", action="store_true", help="skip the single-process peer path")
+    ap.add_argument("--halos", default="copy,vmm", metavar="LIST",
+                    help="peer path halo modes to measure, from copy,vmm (default both)")
+    ap.add_argument("--mpi-halos", default="pinned,ipc", metavar="LIST",
+                    help="MPI path halo modes (examples/heat2d_mpi.py --halo), from pinned,ipc (default both)")
     ap.add_argument("--quick", action="store_true", help="8192 wide, 30 steps (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--png", metavar="PATH", help="write a chart (matplotlib)")
@@ -71,6 +79,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--size and --weak-rows must be >= 3, --steps and --trials >= 1")
     if args.gpus is not None and args.gpus < 1:
         ap.error("--gpus must be >= 1")
+    args.halos = [h.strip() for h in args.halos.split(",") if h.strip()]
+    args.mpi_halos = [h.strip() for h in args.mpi_halos.split(",") if h.strip()]
+    if not args.halos or any(h not in ("copy", "vmm") for h in args.halos):
+        ap.error(f"--halos takes copy and/or vmm, got {args.halos}")
+    if not args.mpi_halos or any(h not in ("pinned", "ipc") for h in args.mpi_halos):
+        ap.error(f"--mpi-halos takes pinned and/or ipc, got {args.mpi_halos}")
     return args
 
 
@@ -81,19 +95,29 @@ def _plate(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
     return u
 
 
-def _peer_point(u0: np.ndarray, devices: list[int], args: argparse.Namespace) -> tuple[dict, np.ndarray]:
+def _peer_point(u0: np.ndarray, devices: list[int], args: argparse.Namespace,
+                halo: str = "copy") -> tuple[dict, np.ndarray]:
+    import warnings
+
     from umem_numba.kernels.multigpu import MultiGPUHeat
 
-    with MultiGPUHeat(u0, devices) as run:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a vmm fallback is reported in the point
+        run = MultiGPUHeat(u0, devices, halo=halo)
+    with run:
         run.step(3)
         with_ex = [run.timed(args.steps) for _ in range(args.trials)]
         without = [run.timed(args.steps, exchange=False) for _ in range(args.trials)] if len(devices) > 1 else with_ex
         t, t0 = statistics.median(with_ex), statistics.median(without)
         point = {"gpus": len(devices), "devices": devices, "shape": list(u0.shape), "transports": run.transports,
+                 "halo": run.halo, "halo_fallback": run.fallback,
                  "ms_per_step": t / args.steps * 1e3, "compute_ms_per_step": t0 / args.steps * 1e3,
                  "halo_us_per_step": max(t - t0, 0.0) / args.steps * 1e6, "trials_s": with_ex}
         # A fixed number of steps from the start for the bitwise comparison.
-    with MultiGPUHeat(u0, devices) as run:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = MultiGPUHeat(u0, devices, halo=halo)
+    with run:
         run.step(10)
         final = run.result()
     return point, final
@@ -110,7 +134,7 @@ def _mpirun() -> tuple[list[str] | None, str]:
     if not EXAMPLE.exists():
         return None, f"{EXAMPLE} is not there (run from a source checkout)"
     cmd = [exe]
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
     if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
         cmd.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -118,19 +142,21 @@ def _mpirun() -> tuple[list[str] | None, str]:
     return cmd, ""
 
 
-def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace) -> dict:
+def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace, halo: str = "pinned") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", str(args.size), "--rows", str(rows),
                "--steps", str(args.steps + 3), "--warmup", "3", "--dtype", args.dtype, "--out", "", "--json", out]
+        cmd += ["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
         if r.returncode != 0:
             return {"ranks": ranks, "error": f"exit {r.returncode}: {(r.stderr or r.stdout)[-800:]}"}
         with open(out) as fh:
             data = json.load(fh)
     return {"ranks": ranks, "shape": data["shape"], "ms_per_step": data["ms_per_step"],
             "halo_us_per_step": data["halo_us_per_step"], "device_buffers": data["device_buffers"],
+            "halo": data.get("halo", "mpi"),
             "transport_how": data["transport_how"]}
 
 
@@ -194,50 +220,75 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     rows, goals = [], {}
     status = 0
     if not args.no_peer:
-        peer: dict[str, Any] = {}
-        for mode, shapes in (("weak", [(args.weak_rows, args.size), (n * args.weak_rows, args.size)]),
-                             ("strong", [(args.size, args.size)] * 2)):
-            p1, f1 = _peer_point(_plate(shapes[0], dtype), [0], args)
-            pn, fn = _peer_point(_plate(shapes[1], dtype), devices, args)
-            ratio = p1["ms_per_step"] / pn["ms_per_step"]
-            peer[mode] = {"one": p1, "n": pn, "efficiency" if mode == "weak" else "speedup": ratio}
-            if mode == "strong":
-                peer[mode]["bitwise_equal_to_one_gpu"] = bool(np.array_equal(f1, fn))
-                if not peer[mode]["bitwise_equal_to_one_gpu"]:
-                    status = 1
-            del f1, fn
-            for p in (p1, pn):
-                rows.append(("peer", mode, p["gpus"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
-                             f"{p['halo_us_per_step']:.1f}", ",".join(sorted(set(p["transports"]))) or "-"))
-        result["peer"] = peer
-        goals["peer weak efficiency"] = (peer["weak"]["efficiency"], GOAL_WEAK)
-        goals[f"peer strong speedup ({n} GPUs)"] = (peer["strong"]["speedup"], GOAL_STRONG_PEER if n == 2 else None)
+        for halo in args.halos:
+            key = "peer" if halo == "copy" else f"peer-{halo}"
+            peer: dict[str, Any] = {}
+            for mode, shapes in (("weak", [(args.weak_rows, args.size), (n * args.weak_rows, args.size)]),
+                                 ("strong", [(args.size, args.size)] * 2)):
+                p1, f1 = _peer_point(_plate(shapes[0], dtype), [0], args, halo)
+                pn, fn = _peer_point(_plate(shapes[1], dtype), devices, args, halo)
+                ratio = p1["ms_per_step"] / pn["ms_per_step"]
+                peer[mode] = {"one": p1, "n": pn, "efficiency" if mode == "weak" else "speedup": ratio}
+                if mode == "strong":
+                    peer[mode]["bitwise_equal_to_one_gpu"] = bool(np.array_equal(f1, fn))
+                    if not peer[mode]["bitwise_equal_to_one_gpu"]:
+                        status = 1
+                        print(f"\nERROR: {key}: the N-GPU field differs from the one-GPU field", file=sys.stderr)
+                del f1, fn
+                for p in (p1, pn):
+                    how = ",".join(sorted(set(p["transports"]))) or "-"
+                    if p["halo_fallback"]:
+                        how += " (vmm fell back)"
+                    rows.append((key, mode, p["gpus"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
+                                 f"{p['halo_us_per_step']:.1f}", how))
+            result[key] = peer
+            goals[f"{key} weak efficiency"] = (peer["weak"]["efficiency"], GOAL_WEAK)
+            goals[f"{key} strong speedup ({n} GPUs)"] = (peer["strong"]["speedup"],
+                                                        GOAL_STRONG_PEER if n == 2 else None)
     if not args.no_mpi:
         mpirun, why = _mpirun()
         if mpirun is None:
             result["mpi"] = {"skipped": why}
             print(f"MPI path skipped: {why}", file=sys.stderr)
         else:
-            mpi: dict[str, Any] = {}
-            for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
-                              ("strong", [(1, args.size), (n, args.size)])):
-                p1, pn = (_mpi_point(mpirun, r, h, args) for r, h in pts)
-                mpi[mode] = {"one": p1, "n": pn}
-                for p in (p1, pn):
-                    if "error" in p:
-                        rows.append(("mpi", mode, p["ranks"], "", "error", "", p["error"][-120:]))
+            for halo in args.mpi_halos:
+                key = "mpi" if halo == "pinned" else f"mpi-{halo}"
+                mpi: dict[str, Any] = {}
+                for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
+                                  ("strong", [(1, args.size), (n, args.size)])):
+                    p1, pn = (_mpi_point(mpirun, r, h, args, halo) for r, h in pts)
+                    mpi[mode] = {"one": p1, "n": pn}
+                    for p in (p1, pn):
+                        if "error" in p:
+                            rows.append((key, mode, p["ranks"], "", "error", "", p["error"][-120:]))
+                        else:
+                            how = "ipc (VMM, in place)" if p["halo"] == "ipc" else \
+                                "device bufs" if p["device_buffers"] else "pinned"
+                            rows.append((key, mode, p["ranks"], "x".join(map(str, p["shape"])),
+                                         f"{p['ms_per_step']:.3f}", f"{p['halo_us_per_step']:.1f}", how))
+                    if "error" not in p1 and "error" not in pn:
+                        mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
                     else:
-                        rows.append(("mpi", mode, p["ranks"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
-                                     f"{p['halo_us_per_step']:.1f}", "device bufs" if p["device_buffers"] else "pinned"))
-                if "error" not in p1 and "error" not in pn:
-                    mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
-                else:
-                    status = 1
-            result["mpi"] = mpi
-            if "efficiency" in mpi["weak"]:
-                goals["mpi weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
-            if "speedup" in mpi["strong"]:
-                goals[f"mpi strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"], GOAL_STRONG_MPI if n == 2 else None)
+                        status = 1
+                result[key] = mpi
+                if "efficiency" in mpi["weak"]:
+                    goals[f"{key} weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
+                if "speedup" in mpi["strong"]:
+                    goals[f"{key} strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"],
+                                                                 GOAL_STRONG_MPI if n == 2 else None)
+            if {"mpi", "mpi-ipc"} <= set(result):
+                cmp = {}
+                for mode in ("weak", "strong"):
+                    a, b = result["mpi"][mode]["n"], result["mpi-ipc"][mode]["n"]
+                    if "error" not in a and "error" not in b:
+                        cmp[mode] = {"pinned_ms": a["ms_per_step"], "ipc_ms": b["ms_per_step"],
+                                     "ipc_over_pinned_speed": a["ms_per_step"] / b["ms_per_step"],
+                                     "pinned_halo_us": a["halo_us_per_step"], "ipc_halo_us": b["halo_us_per_step"]}
+                result["ipc_vs_pinned"] = cmp
+                for mode, c in cmp.items():
+                    print(f"MPI {mode}, {n} ranks: ipc {c['ipc_ms']:.3f} ms/step vs pinned {c['pinned_ms']:.3f} "
+                          f"({c['ipc_over_pinned_speed']:.3f}x); halo wait {c['ipc_halo_us']:.1f} vs "
+                          f"{c['pinned_halo_us']:.1f} us/step")
     print()
     print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
     print()
@@ -277,7 +328,7 @@ def _chart(path: str, result: dict) -> None:
                 values.append(value)
                 goals.append(goal)
         ax.bar(labels, values, color=["C0", "C1"][:len(labels)])
-        for i, (v, g) in enumerate(zip(values, goals)):
+        for i, (v, g) in enumerate(zip(values, goals, strict=True)):
             ax.text(i, v, f"{v:.3f}", ha="center", va="bottom")
             ax.hlines(g, i - 0.4, i + 0.4, colors="k", linestyles="--")
         ax.set_title(f"{mode} scaling, {key} on {n} GPUs" + (" (simulated)" if result["simulated"] else ""))

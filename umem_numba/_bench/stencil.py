@@ -31,6 +31,15 @@ Goals: managed+prefetch >= 0.98x device_array; the stencil on device_array
 ``docs/stencil-performance.md``; the latest figures: the benchmark report in
 ``docs/``.
 
+``--variants`` instead times every 3-D kernel design and launch shape
+(:data:`VARIANT_SWEEP_3D`: ``column`` and ``tile`` of
+``umem_numba.kernels.stencil3d``, several planes per thread and block
+shapes) on one ``--size3d`` cubed grid (default 512) against the same
+copy, in one run, and prints which wins (goal: heat3d float32 >= 0.90x the
+copy).  Each variant's field after the same steps is compared with the
+default variant's (bitwise, and to 1e-5 relative: the GPU may fuse
+multiply-adds differently in different code).
+
 The grids must fit in free GPU memory (checked with ``cuMemGetInfo``);
 ``--allow-oversubscribe`` runs anyway, at the risk of a very long run.
 """
@@ -41,15 +50,24 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, goal_row, print_figures, print_table, progress, write_json
+from ._common import BenchSkipped, goal_row, goal_text, print_figures, print_table, progress, write_json
 
 KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
 GOAL_PREFETCH_VS_DEVICE = 0.98
 GOAL_STENCIL_VS_COPY = 0.85
+GOAL_3D_VS_COPY = 0.90
+
+#: ``(variant, planes_per_thread, (bx, by))`` launches that ``--variants`` times (tile shapes that do
+#: not fit in 48 KiB of shared memory for the dtype are left out).
+VARIANT_SWEEP_3D = [
+    *[("column", p, b) for p in (4, 8, 16) for b in ((64, 2), (32, 4), (32, 8), (64, 4), (128, 1))],
+    *[("tile", p, b) for p in (4, 8, 16) for b in ((32, 4), (32, 8), (64, 4), (64, 8), (32, 16))],
+]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -70,12 +88,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows-per-thread", type=int, default=None, metavar="K",
                     help="override the kernel's tuned register-blocking factor")
     ap.add_argument("--block", default=None, metavar="BX,BY", help="override the tuned block shape")
+    ap.add_argument("--variants", action="store_true",
+                    help="time every 3-D kernel variant against the copy instead (see above)")
+    ap.add_argument("--size3d", type=int, default=None, metavar="N",
+                    help="--variants: cube side (default 512; 256 with --quick)")
     ap.add_argument("--allow-oversubscribe", action="store_true",
                     help="run even if the grids do not fit in free GPU memory (may take very long)")
     args = ap.parse_args(argv)
     args.size = args.size if args.size is not None else (8192 if args.quick else 16384)
     args.steps = args.steps if args.steps is not None else (10 if args.quick else 50)
     args.trials = args.trials if args.trials is not None else (3 if args.quick else 5)
+    args.size3d = args.size3d if args.size3d is not None else (256 if args.quick else 512)
+    if args.size3d < 3:
+        ap.error(f"--size3d must be at least 3, got {args.size3d}")
     if args.size < 3:
         ap.error(f"--size must be at least 3 (a grid with an interior), got {args.size}")
     if args.steps < 1 or args.trials < 1:
@@ -182,10 +207,11 @@ def _copy_bandwidth(runner: _Runner, u0: np.ndarray) -> dict:
 def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[list, dict, Callable[[Any], np.ndarray]]:
     """Two buffers holding ``u0`` on the device (per the kind), setup figures, a fetch function.
 
-    Raises ``_Skip`` when this build of umem_numba lacks what the kind needs.
+    Raises ``_SkipError`` when this build of umem_numba lacks what the kind needs.
     """
-    import umem_numba as um
     from numba import cuda
+
+    import umem_numba as um
 
     info: dict[str, Any] = {}
     if kind == "device_array":
@@ -195,7 +221,7 @@ def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[l
     if kind == "vmm":
         vmm = getattr(um, "VMMBuffer", None)
         if vmm is None:
-            raise _Skip("umem_numba.VMMBuffer is not available in this build")
+            raise _SkipError("umem_numba.VMMBuffer is not available in this build")
         bufs = [vmm.empty(u0.shape, u0.dtype, device=device_id) for _ in range(2)]
         for b in bufs:
             b.copy_from_host(u0, stream=stream)
@@ -206,12 +232,12 @@ def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[l
     if kind in ("managed+prefetch", "managed+prefetch+advice"):
         if not hasattr(bufs[0], "prefetch"):
             _close(bufs)
-            raise _Skip("ManagedBuffer.prefetch is not available in this build")
+            raise _SkipError("ManagedBuffer.prefetch is not available in this build")
         if kind == "managed+prefetch+advice":
             policy = getattr(um, "MigrationPolicy", None)
             if policy is None or not hasattr(bufs[0], "apply_policy"):
                 _close(bufs)
-                raise _Skip("MigrationPolicy / ManagedBuffer.apply_policy are not available in this build")
+                raise _SkipError("MigrationPolicy / ManagedBuffer.apply_policy are not available in this build")
             for b in bufs:
                 b.apply_policy(policy.PREFER_DEVICE(device_id))
             info["advice"] = f"MigrationPolicy.PREFER_DEVICE({device_id})"
@@ -225,7 +251,7 @@ def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[l
     return bufs, info, lambda a: np.array(a.host)
 
 
-class _Skip(Exception):
+class _SkipError(Exception):
     pass
 
 
@@ -290,6 +316,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     from ._common import device_name
 
+    if args.variants:
+        return _variants_main(args)
     dtype = np.dtype(args.dtype)
     n = args.size
     grid_bytes = n * n * dtype.itemsize
@@ -315,7 +343,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": kind}
         try:
             bufs, info, fetch = _allocate(kind, u0, device_id, stream)
-        except _Skip as exc:
+        except _SkipError as exc:
             row["skipped"] = str(exc)
             rows.append(row)
             print(f"  {kind}: skipped ({exc})", file=sys.stderr)
@@ -455,3 +483,147 @@ def charts(result: dict[str, Any], out_dir: str) -> list[str]:
     _chart(path, f"heat2d {result['size']}^2 {result['dtype']} on {result['device']}", result["results"],
            result["copy"]["gbps"])
     return [path]
+
+# -- 3-D kernel variants ------------------------------------------------------------------------
+
+
+def _initial_cube(n: int, dtype: np.dtype) -> np.ndarray:
+    """A smooth non-constant cube, built plane by plane."""
+    u = np.empty((n, n, n), dtype)
+    yx = (np.sin(np.linspace(0.0, 3.0, n))[:, None] + np.cos(np.linspace(0.0, 5.0, n))[None, :]).astype(dtype)
+    for z, w in enumerate(np.linspace(0.5, 1.5, n, dtype=np.float64)):
+        u[z] = yx * dtype.type(w)
+    return u
+
+
+def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
+    """``--variants``: every 3-D kernel design and launch shape against the copy, one run."""
+    from numba import cuda
+
+    from umem_numba import _driver, kernels
+    from umem_numba.kernels import MemoryBudgetError, require_free_memory
+    from umem_numba.kernels.stencil3d import tile_shared_bytes
+
+    from ._common import device_name
+
+    dtype = np.dtype(args.dtype)
+    n = args.size3d
+    grid_bytes = n * n * n * dtype.itemsize
+    try:
+        free, total = require_free_memory(2 * grid_bytes, f"2 grids of {n}^3 {dtype}",
+                                          allow_oversubscribe=args.allow_oversubscribe)
+    except MemoryBudgetError as exc:
+        raise BenchSkipped(str(exc)) from exc
+    _driver.ensure_context()
+    stream = cuda.stream()
+    shape = (n, n, n)
+    bytes_per_step = 2 * grid_bytes
+    weights = kernels.stencil_weights(1.0 / 7.0, 3, dtype)
+    u0 = _initial_cube(n, dtype)
+    default_planes, default_block = kernels.TUNED_3D[dtype]
+    default = (kernels.DEFAULT_VARIANT_3D[dtype], default_planes, tuple(default_block))
+    sweep = [default] + [v for v in VARIANT_SWEEP_3D if v != default]
+    print(f"heat3d variants on {n}^3 {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
+          f"{args.trials} trials x {args.steps} steps, median; default {default}")
+
+    a = cuda.to_device(u0, stream=stream)
+    b = cuda.to_device(u0, stream=stream)
+    stream.synchronize()
+
+    def timed(fn: Callable[[int], None]) -> list[float]:
+        fn(0)
+        fn(1)
+        rates = []
+        for _ in range(args.trials):
+            begin, end = cuda.event(), cuda.event()
+            begin.record(stream)
+            for k in range(args.steps):
+                fn(k)
+            end.record(stream)
+            end.synchronize()
+            rates.append(bytes_per_step * args.steps / (cuda.event_elapsed_time(begin, end) * 1e-3) / 1e9)
+        return rates
+
+    pair = (a, b)
+
+    def copy(k: int) -> None:
+        pair[1 - k % 2].copy_to_device(pair[k % 2], stream=stream)
+
+    copy_rates = timed(copy)
+    copy_gbps = statistics.median(copy_rates)
+    check_steps = 6
+    rows: list[dict[str, Any]] = []
+    reference = None
+    for variant, planes, block in sweep:
+        row: dict[str, Any] = {"variant": variant, "planes_per_thread": planes, "block": list(block)}
+        if variant == "tile" and tile_shared_bytes(planes, block, dtype.itemsize) > 48 * 1024:
+            continue
+        try:
+            kernel, grid, blk = kernels.heat3d_launch(shape, dtype, planes, block, variant)
+            a.copy_to_device(u0, stream=stream)
+            b.copy_to_device(u0, stream=stream)
+
+            def step(k: int, kernel: Any = kernel, grid: Any = grid, blk: Any = blk) -> None:
+                kernel[grid, blk, stream](pair[k % 2], pair[1 - k % 2], *weights)
+
+            for k in range(check_steps):  # also compiles
+                step(k)
+            final = a.copy_to_host(stream=stream) if check_steps % 2 == 0 else b.copy_to_host(stream=stream)
+            stream.synchronize()
+            rates = timed(step)
+        except Exception as exc:  # a launch shape this GPU or numba refuses: report, go on
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            print(f"  {variant} {planes} {block}: {row['error']}", file=sys.stderr)
+            continue
+        if reference is None:
+            reference = final
+        scale = float(np.max(np.abs(reference))) or 1.0
+        row.update(gbps=statistics.median(rates), gbps_best=max(rates), gbps_trials=rates,
+                   vs_copy=statistics.median(rates) / copy_gbps,
+                   bitwise_equal_to_default=bool(np.array_equal(final, reference)),
+                   max_rel_diff_to_default=float(np.max(np.abs(final - reference))) / scale)
+        rows.append(row)
+        del final
+    del a, b
+
+    ok = [r for r in rows if "gbps" in r]
+    ok_sorted = sorted(ok, key=lambda r: -r["gbps"])
+    table = [("DtoD copy", "", "", f"{copy_gbps:.1f}", "1.000", "")]
+    for r in ok_sorted:
+        note = "" if r["bitwise_equal_to_default"] else f"rel diff {r['max_rel_diff_to_default']:.1e}"
+        if r["max_rel_diff_to_default"] > 1e-5:
+            note = "RESULT DIFFERS " + note
+        table.append((r["variant"], r["planes_per_thread"], "x".join(map(str, r["block"])), f"{r['gbps']:.1f}",
+                      f"{r['vs_copy']:.3f}", note))
+    for r in rows:
+        if "error" in r:
+            table.append((r["variant"], r["planes_per_thread"], "x".join(map(str, r["block"])), "error", "",
+                          r["error"][:80]))
+    print()
+    print_table(table, ["variant", "planes", "block", "GB/s", "vs copy", "notes"])
+    winner = ok_sorted[0] if ok_sorted else None
+    default_row = next((r for r in ok if (r["variant"], r["planes_per_thread"], tuple(r["block"])) == default), None)
+    goals = {}
+    if winner is not None:
+        print(f"\nwinner: variant={winner['variant']!r} planes_per_thread={winner['planes_per_thread']} "
+              f"block={tuple(winner['block'])}: {winner['gbps']:.1f} GB/s = {winner['vs_copy']:.3f}x the copy")
+        if default_row is not None:
+            print(f"default: {default}: {default_row['gbps']:.1f} GB/s = {default_row['vs_copy']:.3f}x the copy")
+        goals["heat3d best variant / DtoD copy"] = {"value": winner["vs_copy"], "goal": GOAL_3D_VS_COPY,
+                                                   "status": goal_text(winner["vs_copy"], GOAL_3D_VS_COPY)}
+        print(f"goal heat3d {dtype} >= {GOAL_3D_VS_COPY}x copy: {goals['heat3d best variant / DtoD copy']['status']}")
+    differs = [r for r in ok if r["max_rel_diff_to_default"] > 1e-5]
+    if differs:
+        print("\nERROR: some variants' fields differ from the default's beyond rounding", file=sys.stderr)
+    return {
+        "benchmark": "stencil-variants", "device": device_name(),
+        "device_memory": {"free_bytes": free, "total_bytes": total},
+        "size": n, "dtype": str(dtype), "steps_per_trial": args.steps, "trials": args.trials,
+        "bytes_per_step": bytes_per_step,
+        "copy": {"gbps": copy_gbps, "gbps_best": max(copy_rates), "gbps_trials": copy_rates},
+        "default": {"variant": default[0], "planes_per_thread": default[1], "block": list(default[2])},
+        "winner": winner, "results": rows, "goals": goals,
+        "figures": [goal_row(name, g["value"], g["goal"]) for name, g in goals.items()],
+        "ok": not differs and winner is not None,
+    }
