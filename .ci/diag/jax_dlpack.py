@@ -8,9 +8,18 @@ import umem_numba as um
 print("jax", jax.__version__, jax.devices())
 c = cupy.arange(8, dtype=cupy.float32)
 print("cupy ->", jax.dlpack.from_dlpack(c))
+from numba import cuda
+
+@um.jit
+def twice(a):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = 2 * a[i]
+
 for make in (lambda: um.DeviceBuffer.from_array(np.arange(8, dtype=np.float32)),
              lambda: um.managed_from(np.arange(8, dtype=np.float32))):
     b = make()
+    twice[1, 32](b)  # pending toolkit work: __dlpack__ must order JAX's stream after it
     print(type(b).__name__, b.__dlpack_device__())
     for kw in ({}, {"stream": None}):
         try:
