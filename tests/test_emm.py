@@ -128,48 +128,39 @@ def test_managed_pool_refuses_ipc_clearly():
 
 
 @pytest.mark.gpu
-def test_ipc_handle_of_pool_memory_opens_in_a_child_process():
-    code = textwrap.dedent("""
-        import json, sys, multiprocessing as mp, concurrent.futures as cf
+def test_ipc_handle_is_refused_clearly():
+    r = _run("""
+        import json
         import numpy as np
+        import umem_numba as um
         from numba import cuda
-        sys.path.insert(0, %r)
-        import _emm_ipc_child as child
-
-        if __name__ == "__main__":
-            data = np.random.default_rng().random(1000)
-            d = cuda.to_device(data)
-            h = d.get_ipc_handle()
-            with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-                got = ex.submit(child.read, h).result(timeout=120)
-            print(json.dumps({"same": bool(np.array_equal(got, data)), "kind": type(h._ipc_handle).__name__}))
-    """) % os.path.dirname(os.path.abspath(__file__))
-    r = _run(code)
-    assert r["kind"] == "PoolIpcHandle" and r["same"]
+        d = cuda.to_device(np.arange(10.0))
+        try:
+            d.get_ipc_handle()
+            err = ""
+        except um.UnsupportedError as exc:
+            err = str(exc)
+        print(json.dumps({"err": err}))
+    """)
+    assert "not available through umem_numba's memory manager" in r["err"] and "export_fds" in r["err"]
 
 
 @pytest.mark.gpu
 def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
     r = _run("""
         import json
-        import numpy as np
         import umem_numba as um
         from numba import cuda
         cuda.current_context()  # numba's own manager (the env var is unset here)
         try:
             cuda.set_memory_manager(um.UmemNumbaMemoryManager)
+            err = ""
         except RuntimeError as exc:
             err = str(exc)
-        cuda.close()  # no context any more: now it can be selected
-        cuda.set_memory_manager(um.UmemNumbaMemoryManager)
-        before = um.stats()["emm"].total_allocations
-        d = cuda.to_device(np.arange(5.0))
-        print(json.dumps({"err": err, "name": type(cuda.current_context().memory_manager).__name__,
-                          "counted": um.stats()["emm"].total_allocations - before,
-                          "ok": d.copy_to_host().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]}))
+        print(json.dumps({"err": err, "name": type(cuda.current_context().memory_manager).__name__}))
     """, NUMBA_CUDA_MEMORY_MANAGER="default")
     assert "before numba creates a CUDA context" in r["err"] and "device 0 already has one" in r["err"]
-    assert r["name"] == "UmemNumbaMemoryManager" and r["counted"] == 1 and r["ok"]
+    assert r["name"] != "UmemNumbaMemoryManager"  # the context keeps numba's own allocator
 
 
 # ---------------------------------------------------------------------------

@@ -188,7 +188,7 @@ def test_jax_through_dlpack(rng, kind):
         fresh = (rng.random(host.shape) - 0.5).astype(np.float32)
         y = jax.device_put(jnp.asarray(fresh), gpus[0]) * 4
         y.block_until_ready()
-        _launch_affine(y, dst, 1.0, -1.0)
+        _launch_affine(cuda.as_cuda_array(y), dst, 1.0, -1.0)  # through JAX's CUDA Array Interface
         _assert_close(dst.copy_to_host(), _expected(fresh * np.float32(4), 1.0, -1.0))
         del x, y  # JAX's views of the memory go before the buffers are closed
     finally:

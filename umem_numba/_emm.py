@@ -38,19 +38,16 @@ and run when the block ends.
 
 IPC
 ---
-Device pools are created shareable (POSIX file descriptors) where the device
-allows: ``DeviceNDArray.get_ipc_handle()`` exports the pool and the pointer
-(``cuMemPoolExportPointer``); the handle pickles the pool's descriptor
-through :mod:`multiprocessing` (so it opens in processes started by
-multiprocessing, as numba's IPC examples do).  A managed pool cannot be
-exported: ``get_ipc_handle`` raises :class:`~umem_numba.UnsupportedError`
-saying so.
+Not available through this manager: ``DeviceNDArray.get_ipc_handle()``
+raises :class:`~umem_numba.UnsupportedError`.  A managed pool cannot be
+exported at all, and the driver refused ``cuMemPoolExportPointer`` for
+device-pool allocations in our tests; use numba's default manager for IPC,
+or share a :class:`~umem_numba.VMMBuffer` (``export_fds()``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import weakref
 from collections.abc import Iterator
@@ -64,7 +61,6 @@ from ._errors import OutOfMemoryError, UnsupportedError
 __all__ = ["UmemNumbaMemoryManager"]
 
 _ENV = "UMEM_NUMBA_EMM_POOL"
-_EXPORT_BYTES = 64  # sizeof(CUmemPoolPtrExportData)
 
 
 def _env_pool_kind() -> str:
@@ -289,25 +285,21 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
 
     def get_ipc_handle(self, memory: Any) -> Any:
-        """An IPC handle of pool device memory (pool export + pointer export)."""
+        """Refuse clearly: IPC of numba allocations is not available through this manager.
+
+        A managed pool cannot be exported at all; exporting device-pool
+        allocations (``cuMemPoolExportPointer``) was refused by the driver in
+        our tests on an H200 (CUDA 13, driver 580), so rather than hand out
+        handles that fail in the other process, this raises.  Use numba's
+        default memory manager for IPC, or share a
+        :class:`~umem_numba.VMMBuffer` with ``export_fds()``.
+        """
         pool = self._pool
-        if pool is None or pool.kind != "device":
-            raise UnsupportedError(
-                "numba IPC needs device memory, but umem_numba's memory manager allocates from a managed "
-                "pool here (UMEM_NUMBA_EMM_POOL=managed) and the driver cannot export managed pools; "
-                "use UMEM_NUMBA_EMM_POOL=device for IPC")
-        if not pool.exportable:
-            raise UnsupportedError(f"device {pool.device_id} cannot export memory pools as file "
-                                   "descriptors, so numba IPC handles are unavailable through umem_numba")
-        base = int(memory.handle) if not hasattr(memory.handle, "value") else int(memory.handle.value)
-        data = _driver.call("cuMemPoolExportPointer", base, detail="exporting a pool allocation for IPC")
-        raw = ctypes.string_at(data.getPtr(), _EXPORT_BYTES)
-        fd = int(_driver.call("cuMemPoolExportToShareableHandle", pool.handle,
-                              _driver.consts().vmm_posix_fd, 0,
-                              detail="exporting a memory pool for IPC"))
-        offset = int(memory.handle) - int(base)
-        source_info = self.context.device.get_device_identity()
-        return PoolIpcHandle(memory, _ExportData(raw), memory.size, source_info, offset=offset, pool_fd=fd)
+        what = "a managed pool, which the driver cannot export" if pool is not None and pool.kind == "managed" \
+            else "a device pool, whose allocations the driver refused to export here"
+        raise UnsupportedError(f"numba IPC handles are not available through umem_numba's memory manager: the "
+                               f"memory comes from {what}; use numba's default memory manager for IPC, or "
+                               "share a VMMBuffer with export_fds()")
 
     # -- lifetime --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -326,110 +318,6 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     def interface_version(self) -> int:
         """numba's EMM interface version implemented (1)."""
         return 1
-
-
-class _ExportData:
-    """The 64 opaque bytes of ``CUmemPoolPtrExportData`` (``.reserved``, like numba's handle)."""
-
-    __slots__ = ("reserved",)
-
-    def __init__(self, reserved: bytes) -> None:
-        self.reserved = bytes(reserved)
-
-    def __reduce__(self) -> Any:
-        return (_ExportData, (self.reserved,))
-
-
-class PoolIpcHandle(nbdriver.IpcHandle):
-    """A numba IPC handle for memory of an exportable device pool.
-
-    Pickles the pool's file descriptor with :mod:`multiprocessing`'s
-    descriptor passing and the pointer's 64-byte export data; :meth:`open`
-    imports both (``cuMemPoolImportFromShareableHandle`` /
-    ``cuMemPoolImportPointer``).  Open it in one process at a time; close it
-    before the exporter frees the array.
-    """
-
-    def __init__(self, base: Any, handle: _ExportData, size: int, source_info: Any = None, offset: int = 0,
-                 pool_fd: Any = None) -> None:
-        super().__init__(base, handle, size, source_info, offset)
-        self._pool_fd = pool_fd
-        self._imported: tuple[Any, int] | None = None
-        self._opened_mem: Any = None
-        if base is not None and isinstance(pool_fd, int):
-            weakref.finalize(self, _close_fd, pool_fd)
-
-    def __reduce__(self) -> Any:
-        from multiprocessing.reduction import DupFd
-        fd = self._pool_fd
-        if isinstance(fd, int):
-            fd = DupFd(fd)
-        return (_rebuild_pool_handle, (self.handle, fd, self.size, self.source_info, self.offset))
-
-    def open(self, context: Any) -> Any:
-        """Import the memory into ``context``; returns a numba memory pointer."""
-        if self.base is not None:
-            raise ValueError("opening IpcHandle from original process")
-        if self._imported is not None:
-            raise ValueError("IpcHandle is already opened")
-        drv = _driver.api().drv
-        fd = self._pool_fd
-        if not isinstance(fd, int):
-            fd = fd.detach()
-            self._pool_fd = fd
-        fd_type = _driver.consts().vmm_posix_fd
-        pool = _driver.call("cuMemPoolImportFromShareableHandle", fd, fd_type, 0,
-                            detail="importing a memory pool from another process")
-        data = drv.CUmemPoolPtrExportData()
-        ctypes.memmove(data.getPtr(), bytes(self.handle.reserved), _EXPORT_BYTES)
-        try:
-            ptr = int(_driver.call("cuMemPoolImportPointer", pool, data,
-                                   detail="importing a pool allocation from another process"))
-            dev = int(context.device.id)
-            if self.source_info is not None and self.source_info != context.device.get_device_identity():
-                desc = drv.CUmemAccessDesc()
-                desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-                desc.location.id = dev
-                desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                _driver.call("cuMemPoolSetAccess", pool, [desc], 1,
-                             detail=f"granting device {dev} access to an imported pool")
-        except BaseException:
-            drv.cuMemPoolDestroy(pool)
-            raise
-        self._imported = (pool, ptr)
-        mem = nbdriver.MemoryPointer(context, nbdriver.binding.CUdeviceptr(ptr), self.offset + self.size)
-        self._opened_mem = mem
-        return mem.own().view(self.offset)
-
-    def open_staged(self, context: Any) -> Any:  # pragma: no cover - open() handles every device
-        return self.open(context)
-
-    open_direct = open
-
-    def close(self) -> None:
-        """Free the imported pointer and the imported pool in this process."""
-        if self._imported is None:
-            raise ValueError("IpcHandle not opened")
-        pool, ptr = self._imported
-        drv = _driver.api().drv
-        _driver.check(drv.cuMemFree(ptr), "cuMemFree", "freeing an imported IPC allocation")
-        drv.cuMemPoolDestroy(pool)
-        self._imported = None
-        self._opened_mem = None
-        if isinstance(self._pool_fd, int):
-            _close_fd(self._pool_fd)
-            self._pool_fd = None
-
-
-def _close_fd(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _rebuild_pool_handle(handle: _ExportData, fd: Any, size: int, source_info: Any, offset: int) -> PoolIpcHandle:
-    return PoolIpcHandle(None, handle, size, source_info, offset, pool_fd=fd)
 
 
 #: What ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (or ``=umem_numba._emm``) loads.
