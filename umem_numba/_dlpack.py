@@ -83,9 +83,12 @@ def _deleter(managed: Any) -> None:
 @_CAPSULE_DESTRUCTOR
 def _capsule_destructor(capsule: int) -> None:
     # Unconsumed capsule (still named "dltensor"): the producer cleans up.
-    if _pythonapi.PyCapsule_IsValid(capsule, _NAME):
-        pointer = _pythonapi.PyCapsule_GetPointer(capsule, _NAME)
-        _deleter(ctypes.cast(pointer, ctypes.POINTER(_DLManagedTensor)))
+    try:
+        if _pythonapi.PyCapsule_IsValid(capsule, _NAME):
+            pointer = _pythonapi.PyCapsule_GetPointer(capsule, _NAME)
+            _deleter(ctypes.cast(pointer, ctypes.POINTER(_DLManagedTensor)))
+    except Exception:  # interpreter exit: ctypes is already torn down
+        pass
 
 
 def dl_dtype(dtype: np.dtype) -> tuple[int, int]:

@@ -38,7 +38,10 @@ class Event:
         _driver.call("cuEventSynchronize", self.handle, detail="waiting for device work on a buffer")
 
     def __del__(self) -> None:
-        _pool(self.device_id).append(self.handle)
+        try:
+            _pool(self.device_id).append(self.handle)
+        except Exception:  # interpreter exit: the module is already torn down
+            pass
 
 
 def _pool(device_id: int) -> list[Any]:
