@@ -46,21 +46,38 @@ MEMORY_KINDS = ("device", "managed", "managed-prefetch", "vmm")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; errors exit with status 2 and a message, before any GPU work."""
-    p = argparse.ArgumentParser(prog="heat2d.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--memory", choices=MEMORY_KINDS, default="managed-prefetch",
-                   help="where the two grids live (default: managed-prefetch)")
-    p.add_argument("--size", type=int, default=8192, metavar="N",
-                   help="plate side in cells (default 8192: two 256 MiB grids in float32)")
+    p = argparse.ArgumentParser(
+        prog="heat2d.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--memory",
+        choices=MEMORY_KINDS,
+        default="managed-prefetch",
+        help="where the two grids live (default: managed-prefetch)",
+    )
+    p.add_argument(
+        "--size",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="plate side in cells (default 8192: two 256 MiB grids in float32)",
+    )
     p.add_argument("--steps", type=int, default=500, metavar="N", help="time steps (default 500)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision (default float32)")
-    p.add_argument("--alpha", type=float, default=0.25,
-                   help="diffusion number D*dt/dx^2; stable up to 0.25 (the default)")
+    p.add_argument(
+        "--alpha", type=float, default=0.25, help="diffusion number D*dt/dx^2; stable up to 0.25 (the default)"
+    )
     p.add_argument("--out", default="heat2d.png", metavar="PATH", help="PNG of the final plate (default heat2d.png)")
-    p.add_argument("--check", action="store_true",
-                   help="also run the NumPy reference and compare (slow beyond a few thousand cells a side)")
-    p.add_argument("--allow-oversubscribe", action="store_true",
-                   help="run even if the grids do not fit in free GPU memory (pages then thrash; may take very long)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also run the NumPy reference and compare (slow beyond a few thousand cells a side)",
+    )
+    p.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="run even if the grids do not fit in free GPU memory (pages then thrash; may take very long)",
+    )
     args = p.parse_args(argv)
     if args.size < 3:
         p.error(f"--size must be at least 3 (a plate with an interior), got {args.size}")
@@ -83,7 +100,7 @@ def set_initial(u: np.ndarray) -> None:
         y0, y1 = int(cy - radius), int(cy + radius) + 1
         x0, x1 = int(cx - radius), int(cx + radius) + 1
         yy, xx = np.ogrid[y0:y1, x0:x1]
-        u[y0:y1, x0:x1][(yy - cy) ** 2 + (xx - cx) ** 2 < radius ** 2] = 1.0
+        u[y0:y1, x0:x1][(yy - cy) ** 2 + (xx - cx) ** 2 < radius**2] = 1.0
 
 
 def allocate(memory: str, n: int, dtype: np.dtype, device: int, stream: cuda.stream) -> tuple:
@@ -105,7 +122,7 @@ def allocate(memory: str, n: int, dtype: np.dtype, device: int, stream: cuda.str
     if memory == "managed-prefetch":
         for buf in (a, b):
             buf.apply_policy(um.MigrationPolicy.PREFER_DEVICE(device))  # keep the pages on the GPU...
-            buf.prefetch(device, stream=stream)                         # ...and move them now, in bulk
+            buf.prefetch(device, stream=stream)  # ...and move them now, in bulk
     return a, b
 
 
@@ -126,16 +143,19 @@ def run(args: argparse.Namespace) -> int:
     n = args.size
     grid_bytes = n * n * dtype.itemsize
     try:
-        kernels.require_free_memory(2 * grid_bytes, f"2 grids of {n}x{n} {dtype}",
-                                    allow_oversubscribe=args.allow_oversubscribe)
+        kernels.require_free_memory(
+            2 * grid_bytes, f"2 grids of {n}x{n} {dtype}", allow_oversubscribe=args.allow_oversubscribe
+        )
     except kernels.MemoryBudgetError as exc:
         print(f"heat2d: {exc}", file=sys.stderr)
         return 2
 
     device = cuda.get_current_device().id
     stream = cuda.stream()
-    print(f"heat2d: {n} x {n} {dtype} plate on {args.memory} memory "
-          f"(2 grids of {kernels.human_bytes(grid_bytes)}), {args.steps} steps, alpha {args.alpha}")
+    print(
+        f"heat2d: {n} x {n} {dtype} plate on {args.memory} memory "
+        f"(2 grids of {kernels.human_bytes(grid_bytes)}), {args.steps} steps, alpha {args.alpha}"
+    )
     # numba compiles on first launch: compile now, so the clock measures only the steps.
     kernels.heat2d_compile((n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
@@ -164,10 +184,18 @@ def run(args: argparse.Namespace) -> int:
         seconds = start.elapsed_time(end) / 1e3
 
         plate = fetch(args.memory, a, stream)
-        print(f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-              f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})")
-        kernels.save_field(args.out, plate, vmin=0.0, vmax=1.0, label="temperature",
-                           title=f"heat2d: {n} x {n} {dtype} plate after {args.steps} steps ({args.memory})")
+        print(
+            f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
+            f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
+        )
+        kernels.save_field(
+            args.out,
+            plate,
+            vmin=0.0,
+            vmax=1.0,
+            label="temperature",
+            title=f"heat2d: {n} x {n} {dtype} plate after {args.steps} steps ({args.memory})",
+        )
         print(f"wrote {args.out}")
 
         if args.check:
@@ -194,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat2d: {exc}", file=sys.stderr)
         return 1
     if not um.gpu_available():
-        print("heat2d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
-              file=sys.stderr)
+        print(
+            "heat2d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
+            file=sys.stderr,
+        )
         return 1
     if args.memory == "vmm" and not hasattr(um, "VMMBuffer"):
         print("heat2d: this build of umem_numba has no VMMBuffer; choose another --memory", file=sys.stderr)

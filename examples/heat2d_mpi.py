@@ -42,34 +42,56 @@ import numpy as np
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="heat2d_mpi.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="heat2d_mpi.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", type=int, default=4096, metavar="N", help="plate side (default 4096)")
-    p.add_argument("--rows", type=int, default=None, metavar="N",
-                   help="plate height if different from --size (e.g. weak scaling: rows per rank x ranks)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="plate height if different from --size (e.g. weak scaling: rows per rank x ranks)",
+    )
     p.add_argument("--steps", type=int, default=200, metavar="N", help="time steps (default 200)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--alpha", type=float, default=0.25, help="diffusion number, stable up to 0.25")
-    p.add_argument("--init", choices=("discs", "random"), default="discs",
-                   help="starting plate: hot discs and a hot left edge, or random values (--seed)")
+    p.add_argument(
+        "--init",
+        choices=("discs", "random"),
+        default="discs",
+        help="starting plate: hot discs and a hot left edge, or random values (--seed)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="NumPy reference kernels, no GPU")
-    p.add_argument("--staging", choices=("auto", "pinned", "device"), default="auto",
-                   help="halo buffers: auto (device if MPI is CUDA-aware, else pinned), or force one")
-    p.add_argument("--halo", choices=("mpi", "ipc"), default="mpi",
-                   help="mpi: rows travel as MPI messages (see --staging); ipc: same node only, each rank maps "
-                        "its neighbours' exported VMM rows and reads them in place")
+    p.add_argument(
+        "--staging",
+        choices=("auto", "pinned", "device"),
+        default="auto",
+        help="halo buffers: auto (device if MPI is CUDA-aware, else pinned), or force one",
+    )
+    p.add_argument(
+        "--halo",
+        choices=("mpi", "ipc"),
+        default="mpi",
+        help="mpi: rows travel as MPI messages (see --staging); ipc: same node only, each rank maps "
+        "its neighbours' exported VMM rows and reads them in place",
+    )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
-    p.add_argument("--check", action="store_true",
-                   help="rank 0 also runs the one-GPU (or one-rank NumPy) steps and demands bitwise equality")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="rank 0 also runs the one-GPU (or one-rank NumPy) steps and demands bitwise equality",
+    )
     p.add_argument("--json", default="", metavar="PATH", help="rank 0 writes timings as JSON")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (GPU; default 2)")
     return p
 
 
-def initial_plate(shape: tuple[int, int], dtype: np.dtype, init: str, seed: int,
-                  rows: slice = slice(None)) -> np.ndarray:
+def initial_plate(
+    shape: tuple[int, int], dtype: np.dtype, init: str, seed: int, rows: slice = slice(None)
+) -> np.ndarray:
     """The starting plate (or its ``rows``), identical on every rank."""
     n, m = shape
     if init == "random":
@@ -81,7 +103,7 @@ def initial_plate(shape: tuple[int, int], dtype: np.dtype, init: str, seed: int,
     yy = np.arange(lo, hi)[:, None]
     xx = np.arange(m)[None, :]
     for cy, cx in [(0.30, 0.35), (0.70, 0.35), (0.50, 0.60), (0.25, 0.80), (0.75, 0.80)]:
-        u[(yy - cy * n) ** 2 + (xx - cx * m) ** 2 < radius ** 2] = 1.0
+        u[(yy - cy * n) ** 2 + (xx - cx * m) ** 2 < radius**2] = 1.0
     return u
 
 
@@ -119,9 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             error = f"--alpha must be in [0, 0.25], got {args.alpha}"
         elif args.halo == "ipc" and args.cpu:
             error = "--halo ipc maps GPU memory between ranks: it needs the GPU path (drop --cpu)"
-    config = {} if args is None else {k: getattr(args, k) for k in
-                                      ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging",
-                                                   "halo")}
+    config = (
+        {}
+        if args is None
+        else {
+            k: getattr(args, k)
+            for k in ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo")
+        }
+    )
     errors = collective_errors(comm, error)
     if not errors:
         errors = collective_errors(comm, mismatch(comm, config))
@@ -140,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         align = TUNED_2D[dtype][0]
         if not um.gpu_available():
             from umem_numba import _driver
+
             error = f"no usable GPU on {socket.gethostname()}: {_driver.unavailable_reason()}"
     decomp = None
     try:
@@ -152,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     if error is None and not args.cpu:
         error = _pick_gpu(rank, lrank, hosts.count(socket.gethostname()), decomp, dtype)
     if error is None and args.halo == "ipc" and len(set(hosts)) > 1:
-        error = (f"--halo ipc needs every rank on one node, but they run on {len(set(hosts))} hosts "
-                 f"({', '.join(sorted(set(hosts)))}); use --halo mpi")
+        error = (
+            f"--halo ipc needs every rank on one node, but they run on {len(set(hosts))} hosts "
+            f"({', '.join(sorted(set(hosts)))}); use --halo mpi"
+        )
     errors = collective_errors(comm, error)
     if errors:
         return _abort(rank, errors)
@@ -171,22 +201,35 @@ def main(argv: list[str] | None = None) -> int:
     s = decomp.slabs[rank]
     local = initial_plate(shape, dtype, args.init, args.seed, slice(s.start, s.stop))
     if rank == 0:
-        print(f"heat2d_mpi: {shape[0]} x {shape[1]} {dtype} plate, {args.steps} steps, {nranks} rank(s), "
-              f"{'CPU (NumPy)' if args.cpu else 'GPU'}; halos via "
-              f"{_transport_name(args, device_buffers)} [{how}]", flush=True)
+        print(
+            f"heat2d_mpi: {shape[0]} x {shape[1]} {dtype} plate, {args.steps} steps, {nranks} rank(s), "
+            f"{'CPU (NumPy)' if args.cpu else 'GPU'}; halos via "
+            f"{_transport_name(args, device_buffers)} [{how}]",
+            flush=True,
+        )
     ipc_dir = None
     if args.halo == "ipc":
         import tempfile
+
         ipc_dir = comm.bcast(tempfile.mkdtemp(prefix="umem-ipc-") if rank == 0 else None, root=0)
     run, error = None, None
     try:
-        run = RankHeat(comm, decomp, local, args.alpha, cpu=args.cpu, device_buffers=device_buffers,
-                       halo=args.halo, ipc_dir=ipc_dir)
+        run = RankHeat(
+            comm,
+            decomp,
+            local,
+            args.alpha,
+            cpu=args.cpu,
+            device_buffers=device_buffers,
+            halo=args.halo,
+            ipc_dir=ipc_dir,
+        )
     except Exception as exc:  # e.g. a neighbour's memory that cannot be mapped: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"
     errors = collective_errors(comm, error)
     if ipc_dir is not None and rank == 0:
         import shutil
+
         shutil.rmtree(ipc_dir, ignore_errors=True)
     if errors:
         if run is not None:
@@ -212,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     timed = args.steps - warm
     per_step = seconds / max(timed, 1)
-    print(f"{timed} timed steps in {seconds:.3f} s: {per_step * 1e3:.3f} ms/step, halo wait "
-          f"{halo / max(timed, 1) * 1e6:.1f} us/step (max over ranks)", flush=True)
+    print(
+        f"{timed} timed steps in {seconds:.3f} s: {per_step * 1e3:.3f} ms/step, halo wait "
+        f"{halo / max(timed, 1) * 1e6:.1f} us/step (max over ranks)",
+        flush=True,
+    )
     status = 0
     if args.save:
         np.save(args.save, plate)
@@ -224,10 +270,23 @@ def main(argv: list[str] | None = None) -> int:
         status = _check(args, shape, dtype, plate)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"ranks": nranks, "shape": list(shape), "dtype": str(dtype), "steps": timed,
-                       "seconds": seconds, "ms_per_step": per_step * 1e3,
-                       "halo_us_per_step": halo / max(timed, 1) * 1e6, "cpu": args.cpu,
-                       "device_buffers": device_buffers, "halo": args.halo, "transport_how": how}, fh, indent=2)
+            json.dump(
+                {
+                    "ranks": nranks,
+                    "shape": list(shape),
+                    "dtype": str(dtype),
+                    "steps": timed,
+                    "seconds": seconds,
+                    "ms_per_step": per_step * 1e3,
+                    "halo_us_per_step": halo / max(timed, 1) * 1e6,
+                    "cpu": args.cpu,
+                    "device_buffers": device_buffers,
+                    "halo": args.halo,
+                    "transport_how": how,
+                },
+                fh,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return status
 
@@ -274,8 +333,9 @@ def _abort(rank: int, errors: list[str]) -> int:
 def _picture(path: str, plate: np.ndarray) -> None:
     from umem_numba.kernels import save_field
 
-    save_field(path, plate, vmin=0.0, vmax=1.0, title=f"heat2d_mpi {plate.shape[0]} x {plate.shape[1]}",
-               label="temperature")
+    save_field(
+        path, plate, vmin=0.0, vmax=1.0, title=f"heat2d_mpi {plate.shape[0]} x {plate.shape[1]}", label="temperature"
+    )
     print(f"wrote {path}")
 
 
@@ -283,11 +343,13 @@ def _check(args: Any, shape: tuple[int, int], dtype: np.dtype, plate: np.ndarray
     u0 = initial_plate(shape, dtype, args.init, args.seed)
     if args.cpu:
         from umem_numba.kernels import heat2d_reference
+
         expected, what = heat2d_reference(u0, args.steps, args.alpha), "one-rank NumPy reference"
     else:
         from numba import cuda
 
         from umem_numba.kernels import heat2d_step
+
         a, b = cuda.to_device(u0), cuda.device_array_like(u0)
         for _ in range(args.steps):
             heat2d_step(a, b, args.alpha)

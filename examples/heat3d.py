@@ -36,21 +36,39 @@ MEMORY_KINDS = ("device", "managed", "managed-prefetch")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; errors exit with status 2 and a message, before any GPU work."""
-    p = argparse.ArgumentParser(prog="heat3d.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--memory", choices=MEMORY_KINDS, default="managed-prefetch",
-                   help="where the two grids live (default: managed-prefetch)")
-    p.add_argument("--size", type=int, default=512, metavar="N",
-                   help="cube side in cells (default 512: two 512 MiB grids in float32)")
+    p = argparse.ArgumentParser(
+        prog="heat3d.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--memory",
+        choices=MEMORY_KINDS,
+        default="managed-prefetch",
+        help="where the two grids live (default: managed-prefetch)",
+    )
+    p.add_argument(
+        "--size",
+        type=int,
+        default=512,
+        metavar="N",
+        help="cube side in cells (default 512: two 512 MiB grids in float32)",
+    )
     p.add_argument("--steps", type=int, default=200, metavar="N", help="time steps (default 200)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision (default float32)")
-    p.add_argument("--alpha", type=float, default=1 / 6,
-                   help="diffusion number D*dt/dx^2; stable up to 1/6 (the default)")
-    p.add_argument("--out", default="heat3d.png", metavar="PATH",
-                   help="PNG of the centre slice of the final cube (default heat3d.png)")
+    p.add_argument(
+        "--alpha", type=float, default=1 / 6, help="diffusion number D*dt/dx^2; stable up to 1/6 (the default)"
+    )
+    p.add_argument(
+        "--out",
+        default="heat3d.png",
+        metavar="PATH",
+        help="PNG of the centre slice of the final cube (default heat3d.png)",
+    )
     p.add_argument("--check", action="store_true", help="also run the NumPy reference and compare (small cubes)")
-    p.add_argument("--allow-oversubscribe", action="store_true",
-                   help="run even if the grids do not fit in free GPU memory (may take very long)")
+    p.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="run even if the grids do not fit in free GPU memory (may take very long)",
+    )
     args = p.parse_args(argv)
     if args.size < 3:
         p.error(f"--size must be at least 3 (a cube with an interior), got {args.size}")
@@ -69,7 +87,7 @@ def set_initial(u: np.ndarray) -> None:
     c, radius = (n - 1) / 2, n / 5
     lo, hi = int(c - radius), int(c + radius) + 1
     zz, yy, xx = np.ogrid[lo:hi, lo:hi, lo:hi]
-    u[lo:hi, lo:hi, lo:hi][(zz - c) ** 2 + (yy - c) ** 2 + (xx - c) ** 2 < radius ** 2] = 1.0
+    u[lo:hi, lo:hi, lo:hi][(zz - c) ** 2 + (yy - c) ** 2 + (xx - c) ** 2 < radius**2] = 1.0
 
 
 def allocate(memory: str, n: int, dtype: np.dtype, device: int, stream: cuda.stream) -> tuple:
@@ -92,18 +110,21 @@ def allocate(memory: str, n: int, dtype: np.dtype, device: int, stream: cuda.str
 def run(args: argparse.Namespace) -> int:
     dtype = np.dtype(args.dtype)
     n = args.size
-    grid_bytes = n ** 3 * dtype.itemsize
+    grid_bytes = n**3 * dtype.itemsize
     try:
-        kernels.require_free_memory(2 * grid_bytes, f"2 grids of {n}^3 {dtype}",
-                                    allow_oversubscribe=args.allow_oversubscribe)
+        kernels.require_free_memory(
+            2 * grid_bytes, f"2 grids of {n}^3 {dtype}", allow_oversubscribe=args.allow_oversubscribe
+        )
     except kernels.MemoryBudgetError as exc:
         print(f"heat3d: {exc}", file=sys.stderr)
         return 2
 
     device = cuda.get_current_device().id
     stream = cuda.stream()
-    print(f"heat3d: {n}^3 {dtype} cube on {args.memory} memory (2 grids of {kernels.human_bytes(grid_bytes)}), "
-          f"{args.steps} steps, alpha {args.alpha:.4g}")
+    print(
+        f"heat3d: {n}^3 {dtype} cube on {args.memory} memory (2 grids of {kernels.human_bytes(grid_bytes)}), "
+        f"{args.steps} steps, alpha {args.alpha:.4g}"
+    )
     # Compile first (a 3-D array is the same type to numba in any memory), then allocate.
     kernels.heat3d_compile((n, n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
@@ -129,12 +150,22 @@ def run(args: argparse.Namespace) -> int:
             stream.synchronize()
         else:
             cube = a.host  # waits for exactly the last kernel that wrote a
-        print(f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-              f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})")
+        print(
+            f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
+            f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
+        )
         # The x-z slice through the centre shows both the hot floor and the ball.
-        kernels.save_field(args.out, cube[:, n // 2, :], vmin=0.0, vmax=1.0, origin="lower",
-                           label="temperature", xlabel="x (cell)", ylabel="z (cell)",
-                           title=f"heat3d: slice y = {n // 2} of a {n}^3 cube after {args.steps} steps")
+        kernels.save_field(
+            args.out,
+            cube[:, n // 2, :],
+            vmin=0.0,
+            vmax=1.0,
+            origin="lower",
+            label="temperature",
+            xlabel="x (cell)",
+            ylabel="z (cell)",
+            title=f"heat3d: slice y = {n // 2} of a {n}^3 cube after {args.steps} steps",
+        )
         print(f"wrote {args.out} (the vertical slice y = {n // 2}, bottom face at the bottom)")
         return check(cube, n, dtype, args.steps, args.alpha) if args.check else 0
     finally:
@@ -158,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat3d: {exc}", file=sys.stderr)
         return 1
     if not um.gpu_available():
-        print("heat3d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
-              file=sys.stderr)
+        print(
+            "heat3d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
+            file=sys.stderr,
+        )
         return 1
     return run(args)
 

@@ -35,20 +35,30 @@ from umem_numba import kernels
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; errors exit with status 2 and a message, before any GPU work."""
-    p = argparse.ArgumentParser(prog="residual.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="residual.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     # Jacobi needs on the order of N^2 sweeps to converge, so the default plate is small.
     p.add_argument("--size", type=int, default=256, metavar="N", help="plate side in cells (default 256)")
-    p.add_argument("--max-steps", type=int, default=200_000, metavar="N",
-                   help="give up after this many sweeps (default 200000)")
-    p.add_argument("--check-every", type=int, default=5000, metavar="N",
-                   help="sweeps between residual checks (default 5000)")
-    p.add_argument("--tol", type=float, default=1e-5,
-                   help="stop when no cell changes by more than this in one sweep (default 1e-5)")
+    p.add_argument(
+        "--max-steps", type=int, default=200_000, metavar="N", help="give up after this many sweeps (default 200000)"
+    )
+    p.add_argument(
+        "--check-every", type=int, default=5000, metavar="N", help="sweeps between residual checks (default 5000)"
+    )
+    p.add_argument(
+        "--tol",
+        type=float,
+        default=1e-5,
+        help="stop when no cell changes by more than this in one sweep (default 1e-5)",
+    )
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="precision (default float64)")
     p.add_argument("--out", default=None, metavar="PATH", help="write a PNG of the final field")
-    p.add_argument("--verify", action="store_true",
-                   help="also check every residual the GPU reported against NumPy on the same two fields")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check every residual the GPU reported against NumPy on the same two fields",
+    )
     args = p.parse_args(argv)
     if args.size < 3:
         p.error(f"--size must be at least 3 (a plate with an interior), got {args.size}")
@@ -95,8 +105,14 @@ def run(args: argparse.Namespace) -> int:
         state = "converged" if value < args.tol else "stopped at --max-steps"
         print(f"{state} after {steps} sweeps in {seconds:.2f} s (residual {value:.3e})")
         if args.out:
-            kernels.save_field(args.out, a.host, vmin=0.0, vmax=1.0, label="temperature",
-                               title=f"Laplace on a {n} x {n} plate, {steps} Jacobi sweeps")
+            kernels.save_field(
+                args.out,
+                a.host,
+                vmin=0.0,
+                vmax=1.0,
+                label="temperature",
+                title=f"Laplace on a {n} x {n} plate, {steps} Jacobi sweeps",
+            )
             print(f"wrote {args.out}")
         return 1 if failures else 0
     finally:
@@ -122,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"residual: {exc}", file=sys.stderr)
             return 1
     if not um.gpu_available():
-        print("residual: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
-              file=sys.stderr)
+        print(
+            "residual: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
+            file=sys.stderr,
+        )
         return 1
     try:
         return run(args)

@@ -137,8 +137,9 @@ def check_pair(src: Any, dst: Any, ndim: int, *, distinct: bool = True) -> np.dt
     """
     for name, a in (("src", src), ("dst", dst)):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise TypeError(f"{name} must be an array (numpy, numba device array or umem_numba buffer), "
-                            f"got {type(a).__name__}")
+            raise TypeError(
+                f"{name} must be an array (numpy, numba device array or umem_numba buffer), got {type(a).__name__}"
+            )
         if len(a.shape) != ndim:
             raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
     if tuple(src.shape) != tuple(dst.shape):
@@ -146,8 +147,10 @@ def check_pair(src: Any, dst: Any, ndim: int, *, distinct: bool = True) -> np.dt
     if np.dtype(src.dtype) != np.dtype(dst.dtype):
         raise TypeError(f"src and dst dtypes differ: {src.dtype} vs {dst.dtype}")
     if distinct and (src is dst or _same_memory(src, dst)):
-        raise ValueError("src and dst must be different arrays: a step reads every neighbour of "
-                         "the old field while writing the new one (swap two buffers instead)")
+        raise ValueError(
+            "src and dst must be different arrays: a step reads every neighbour of "
+            "the old field while writing the new one (swap two buffers instead)"
+        )
     return _as_float_dtype(src.dtype)
 
 
@@ -175,8 +178,9 @@ class MemoryBudgetError(ValueError):
     """A run would need more GPU memory than is free (see :func:`require_free_memory`)."""
 
 
-def require_free_memory(nbytes: int, what: str, *, allow_oversubscribe: bool = False,
-                        free: int | None = None, total: int | None = None) -> tuple[int, int]:
+def require_free_memory(
+    nbytes: int, what: str, *, allow_oversubscribe: bool = False, free: int | None = None, total: int | None = None
+) -> tuple[int, int]:
     """Refuse to allocate more than the GPU has free.
 
     Managed memory can be oversubscribed (the driver evicts pages to the host),
@@ -207,6 +211,7 @@ def require_free_memory(nbytes: int, what: str, *, allow_oversubscribe: bool = F
     """
     if free is None or total is None:
         from umem_numba import _driver
+
         free, total = _driver.mem_get_info()
     budget = max(free - _HEADROOM, 0)
     if nbytes > budget and not allow_oversubscribe:

@@ -74,6 +74,8 @@ def report_check(result: Any, expected: Any, steps: int) -> int:
     error = float(np.max(np.abs(result - expected))) / scale if result.size else 0.0
     tolerance = 1e-5 if result.dtype == np.float32 else 1e-12
     verdict = "OK" if error < tolerance else "MISMATCH"
-    print(f"check against NumPy ({steps} steps): max error {error:.2e} of the largest value "
-          f"(tolerance {tolerance:.0e}): {verdict}")
+    print(
+        f"check against NumPy ({steps} steps): max error {error:.2e} of the largest value "
+        f"(tolerance {tolerance:.0e}): {verdict}"
+    )
     return 0 if error < tolerance else 1

@@ -143,8 +143,10 @@ def split_rows(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     if align < 1:
         raise ValueError(f"align must be at least 1, got {align}")
     if n < parts:
-        raise ValueError(f"a grid of {n} rows along the split axis cannot be cut into {parts} slabs "
-                         "of at least one row each: use fewer GPUs/ranks or a larger grid")
+        raise ValueError(
+            f"a grid of {n} rows along the split axis cannot be cut into {parts} slabs "
+            "of at least one row each: use fewer GPUs/ranks or a larger grid"
+        )
     cuts = [int(round(k * n / parts / align)) * align for k in range(1, parts)]
     bounds = [0, *cuts, n]
     if any(b >= c for b, c in zip(bounds, bounds[1:])):
@@ -185,8 +187,8 @@ class Decomposition:
         r = self.align
         slabs = []
         for k, (lo, hi) in enumerate(split_rows(n, parts, r)):
-            first = (lo // r) * r          # strip holding the first owned row
-            last = ((hi - 1) // r) * r     # strip holding the last owned row
+            first = (lo // r) * r  # strip holding the first owned row
+            last = ((hi - 1) // r) * r  # strip holding the last owned row
             start = first - r if first > 0 else 0
             stop = min(n, last + r + 1)
             slabs.append(Slab(k, lo, hi, start, stop))
@@ -215,7 +217,7 @@ class Decomposition:
         out = []
         for a, b in zip(self.slabs, self.slabs[1:]):
             out.append(HaloMove(a.index, a.local(a.hi - 1), b.index, b.local(b.lo - 1)))  # down
-            out.append(HaloMove(b.index, b.local(b.lo), a.index, a.local(a.hi)))          # up
+            out.append(HaloMove(b.index, b.local(b.lo), a.index, a.local(a.hi)))  # up
         return out
 
     def band(self, k: int, row: int) -> tuple[int, int]:
@@ -238,7 +240,7 @@ class Decomposition:
         """Copies of every slab's stored rows of the global field ``u``."""
         u = np.asarray(u)
         self._check_global(u)
-        return [np.array(u[s.start:s.stop], copy=True) for s in self.slabs]
+        return [np.array(u[s.start : s.stop], copy=True) for s in self.slabs]
 
     def gather(self, fields: Sequence[Any], out: np.ndarray | None = None) -> np.ndarray:
         """The global field assembled from every slab's owned rows.
@@ -254,7 +256,7 @@ class Decomposition:
             f = np.asarray(f)
             if f.shape != self.local_shape(s.index):
                 raise ValueError(f"slab {s.index} field has shape {f.shape}, expected {self.local_shape(s.index)}")
-            out[s.lo:s.hi] = f[s.owned]
+            out[s.lo : s.hi] = f[s.owned]
         return out
 
     def _check_global(self, u: np.ndarray) -> None:
@@ -295,8 +297,7 @@ class LocalExchange(HaloExchange):
             fields[m.dst][m.dst_row] = fields[m.src][m.src_row]
 
 
-def run_slabs(step: Callable[[int, Any, Any], None], exchange: HaloExchange,
-              a: list, b: list, steps: int) -> list:
+def run_slabs(step: Callable[[int, Any, Any], None], exchange: HaloExchange, a: list, b: list, steps: int) -> list:
     """Run ``steps`` slab steps with double buffering; return the fields that hold the last step.
 
     ``step(k, src, dst)`` advances slab ``k`` from ``src`` to ``dst``; after
@@ -310,8 +311,7 @@ def run_slabs(step: Callable[[int, Any, Any], None], exchange: HaloExchange,
     return a
 
 
-def heat_slabs_reference(u0: Any, steps: int, parts: int, alpha: float | None = None,
-                         align: int = 1) -> np.ndarray:
+def heat_slabs_reference(u0: Any, steps: int, parts: int, alpha: float | None = None, align: int = 1) -> np.ndarray:
     """The heat steps of ``heat2d_reference`` / ``heat3d_reference``, run on ``parts`` slabs on the host.
 
     Bitwise equal to the one-domain reference for any ``parts`` and ``align``:

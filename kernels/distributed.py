@@ -31,8 +31,16 @@ import numpy as np
 from ._common import _as_float_dtype, stencil_weights
 from .decomp import Decomposition
 
-__all__ = ["cuda_aware_mpi", "collective_errors", "local_rank", "RankHeat", "HALOS",
-           "send_handles", "recv_handles", "exchange_handles"]
+__all__ = [
+    "cuda_aware_mpi",
+    "collective_errors",
+    "local_rank",
+    "RankHeat",
+    "HALOS",
+    "send_handles",
+    "recv_handles",
+    "exchange_handles",
+]
 
 #: How the GPU ranks move halo rows: ``mpi`` (MPI messages: pinned staging or device buffers) or
 #: ``ipc`` (same node only: each rank maps its neighbours' exported VMM rows and reads them in place;
@@ -88,9 +96,16 @@ def recv_handles(sock: Any) -> tuple[list[tuple[int, int]], dict[str, Any]]:
     return list(zip(fds, sizes)), data["meta"]
 
 
-def exchange_handles(directory: str, rank: int, neighbours: Sequence[int], fds: Sequence[tuple[int, int]],
-                     meta: Mapping[str, Any], *, timeout: float = 60.0,
-                     barrier: Any = None) -> dict[int, tuple[list[tuple[int, int]], dict[str, Any]]]:
+def exchange_handles(
+    directory: str,
+    rank: int,
+    neighbours: Sequence[int],
+    fds: Sequence[tuple[int, int]],
+    meta: Mapping[str, Any],
+    *,
+    timeout: float = 60.0,
+    barrier: Any = None,
+) -> dict[int, tuple[list[tuple[int, int]], dict[str, Any]]]:
     """Give every neighbour this rank's descriptors and get theirs, over Unix sockets in ``directory``.
 
     Every rank listens on ``directory/rank<R>.sock``; after ``barrier()``
@@ -124,6 +139,7 @@ def exchange_handles(directory: str, rank: int, neighbours: Sequence[int], fds: 
                         break
                     except (FileNotFoundError, ConnectionRefusedError):
                         import time
+
                         time.sleep(0.05)
                 else:
                     raise TimeoutError(f"rank {rank}: rank {peer} never listened on {target}")
@@ -147,8 +163,9 @@ def exchange_handles(directory: str, rank: int, neighbours: Sequence[int], fds: 
             pass
 
 
-def cuda_aware_mpi(environ: Mapping[str, str] | None = None,
-                   libraries: Sequence[Any] | None = None) -> tuple[bool, str]:
+def cuda_aware_mpi(
+    environ: Mapping[str, str] | None = None, libraries: Sequence[Any] | None = None
+) -> tuple[bool, str]:
     """Whether the MPI library that mpi4py runs on accepts CUDA device buffers.
 
     Asks the library itself, after ``MPI_Init``: Open MPI's
@@ -186,8 +203,10 @@ def cuda_aware_mpi(environ: Mapping[str, str] | None = None,
             err = int(fn(0, ctypes.byref(flag)))  # 0 == MPIX_GPU_SUPPORT_CUDA
             if err == 0:
                 return flag.value == 1, f"MPIX_GPU_query_support(CUDA) gave {flag.value}"
-    return False, ("the MPI library has no CUDA-awareness query (MPIX_Query_cuda_support, "
-                   "MPIX_GPU_query_support): using pinned host buffers")
+    return False, (
+        "the MPI library has no CUDA-awareness query (MPIX_Query_cuda_support, "
+        "MPIX_GPU_query_support): using pinned host buffers"
+    )
 
 
 def _symbol(lib: Any, name: str) -> Any:
@@ -206,6 +225,7 @@ def _mpi_libraries() -> list[Any]:
     """The mpi4py extension module as a ctypes library: dlsym searches libmpi behind it."""
     try:
         from mpi4py import MPI
+
         return [ctypes.CDLL(MPI.__file__, mode=ctypes.RTLD_GLOBAL)]
     except (ImportError, OSError):
         return []
@@ -223,8 +243,10 @@ def collective_errors(comm: Any, error: str | None) -> list[str]:
     for r, e in enumerate(errors):
         if e:
             by_message.setdefault(str(e), []).append(r)
-    return [f"{'all ranks' if len(rs) == len(errors) > 1 else 'rank ' + ', '.join(map(str, rs))}: {e}"
-            for e, rs in by_message.items()]
+    return [
+        f"{'all ranks' if len(rs) == len(errors) > 1 else 'rank ' + ', '.join(map(str, rs))}: {e}"
+        for e, rs in by_message.items()
+    ]
 
 
 def mismatch(comm: Any, config: Mapping[str, Any]) -> str | None:
@@ -240,6 +262,7 @@ def mismatch(comm: Any, config: Mapping[str, Any]) -> str | None:
 def local_rank(comm: Any) -> int:
     """This rank's index among the ranks on its node (``MPI_COMM_TYPE_SHARED``)."""
     from mpi4py import MPI
+
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return int(node.Get_rank())
@@ -278,9 +301,19 @@ class RankHeat:
         A directory every rank of the node can reach (``"ipc"`` only).
     """
 
-    def __init__(self, comm: Any, decomp: Decomposition, local: np.ndarray, alpha: float, *,
-                 cpu: bool = False, device_buffers: bool = False, rows_per_thread: int | None = None,
-                 halo: str = "mpi", ipc_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        comm: Any,
+        decomp: Decomposition,
+        local: np.ndarray,
+        alpha: float,
+        *,
+        cpu: bool = False,
+        device_buffers: bool = False,
+        rows_per_thread: int | None = None,
+        halo: str = "mpi",
+        ipc_dir: str | None = None,
+    ) -> None:
         if halo not in HALOS:
             raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
         if halo == "ipc" and (cpu or ipc_dir is None):
@@ -308,6 +341,7 @@ class RankHeat:
         self.halo_seconds = 0.0
         if cpu:
             from .reference import heat2d_step_reference, heat3d_step_reference
+
             self._ref = heat2d_step_reference if decomp.ndim == 2 else heat3d_step_reference
             self.a = np.array(local, copy=True)
             self.b = np.array(local, copy=True)
@@ -381,8 +415,9 @@ class RankHeat:
                 os.close(fd)
         for peer, (pairs, theirs) in got.items():
             try:
-                buf = um.VMMBuffer.from_shareable_handle(pairs, tuple(theirs["shape"]), theirs["dtype"],
-                                                         device=int(theirs["device"]))
+                buf = um.VMMBuffer.from_shareable_handle(
+                    pairs, tuple(theirs["shape"]), theirs["dtype"], device=int(theirs["device"])
+                )
             finally:
                 for fd, _ in pairs:
                     os.close(fd)
@@ -414,8 +449,10 @@ class RankHeat:
             t0 = time.perf_counter()
             self.cs.synchronize()  # this step's rows are in the exported slots
             self._token[0] = self._steps
-            reqs = [self.comm.Irecv(buf, source=peer, tag=tag_in)
-                    for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)]
+            reqs = [
+                self.comm.Irecv(buf, source=peer, tag=tag_in)
+                for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)
+            ]
             reqs += [self.comm.Isend(self._token, dest=peer, tag=tag_out) for peer, _, _, tag_out, _ in self.links]
             MPI.Request.Waitall(reqs)
             self.halo_seconds += time.perf_counter() - t0
@@ -482,11 +519,14 @@ class RankHeat:
         if not (exchange and self.links):
             return
         t0 = time.perf_counter()
-        reqs = [self.comm.Irecv(buf, source=peer, tag=tag_in)
-                for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)]
+        reqs = [
+            self.comm.Irecv(buf, source=peer, tag=tag_in)
+            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)
+        ]
         sends = [np.ascontiguousarray(self.b[self.slab.local(row)]) for _, row, _, _, _ in self.links]
-        reqs += [self.comm.Isend(buf, dest=peer, tag=tag_out)
-                 for (peer, _, _, tag_out, _), buf in zip(self.links, sends)]
+        reqs += [
+            self.comm.Isend(buf, dest=peer, tag=tag_out) for (peer, _, _, tag_out, _), buf in zip(self.links, sends)
+        ]
         MPI.Request.Waitall(reqs)
         for (_, _, halo, _, _), buf in zip(self.links, self._recv):
             self.b[halo] = buf
@@ -515,9 +555,9 @@ class RankHeat:
         out = np.empty(self.decomp.shape, self.dtype)
         for s in self.decomp.slabs:
             if s.index == root:
-                out[s.lo:s.hi] = owned
+                out[s.lo : s.hi] = owned
             else:
-                self.comm.Recv(out[s.lo:s.hi], source=s.index, tag=_TAG_GATHER)
+                self.comm.Recv(out[s.lo : s.hi], source=s.index, tag=_TAG_GATHER)
         return out
 
     def close(self) -> None:

@@ -90,9 +90,9 @@ class _SlabState:
     block: tuple
     row_bytes: int
     ptrs: dict = field(default_factory=dict)
-    edge: Any = None          # edge stream: bands and outgoing rows
-    ready: Any = None         # main: halos of this step are in the field
-    band_done: Any = None     # edge: the bands of this step have read the field
+    edge: Any = None  # edge stream: bands and outgoing rows
+    ready: Any = None  # main: halos of this step are in the field
+    band_done: Any = None  # edge: the bands of this step have read the field
 
 
 def _ptr(arr: Any) -> int:
@@ -103,15 +103,15 @@ def _ptr(arr: Any) -> int:
 class _Link:
     """One halo move with its band launch, buffers and event."""
 
-    kind: str                 # device | peer | pinned | vmm
-    band: tuple[int, int]     # local rows of the sender's band launch
-    band_row: int             # the sent row's index in the band array
-    scratch: Any              # band array on the sender (VMMBuffer for vmm)
+    kind: str  # device | peer | pinned | vmm
+    band: tuple[int, int]  # local rows of the sender's band launch
+    band_row: int  # the sent row's index in the band array
+    scratch: Any  # band array on the sender (VMMBuffer for vmm)
     grid: tuple
     block: tuple
-    landing: Any = None       # device array on the receiver, or PinnedBuffer (None for vmm)
+    landing: Any = None  # device array on the receiver, or PinnedBuffer (None for vmm)
     landing_ptr: int = 0
-    sent: Any = None          # event on the sender's edge stream: the row left (or, vmm: is ready)
+    sent: Any = None  # event on the sender's edge stream: the row left (or, vmm: is ready)
     views: dict = field(default_factory=dict)  # band views of the sender's two fields
 
 
@@ -130,9 +130,18 @@ class PeerExchange(HaloExchange):
     rows : the kernel's strip height
     """
 
-    def __init__(self, decomp: Decomposition, slabs: list[_SlabState], transport: str = "auto",
-                 halo: str = "copy", *, kernel: Any = None, config: Any = None, block: tuple = (),
-                 rows: int = 1) -> None:
+    def __init__(
+        self,
+        decomp: Decomposition,
+        slabs: list[_SlabState],
+        transport: str = "auto",
+        halo: str = "copy",
+        *,
+        kernel: Any = None,
+        config: Any = None,
+        block: tuple = (),
+        rows: int = 1,
+    ) -> None:
         super().__init__(decomp)
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
@@ -329,9 +338,18 @@ class MultiGPUHeat:
         No usable GPU.
     """
 
-    def __init__(self, u0: Any, devices: Sequence[int], alpha: float | None = None, *,
-                 transport: str = "auto", halo: str = "copy", rows_per_thread: int | None = None,
-                 block: tuple[int, int] | None = None, allow_oversubscribe: bool = False) -> None:
+    def __init__(
+        self,
+        u0: Any,
+        devices: Sequence[int],
+        alpha: float | None = None,
+        *,
+        transport: str = "auto",
+        halo: str = "copy",
+        rows_per_thread: int | None = None,
+        block: tuple[int, int] | None = None,
+        allow_oversubscribe: bool = False,
+    ) -> None:
         u0 = np.asarray(u0)
         if u0.ndim not in (2, 3):
             raise ValueError(f"u0 must be 2-D or 3-D, got shape {u0.shape}")
@@ -369,13 +387,15 @@ class MultiGPUHeat:
         for d, nbytes in need.items():
             with cuda.gpus[d]:
                 free, total = _driver.mem_get_info()
-            require_free_memory(nbytes, f"the slabs of GPU {d}", allow_oversubscribe=allow_oversubscribe,
-                                free=free, total=total)
+            require_free_memory(
+                nbytes, f"the slabs of GPU {d}", allow_oversubscribe=allow_oversubscribe, free=free, total=total
+            )
 
         if ndim == 2:
             self.kernel = make(rows)
         else:
             from .stencil3d import DEFAULT_VARIANT_3D
+
             self.kernel = make(rows, DEFAULT_VARIANT_3D[dtype], blk)
         self.devices = devices
         self.dtype = dtype
@@ -389,11 +409,25 @@ class MultiGPUHeat:
                 src = cuda.to_device(local, stream=stream)
                 dst = cuda.to_device(local, stream=stream)  # alignment rows start defined
                 grid, block3 = config(local.shape, rows, blk)
-                self.slabs.append(_SlabState(d, ctx, stream, src, dst, cuda.event(timing=False),
-                                             grid, block3, row_bytes, edge=cuda.stream(),
-                                             ready=cuda.event(timing=False), band_done=cuda.event(timing=False)))
-        self.exchanger = PeerExchange(self.decomp, self.slabs, transport, halo, kernel=self.kernel,
-                                      config=config, block=blk, rows=rows)
+                self.slabs.append(
+                    _SlabState(
+                        d,
+                        ctx,
+                        stream,
+                        src,
+                        dst,
+                        cuda.event(timing=False),
+                        grid,
+                        block3,
+                        row_bytes,
+                        edge=cuda.stream(),
+                        ready=cuda.event(timing=False),
+                        band_done=cuda.event(timing=False),
+                    )
+                )
+        self.exchanger = PeerExchange(
+            self.decomp, self.slabs, transport, halo, kernel=self.kernel, config=config, block=blk, rows=rows
+        )
         self._pending = False  # rows sent by the last step wait to be received
         self.steps_done = 0
         self.synchronize()
@@ -427,7 +461,7 @@ class MultiGPUHeat:
             for k, s in enumerate(self.slabs):
                 with cuda.gpus[s.device]:
                     if exchange and self._pending:
-                        ex.receive(k)          # last step's rows into the halo rows
+                        ex.receive(k)  # last step's rows into the halo rows
                     s.ready.record(s.stream)
                     s.band_done.wait(s.stream)  # the last bands have read what this kernel overwrites
                     self.kernel[s.grid, s.block, s.stream](s.src, s.dst, wc, wn)
@@ -481,8 +515,7 @@ class MultiGPUHeat:
         self.close()
 
 
-def heat_multi(u0: Any, steps: int, devices: Sequence[int], alpha: float | None = None,
-               **kwargs: Any) -> np.ndarray:
+def heat_multi(u0: Any, steps: int, devices: Sequence[int], alpha: float | None = None, **kwargs: Any) -> np.ndarray:
     """``steps`` heat steps of ``u0`` on slabs over ``devices``; returns the gathered field.
 
     Bitwise equal to ``steps`` calls of :func:`heat2d_step` / :func:`heat3d_step`
@@ -501,8 +534,7 @@ def heat2d_multi(u0: Any, steps: int, devices: Sequence[int], alpha: float = 0.2
     return heat_multi(u0, steps, devices, alpha, **kwargs)
 
 
-def heat3d_multi(u0: Any, steps: int, devices: Sequence[int], alpha: float = 1.0 / 6.0,
-                 **kwargs: Any) -> np.ndarray:
+def heat3d_multi(u0: Any, steps: int, devices: Sequence[int], alpha: float = 1.0 / 6.0, **kwargs: Any) -> np.ndarray:
     """:func:`heat_multi` for a 3-D field (checks that it is 3-D)."""
     if np.ndim(u0) != 3:
         raise ValueError(f"heat3d_multi needs a 3-D field, got shape {np.shape(u0)}")

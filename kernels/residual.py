@@ -53,8 +53,14 @@ def _zero_first(out: Any, stream: Any) -> None:
     from umem_numba._location import stream_handle
 
     _driver.ensure_context()  # numba's context, as a launch from this thread would make current
-    _driver.call("cuMemsetD8Async", _device_address(out), 0, out.dtype.itemsize, stream_handle(stream),
-                 detail="resetting the max_abs_diff result")
+    _driver.call(
+        "cuMemsetD8Async",
+        _device_address(out),
+        0,
+        out.dtype.itemsize,
+        stream_handle(stream),
+        detail="resetting the max_abs_diff result",
+    )
 
 
 @cuda.jit
@@ -113,8 +119,9 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
 
     dtype = check_pair(a, b, 2, distinct=False)
     if tuple(getattr(out, "shape", ())) != (1,) or out.dtype != dtype:
-        raise ValueError(f"out must be a 1-element {dtype} array, got "
-                         f"{getattr(out, 'shape', None)} {getattr(out, 'dtype', None)}")
+        raise ValueError(
+            f"out must be a 1-element {dtype} array, got {getattr(out, 'shape', None)} {getattr(out, 'dtype', None)}"
+        )
     n, m = (int(d) for d in a.shape)
     _zero_first(out, stream)
     if n == 0 or m == 0:

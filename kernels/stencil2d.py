@@ -131,14 +131,16 @@ def heat2d_kernel(rows_per_thread: int = 16) -> Any:
                 if edge_col or i == 0 or i == n - 1:
                     dst[i, j] = u
                 else:
-                    dst[i, j] = w_center * u + w_neighbour * ((src[i - 1, j] + src[i + 1, j])
-                                                              + (src[i, j - 1] + src[i, j + 1]))
+                    dst[i, j] = w_center * u + w_neighbour * (
+                        (src[i - 1, j] + src[i + 1, j]) + (src[i, j - 1] + src[i, j + 1])
+                    )
 
     return heat2d
 
 
-def launch_config_2d(shape: tuple[int, int], rows_per_thread: int,
-                     block: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+def launch_config_2d(
+    shape: tuple[int, int], rows_per_thread: int, block: tuple[int, int]
+) -> tuple[tuple[int, int], tuple[int, int]]:
     """Grid and block for :func:`heat2d_kernel` on a grid of ``shape``.
 
     Parameters
@@ -169,13 +171,15 @@ def launch_config_2d(shape: tuple[int, int], rows_per_thread: int,
         raise ValueError(f"block must be two positive sizes with at most 1024 threads, got {block}")
     grid = (max(ceil_div(m, bx), 1), max(ceil_div(ceil_div(n, rows_per_thread), by), 1))
     if grid[1] > MAX_GRID_Y_Z:
-        raise ValueError(f"{n} rows need {grid[1]} blocks in y, more than CUDA's {MAX_GRID_Y_Z}; "
-                         "raise rows_per_thread or block[1]")
+        raise ValueError(
+            f"{n} rows need {grid[1]} blocks in y, more than CUDA's {MAX_GRID_Y_Z}; raise rows_per_thread or block[1]"
+        )
     return grid, (bx, by)
 
 
-def heat2d_launch(shape: tuple[int, int], dtype: Any, rows_per_thread: int | None = None,
-                  block: tuple[int, int] | None = None) -> tuple[Any, tuple[int, int], tuple[int, int]]:
+def heat2d_launch(
+    shape: tuple[int, int], dtype: Any, rows_per_thread: int | None = None, block: tuple[int, int] | None = None
+) -> tuple[Any, tuple[int, int], tuple[int, int]]:
     """The kernel, grid and block that :func:`heat2d_step` uses.
 
     For code that launches the kernel itself (plain numba launches, benchmarks):
@@ -215,8 +219,9 @@ def heat2d_launch(shape: tuple[int, int], dtype: Any, rows_per_thread: int | Non
     return heat2d_kernel(rows), grid, blk
 
 
-def heat2d_compile(shape: tuple[int, int], dtype: Any, rows_per_thread: int | None = None,
-                   block: tuple[int, int] | None = None) -> Any:
+def heat2d_compile(
+    shape: tuple[int, int], dtype: Any, rows_per_thread: int | None = None, block: tuple[int, int] | None = None
+) -> Any:
     """Compile the kernel :func:`heat2d_step` will launch on this grid, without launching anything.
 
     numba compiles on the first launch; call this before timing a run.  It
@@ -240,8 +245,15 @@ def heat2d_compile(shape: tuple[int, int], dtype: Any, rows_per_thread: int | No
     return compile_for_arrays(kernel, 2, dtype)
 
 
-def heat2d_step(src: Any, dst: Any, alpha: float = 0.25, *, stream: Any = 0,
-                rows_per_thread: int | None = None, block: tuple[int, int] | None = None) -> None:
+def heat2d_step(
+    src: Any,
+    dst: Any,
+    alpha: float = 0.25,
+    *,
+    stream: Any = 0,
+    rows_per_thread: int | None = None,
+    block: tuple[int, int] | None = None,
+) -> None:
     """Launch one explicit heat step ``src -> dst`` (asynchronous).
 
     Parameters

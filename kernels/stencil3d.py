@@ -105,8 +105,7 @@ def tile_shared_bytes(planes_per_thread: int, block: tuple[int, int], itemsize: 
     return int(planes_per_thread) * (by + 2) * (bx + 2) * int(itemsize)
 
 
-def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column",
-                  block: tuple[int, int] | None = None) -> Any:
+def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tuple[int, int] | None = None) -> Any:
     """The ``@cuda.jit`` seven-point kernel for one register-blocking factor and design.
 
     Parameters
@@ -185,8 +184,7 @@ def _column_kernel(planes: int) -> Any:
                 east[r] = src[z, yu, xe]
             for r in range(planes):
                 u = col[r + 1]
-                v = w_center * u + w_neighbour * (((col[r] + col[r + 2]) + (south[r] + north[r]))
-                                                  + (west[r] + east[r]))
+                v = w_center * u + w_neighbour * (((col[r] + col[r + 2]) + (south[r] + north[r])) + (west[r] + east[r]))
                 dst[top + uint64(r + 1), yu, xu] = u if edge else v
         else:
             for z in range(z0, min(z0 + planes, nz)):
@@ -196,7 +194,8 @@ def _column_kernel(planes: int) -> Any:
                 else:
                     dst[z, y, x] = w_center * u + w_neighbour * (
                         ((src[z - 1, y, x] + src[z + 1, y, x]) + (src[z, y - 1, x] + src[z, y + 1, x]))
-                        + (src[z, y, x - 1] + src[z, y, x + 1]))
+                        + (src[z, y, x - 1] + src[z, y, x + 1])
+                    )
 
     return heat3d
 
@@ -259,7 +258,8 @@ def _tile_kernel(planes: int, bx: int, by: int) -> Any:
                     u = col[r + 1]
                     v = w_center * u + w_neighbour * (
                         ((col[r] + col[r + 2]) + (tile[r, tr - uint64(1), tc] + tile[r, tr + uint64(1), tc]))
-                        + (tile[r, tr, tc - uint64(1)] + tile[r, tr, tc + uint64(1)]))
+                        + (tile[r, tr, tc - uint64(1)] + tile[r, tr, tc + uint64(1)])
+                    )
                     dst[top + uint64(r + 1), yu, xu] = u if edge else v
         else:
             if x >= nx or y >= ny:
@@ -272,13 +272,15 @@ def _tile_kernel(planes: int, bx: int, by: int) -> Any:
                 else:
                     dst[z, y, x] = w_center * u + w_neighbour * (
                         ((src[z - 1, y, x] + src[z + 1, y, x]) + (src[z, y - 1, x] + src[z, y + 1, x]))
-                        + (src[z, y, x - 1] + src[z, y, x + 1]))
+                        + (src[z, y, x - 1] + src[z, y, x + 1])
+                    )
 
     return heat3d_tile
 
 
-def launch_config_3d(shape: tuple[int, int, int], planes_per_thread: int, block: tuple[int, int]
-                     ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def launch_config_3d(
+    shape: tuple[int, int, int], planes_per_thread: int, block: tuple[int, int]
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Grid and block for :func:`heat3d_kernel` on a grid of ``shape`` ``(nz, ny, nx)``.
 
     Returns
@@ -300,14 +302,20 @@ def launch_config_3d(shape: tuple[int, int, int], planes_per_thread: int, block:
         raise ValueError(f"block must be two positive sizes with at most 1024 threads, got {block}")
     grid = (max(ceil_div(nx, bx), 1), max(ceil_div(ny, by), 1), max(ceil_div(nz, planes_per_thread), 1))
     if grid[1] > MAX_GRID_Y_Z or grid[2] > MAX_GRID_Y_Z:
-        raise ValueError(f"shape {tuple(shape)} needs a grid of {grid} blocks, more than CUDA's "
-                         f"{MAX_GRID_Y_Z} in y or z; use a larger block or more planes per thread")
+        raise ValueError(
+            f"shape {tuple(shape)} needs a grid of {grid} blocks, more than CUDA's "
+            f"{MAX_GRID_Y_Z} in y or z; use a larger block or more planes per thread"
+        )
     return grid, (bx, by, 1)
 
 
-def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None,
-                  block: tuple[int, int] | None = None, variant: str | None = None
-                  ) -> tuple[Any, tuple[int, int, int], tuple[int, int, int]]:
+def heat3d_launch(
+    shape: tuple[int, int, int],
+    dtype: Any,
+    planes_per_thread: int | None = None,
+    block: tuple[int, int] | None = None,
+    variant: str | None = None,
+) -> tuple[Any, tuple[int, int, int], tuple[int, int, int]]:
     """The kernel, grid and block that :func:`heat3d_step` uses (tuned per dtype, see :data:`TUNED_3D`).
 
     Parameters
@@ -352,14 +360,17 @@ def heat3d_launch(shape: tuple[int, int, int], dtype: Any, planes_per_thread: in
                 blk = (blk[0] // 2, blk[1])
             grid, blk3 = launch_config_3d(shape, planes, blk)
     if var == "tile" and tile_shared_bytes(planes, blk, dt.itemsize) > _MAX_SHARED_BYTES:
-        raise ValueError(f"the 'tile' variant with {planes} planes and block {blk} needs "
-                         f"{tile_shared_bytes(planes, blk, dt.itemsize)} bytes of shared memory per block "
-                         f"for {dt}, more than {_MAX_SHARED_BYTES}; use fewer planes or a smaller block")
+        raise ValueError(
+            f"the 'tile' variant with {planes} planes and block {blk} needs "
+            f"{tile_shared_bytes(planes, blk, dt.itemsize)} bytes of shared memory per block "
+            f"for {dt}, more than {_MAX_SHARED_BYTES}; use fewer planes or a smaller block"
+        )
     return heat3d_kernel(planes, var, blk), grid, blk3
 
 
-def heat3d_compile(shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None,
-                   block: tuple[int, int] | None = None) -> Any:
+def heat3d_compile(
+    shape: tuple[int, int, int], dtype: Any, planes_per_thread: int | None = None, block: tuple[int, int] | None = None
+) -> Any:
     """Compile the kernel :func:`heat3d_step` will launch on this grid, without launching anything.
 
     Parameters
@@ -380,9 +391,16 @@ def heat3d_compile(shape: tuple[int, int, int], dtype: Any, planes_per_thread: i
     return compile_for_arrays(kernel, 3, dtype)
 
 
-def heat3d_step(src: Any, dst: Any, alpha: float = 1.0 / 6.0, *, stream: Any = 0,
-                planes_per_thread: int | None = None, block: tuple[int, int] | None = None,
-                variant: str | None = None) -> None:
+def heat3d_step(
+    src: Any,
+    dst: Any,
+    alpha: float = 1.0 / 6.0,
+    *,
+    stream: Any = 0,
+    planes_per_thread: int | None = None,
+    block: tuple[int, int] | None = None,
+    variant: str | None = None,
+) -> None:
     """Launch one explicit 3-D heat step ``src -> dst`` (asynchronous).
 
     Parameters

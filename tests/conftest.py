@@ -56,6 +56,7 @@ def device_memory():
 
     def check(slack: int = 8 << 20) -> None:
         import gc
+
         gc.collect()
         cuda.synchronize()
         after, _ = _driver.mem_get_info()

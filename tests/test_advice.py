@@ -25,20 +25,38 @@ class _FakeManaged:
     """A CUDA-array-interface object whose pointer is never dereferenced (CPU-only tests)."""
 
     def __init__(self, n: int = 100, strides: tuple | None = None) -> None:
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (0x10000, False),
-                                         "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": (n,),
+            "typestr": "<f4",
+            "data": (0x10000, False),
+            "strides": strides,
+            "version": 3,
+        }
 
 
 # ---------------------------------------------------------------------------
 # CPU only: policies and argument validation.
+
 
 def test_policy_constants_equality_hash_repr():
     P = MigrationPolicy
     assert P.PREFER_DEVICE(1) == P("prefer_device", 1) == P("prefer_device", device=1)
     assert P.PREFER_DEVICE(1) != P.PREFER_DEVICE(0)
     assert P.HOST_MAPPED != P("host_mapped", device=0)
-    assert len({P.DEFAULT, P.READ_MOSTLY, P.PREFER_HOST, P.HOST_MAPPED, P.PREFER_DEVICE(0),
-                P.PREFER_DEVICE(0), P.PREFER_DEVICE(1)}) == 6
+    assert (
+        len(
+            {
+                P.DEFAULT,
+                P.READ_MOSTLY,
+                P.PREFER_HOST,
+                P.HOST_MAPPED,
+                P.PREFER_DEVICE(0),
+                P.PREFER_DEVICE(0),
+                P.PREFER_DEVICE(1),
+            }
+        )
+        == 6
+    )
     assert repr(P.DEFAULT) == "MigrationPolicy.DEFAULT"
     assert repr(P.READ_MOSTLY) == "MigrationPolicy.READ_MOSTLY"
     assert repr(P.PREFER_HOST) == "MigrationPolicy.PREFER_HOST"
@@ -56,10 +74,12 @@ def test_policy_advice_honours_its_device_and_the_host():
     # PREFER_DEVICE(n) targets n, whatever the buffer's device is.
     assert P.PREFER_DEVICE(3).advice_for(0) == ((MemAdvice.SET_PREFERRED_LOCATION, Location.device(3)),)
     # PREFER_HOST targets the host location, not a device.
-    (advice, loc), = P.PREFER_HOST.advice_for(2)
+    ((advice, loc),) = P.PREFER_HOST.advice_for(2)
     assert advice is MemAdvice.SET_PREFERRED_LOCATION and loc == HOST and loc.is_host
-    assert P.HOST_MAPPED.advice_for(2) == ((MemAdvice.SET_PREFERRED_LOCATION, HOST),
-                                            (MemAdvice.SET_ACCESSED_BY, Location.device(2)))
+    assert P.HOST_MAPPED.advice_for(2) == (
+        (MemAdvice.SET_PREFERRED_LOCATION, HOST),
+        (MemAdvice.SET_ACCESSED_BY, Location.device(2)),
+    )
     assert P("host_mapped", device=1).advice_for(2)[1] == (MemAdvice.SET_ACCESSED_BY, Location.device(1))
 
 
@@ -71,15 +91,18 @@ def test_policy_accepts_a_numba_like_device():
     assert MigrationPolicy.PREFER_DEVICE(_Dev()) == MigrationPolicy.PREFER_DEVICE(4)
 
 
-@pytest.mark.parametrize("make, exc, match", [
-    (lambda: MigrationPolicy.PREFER_DEVICE("cpu"), ValueError, "not the host"),
-    (lambda: MigrationPolicy.PREFER_DEVICE(-1), ValueError, "-1"),
-    (lambda: MigrationPolicy.PREFER_DEVICE(True), TypeError, "bool"),
-    (lambda: MigrationPolicy.PREFER_DEVICE(1.0), TypeError, "float"),
-    (lambda: MigrationPolicy("prefer_device"), ValueError, "needs a device"),
-    (lambda: MigrationPolicy("read_mostly", device=1), ValueError, "takes no device"),
-    (lambda: MigrationPolicy("prefer_gpu"), ValueError, "prefer_gpu"),
-])
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda: MigrationPolicy.PREFER_DEVICE("cpu"), ValueError, "not the host"),
+        (lambda: MigrationPolicy.PREFER_DEVICE(-1), ValueError, "-1"),
+        (lambda: MigrationPolicy.PREFER_DEVICE(True), TypeError, "bool"),
+        (lambda: MigrationPolicy.PREFER_DEVICE(1.0), TypeError, "float"),
+        (lambda: MigrationPolicy("prefer_device"), ValueError, "needs a device"),
+        (lambda: MigrationPolicy("read_mostly", device=1), ValueError, "takes no device"),
+        (lambda: MigrationPolicy("prefer_gpu"), ValueError, "prefer_gpu"),
+    ],
+)
 def test_policy_rejects_bad_arguments(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
@@ -91,19 +114,25 @@ def test_mem_advice_values_are_the_drivers():
     for advice in MemAdvice:
         assert int(getattr(drv.CUmem_advise, "CU_MEM_ADVISE_" + advice.name)) == advice
     assert {a for a in MemAdvice if a.takes_location} == {
-        MemAdvice.SET_PREFERRED_LOCATION, MemAdvice.SET_ACCESSED_BY, MemAdvice.UNSET_ACCESSED_BY}
+        MemAdvice.SET_PREFERRED_LOCATION,
+        MemAdvice.SET_ACCESSED_BY,
+        MemAdvice.UNSET_ACCESSED_BY,
+    }
 
 
-@pytest.mark.parametrize("start, stop, exc, match", [
-    (5, 2, ValueError, "start > stop"),
-    (3, 3, ValueError, "empty"),
-    (0, 101, IndexError, "out of bounds"),
-    (-1, 5, IndexError, "negative"),
-    (0, -1, IndexError, "negative"),
-    (1.5, 3, TypeError, "float"),
-    (True, 3, TypeError, "bool"),
-    (0, "9", TypeError, "str"),
-])
+@pytest.mark.parametrize(
+    "start, stop, exc, match",
+    [
+        (5, 2, ValueError, "start > stop"),
+        (3, 3, ValueError, "empty"),
+        (0, 101, IndexError, "out of bounds"),
+        (-1, 5, IndexError, "negative"),
+        (0, -1, IndexError, "negative"),
+        (1.5, 3, TypeError, "float"),
+        (True, 3, TypeError, "bool"),
+        (0, "9", TypeError, "str"),
+    ],
+)
 def test_range_validation_without_gpu(start, stop, exc, match):
     fake = _FakeManaged(100)
     with pytest.raises(exc, match=match):
@@ -153,6 +182,7 @@ def test_argument_types_checked_before_the_driver():
 
 # ---------------------------------------------------------------------------
 # GPU: hints read back from the driver.
+
 
 @pytest.fixture(scope="module")
 def affine():
@@ -233,7 +263,7 @@ def test_range_advice_reads_back_on_its_pages_only(rng):
         inside.set_read_mostly()
         inside.set_preferred_location("cpu")
         assert inside.read_mostly is True and inside.preferred_location == HOST
-        assert buf[4 * PAGE:8 * PAGE].hints.read_mostly is True  # a view's hints are its own elements
+        assert buf[4 * PAGE : 8 * PAGE].hints.read_mostly is True  # a view's hints are its own elements
         assert outside.read_mostly is False and outside.preferred_location is None
         # Attributes hold for a range only when every page agrees.
         assert buf.hints.read_mostly is False and buf.hints.preferred_location is None
@@ -257,6 +287,7 @@ def test_state_reads_all_four(rng):
 
 # ---------------------------------------------------------------------------
 # GPU: prefetch.
+
 
 @pytest.mark.gpu
 def test_last_prefetch_location_device_then_host(rng):
@@ -282,7 +313,7 @@ def test_prefetch_range_moves_only_its_elements(rng):
     buf, data = _buffer(rng)
     with buf:
         buf.prefetch("cpu")
-        view = buf[2 * PAGE:6 * PAGE]
+        view = buf[2 * PAGE : 6 * PAGE]
         view.prefetch_range(PAGE, 3 * PAGE, 0)  # elements [3P, 5P) of buf
         buf.synchronize()
         assert buf.hints.range(3 * PAGE, 5 * PAGE).last_prefetch_location == DEV0
@@ -414,12 +445,16 @@ def test_without_concurrent_managed_access_each_call_works_or_raises(rng, monkey
 
     monkeypatch.setattr(_driver, "device_attribute", no_concurrent)
     with buf:
-        for call in (lambda: buf.prefetch(0), lambda: buf.prefetch("cpu"),
-                     lambda: buf.prefetch_range(0, PAGE, 0),
-                     lambda: buf.hints.set_preferred_location(0), lambda: buf.hints.set_accessed_by(0),
-                     lambda: buf.apply_policy(MigrationPolicy.PREFER_DEVICE(0)),
-                     lambda: buf.apply_policy(MigrationPolicy.HOST_MAPPED),
-                     lambda: PrefetchPlan().add(buf, 0)):
+        for call in (
+            lambda: buf.prefetch(0),
+            lambda: buf.prefetch("cpu"),
+            lambda: buf.prefetch_range(0, PAGE, 0),
+            lambda: buf.hints.set_preferred_location(0),
+            lambda: buf.hints.set_accessed_by(0),
+            lambda: buf.apply_policy(MigrationPolicy.PREFER_DEVICE(0)),
+            lambda: buf.apply_policy(MigrationPolicy.HOST_MAPPED),
+            lambda: PrefetchPlan().add(buf, 0),
+        ):
             with pytest.raises(UnsupportedError, match="concurrentManagedAccess"):
                 call()
         assert buf.hints.state() == (False, None, frozenset(), None)  # nothing was half-done
@@ -434,6 +469,7 @@ def test_without_concurrent_managed_access_each_call_works_or_raises(rng, monkey
 # ---------------------------------------------------------------------------
 # GPU: policies.
 
+
 def _expected(policy: MigrationPolicy) -> tuple:
     return {
         MigrationPolicy.DEFAULT: (False, None, frozenset()),
@@ -444,8 +480,13 @@ def _expected(policy: MigrationPolicy) -> tuple:
     }[policy]
 
 
-POLICIES = [MigrationPolicy.DEFAULT, MigrationPolicy.READ_MOSTLY, MigrationPolicy.PREFER_DEVICE(0),
-            MigrationPolicy.PREFER_HOST, MigrationPolicy.HOST_MAPPED]
+POLICIES = [
+    MigrationPolicy.DEFAULT,
+    MigrationPolicy.READ_MOSTLY,
+    MigrationPolicy.PREFER_DEVICE(0),
+    MigrationPolicy.PREFER_HOST,
+    MigrationPolicy.HOST_MAPPED,
+]
 
 
 @pytest.mark.gpu
@@ -500,6 +541,7 @@ def test_kernels_and_host_see_right_values_under_each_policy(rng, affine, policy
 
 # ---------------------------------------------------------------------------
 # GPU: plans.
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("own_stream", [False, True], ids=["default-stream", "own-stream"])
@@ -561,6 +603,7 @@ def test_plan_with_one_bad_entry_issues_nothing(rng):
 # ---------------------------------------------------------------------------
 # Several GPUs.
 
+
 @pytest.mark.multigpu
 def test_targets_reach_device_n(rng, affine):
     from numba import cuda
@@ -594,9 +637,10 @@ def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
 
     drv = pytest.importorskip("cuda.bindings.driver")
     results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, 0)}
-    fake = SimpleNamespace(drv=SimpleNamespace(cuPointerGetAttribute=lambda attr, ptr: results["answer"],
-                                               CUresult=drv.CUresult),
-                           c=_driver._constants(drv))
+    fake = SimpleNamespace(
+        drv=SimpleNamespace(cuPointerGetAttribute=lambda attr, ptr: results["answer"], CUresult=drv.CUresult),
+        c=_driver._constants(drv),
+    )
     monkeypatch.setattr(_driver, "api", lambda: fake)
     with pytest.raises(CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS") as info:
         _managed_span._require_managed(0x1000, "prefetch")

@@ -30,8 +30,10 @@ def test_every_registered_benchmark_has_run_and_main(name):
     assert callable(module.run) and callable(module.main)
 
 
-@pytest.mark.parametrize("value, goal, higher, met", [(0.95, 0.9, True, True), (0.85, 0.9, True, False),
-                                                      (2.0, 3.0, False, True), (3.5, 3.0, False, False)])
+@pytest.mark.parametrize(
+    "value, goal, higher, met",
+    [(0.95, 0.9, True, True), (0.85, 0.9, True, False), (2.0, 3.0, False, True), (3.5, 3.0, False, False)],
+)
 def test_goal_row_decides_met(rng, value, goal, higher, met):
     scale = float(rng.uniform(0.5, 2.0))
     row = _common.goal_row("x", value * scale, goal * scale, higher_is_better=higher)
@@ -48,14 +50,21 @@ def _fake_modules(rng) -> tuple[dict, dict]:
         print("alpha table")  # goes to alpha.log, not the terminal
         assert argv == ["--quick"]
         v = values["alpha"]
-        return {"benchmark": "alpha", "figures": [
-            _common.goal_row("ratio one", v[0], 1.0),
-            _common.goal_row("ratio two", v[1], 1.0, higher_is_better=False),
-            _common.goal_row("time", v[2], unit="µs", note="no goal | pipes kept")]}
+        return {
+            "benchmark": "alpha",
+            "figures": [
+                _common.goal_row("ratio one", v[0], 1.0),
+                _common.goal_row("ratio two", v[1], 1.0, higher_is_better=False),
+                _common.goal_row("time", v[2], unit="µs", note="no goal | pipes kept"),
+            ],
+        }
 
     def beta_run(argv):
-        return {"benchmark": "beta", "ok": True,
-                "figures": [_common.goal_row("bandwidth", values["beta"][0], 2.0, unit="GB/s")]}
+        return {
+            "benchmark": "beta",
+            "ok": True,
+            "figures": [_common.goal_row("bandwidth", values["beta"][0], 2.0, unit="GB/s")],
+        }
 
     def beta_charts(result, out_dir):
         path = f"{out_dir}/beta-extra.png"
@@ -101,11 +110,13 @@ def test_report_puts_every_figure_next_to_its_goal(tmp_path, rng):
     md = (tmp_path / "report.md").read_text()
     assert paths["markdown"].endswith("report.md")
     a, b = values["alpha"], values["beta"]
-    for line in (f"| alpha | ratio one | {a[0]:.3g}x | \u2265 1x | {'met' if a[0] >= 1 else '**MISSED**'} |",
-                 f"| alpha | ratio two | {a[1]:.3g}x | \u2264 1x | {'met' if a[1] <= 1 else '**MISSED**'} |",
-                 f"| alpha | time | {a[2]:.3g} µs | - | - |",
-                 f"| beta | bandwidth | {b[0]:.3g} GB/s | \u2265 2 GB/s | {'met' if b[0] >= 2 else '**MISSED**'} |",
-                 "| gamma | skipped: needs 2 GPUs, this machine has 0. | | | |"):
+    for line in (
+        f"| alpha | ratio one | {a[0]:.3g}x | \u2265 1x | {'met' if a[0] >= 1 else '**MISSED**'} |",
+        f"| alpha | ratio two | {a[1]:.3g}x | \u2264 1x | {'met' if a[1] <= 1 else '**MISSED**'} |",
+        f"| alpha | time | {a[2]:.3g} µs | - | - |",
+        f"| beta | bandwidth | {b[0]:.3g} GB/s | \u2265 2 GB/s | {'met' if b[0] >= 2 else '**MISSED**'} |",
+        "| gamma | skipped: needs 2 GPUs, this machine has 0. | | | |",
+    ):
         assert line in md, line
     assert "- time: no goal | pipes kept" in md  # notes are list items under the table
     assert "delta | **error**: RuntimeError: kernel exploded" in md
@@ -125,8 +136,13 @@ def test_report_puts_every_figure_next_to_its_goal(tmp_path, rng):
 
 def test_bench_all_cli_argument_errors():
     for argv, message in ([[], "--out"], [["--out", "x", "--only", "launch,warp"], "unknown benchmark(s) warp"]):
-        proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "all", *argv],
-                              capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "umem_numba", "bench", "all", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -136,8 +152,13 @@ def test_bench_all_without_a_gpu_reports_every_benchmark_skipped(tmp_path):
     if _driver.available():
         pytest.skip("this machine has a GPU: the skipped path is for machines without one")
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "all", "--out", str(out), "--quick"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "all", "--out", str(out), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     md = (out / "report.md").read_text()
     reason = _driver.unavailable_reason()
@@ -153,8 +174,13 @@ def test_bench_all_without_a_gpu_reports_every_benchmark_skipped(tmp_path):
 @pytest.mark.gpu
 def test_bench_all_quick_on_the_gpu(tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "all", "--out", str(out), "--quick"],
-                          capture_output=True, text=True, timeout=1800, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "all", "--out", str(out), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Warning" not in proc.stderr, proc.stderr
     data = json.loads((out / "report.json").read_text())

@@ -50,6 +50,7 @@ def _sentinel(buf):
 def test_the_race_is_real_without_checks(k, rng):
     raw, coh, _ = k
     from numba import cuda
+
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     _sentinel(dst)
@@ -63,6 +64,7 @@ def test_the_race_is_real_without_checks(k, rng):
 def test_sync_policy_200_trials(k, rng):
     _, coh, _ = k
     from numba import cuda
+
     rows = random_array(rng, (200, N), np.float64)
     srcs = cuda.to_device(rows)
     dst = um.managed_empty(N, np.float64)
@@ -79,6 +81,7 @@ def test_sync_policy_200_trials(k, rng):
 def test_raise_policy_names_the_stream(k, rng):
     _, coh, _ = k
     from numba import cuda
+
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     stream = cuda.stream()
@@ -101,6 +104,7 @@ def test_raise_policy_names_the_stream(k, rng):
 def test_warn_policy(k, rng):
     _, coh, _ = k
     from numba import cuda
+
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     coh[1, N](dst, src, 30)
@@ -131,6 +135,7 @@ def test_launch_function_and_jit_decorator(rng):
 def test_raw_numba_launch_is_noticed(k, rng):
     raw, _, _ = k
     from numba import cuda
+
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     _sentinel(dst)
@@ -159,6 +164,7 @@ def test_host_hold_blocks_launches(k, rng):
 def test_precision_unrelated_work_is_not_waited_for(k, rng):
     _, coh, scale = k
     from numba import cuda
+
     slow_stream, fast_stream = cuda.stream(), cuda.stream()
     src = cuda.to_device(random_array(rng, N, np.float64))
     b = um.managed_empty(N, np.float64)
@@ -177,6 +183,7 @@ def test_precision_unrelated_work_is_not_waited_for(k, rng):
 def test_close_waits_for_pending_work(k, rng):
     _, coh, _ = k
     from numba import cuda
+
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     coh[1, N](dst, src, 50)
@@ -195,6 +202,7 @@ def test_device_without_concurrent_access_waits_for_whole_device(k, rng):
     """Simulate concurrentManagedAccess=0: host access must wait for *any* kernel."""
     _, coh, scale = k
     from numba import cuda
+
     other = um.managed_empty(N, np.float64)
     src = cuda.to_device(random_array(rng, N, np.float64))
     mine = um.managed_from(random_array(rng, N, np.float32))
@@ -286,7 +294,7 @@ def test_launch_on_another_device_is_tracked(rng):
         assert other.device_id == 1
         plus_two[32, 128](buf)
         plus_two[32, 128](other)
-        (stream, event), = buf._coherence_tracker.pending.items()
+        ((stream, event),) = buf._coherence_tracker.pending.items()
         assert event.device_id == 1
     np.testing.assert_array_equal(buf.host, data + 2)
     np.testing.assert_array_equal(other.host, data + 2)

@@ -87,12 +87,15 @@ def test_numba_device_array_view(sleep_write, rng, stream_handle, later_use):
 @pytest.mark.parametrize("later_use", [False, True], ids=["first-use", "later-use"])
 def test_cupy_array(rng, stream_handle, later_use):
     cupy = pytest.importorskip("cupy")
-    kernel = cupy.RawKernel(r"""
+    kernel = cupy.RawKernel(
+        r"""
     extern "C" __global__ void sleep_write(double* dst, const double* src, int n, int sleeps) {
         for (int s = 0; s < sleeps; ++s) __nanosleep(1000000);
         int i = blockIdx.x * blockDim.x + threadIdx.x;
         if (i < n) dst[i] = src[i];
-    }""", "sleep_write")
+    }""",
+        "sleep_write",
+    )
     buf = um.managed_zeros(N, np.float64)
     stream = cupy.cuda.ExternalStream(stream_handle)
     with stream:
@@ -113,8 +116,11 @@ def _torch():
 
 
 def _torch_sleep_cycles(torch) -> int:
-    rate_khz = torch.cuda.get_device_properties(0).clock_rate if hasattr(
-        torch.cuda.get_device_properties(0), "clock_rate") else 2_000_000
+    rate_khz = (
+        torch.cuda.get_device_properties(0).clock_rate
+        if hasattr(torch.cuda.get_device_properties(0), "clock_rate")
+        else 2_000_000
+    )
     return int(rate_khz * SLEEP_MS * 1.5)  # kHz x ms = cycles; 1.5x for boost clocks
 
 
@@ -203,5 +209,6 @@ def test_escaped_buffer_is_released_after_the_other_library_lets_go(sleep_write)
     stats_before = um.stats()["managed"].live_count
     del t, buf
     import gc
+
     gc.collect()
     assert um.stats()["managed"].live_count == stats_before - 1

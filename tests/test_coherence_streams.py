@@ -58,8 +58,7 @@ def test_read_only_arguments_are_inferred(kernels):
     assert fill.writes == {"dst": True, "value": False}
     from umem_numba.kernels import heat2d_kernel, heat3d_kernel
 
-    assert um.coherent(heat2d_kernel(16)).writes == {"src": False, "dst": True, "w_center": False,
-                                                     "w_neighbour": False}
+    assert um.coherent(heat2d_kernel(16)).writes == {"src": False, "dst": True, "w_center": False, "w_neighbour": False}
     assert um.coherent(heat3d_kernel(8)).writes["src"] is False
     assert um.coherent(heat3d_kernel(8)).writes["dst"] is True
     explicit = um.coherent(sleep_then_copy.kernel, readonly=("dst", "src", "sleeps"))
@@ -75,8 +74,8 @@ def test_read_after_write_across_streams(kernels, rng):
     for _ in range(TRIALS):
         values = random_array(rng, N, np.float64)
         src = cuda.to_device(values, stream=s1)
-        sleep_then_copy[N // 128, 128, s1](a, src, 30)   # writes a after 30 ms
-        sleep_then_copy[N // 128, 128, s2](b, a, 0)      # reads a: must wait for the write
+        sleep_then_copy[N // 128, 128, s1](a, src, 30)  # writes a after 30 ms
+        sleep_then_copy[N // 128, 128, s2](b, a, 0)  # reads a: must wait for the write
         np.testing.assert_array_equal(b.host, values)
 
 
@@ -88,8 +87,8 @@ def test_write_after_read_across_streams(kernels, rng):
     for _ in range(TRIALS):
         old = random_array(rng, N, np.float64)
         a.host[:] = old
-        sleep_then_copy[N // 128, 128, s1](b, a, 30)     # reads a after 30 ms
-        fill[N // 128, 128, s2](a, -7.0)                 # writes a: must wait for the read
+        sleep_then_copy[N // 128, 128, s1](b, a, 30)  # reads a after 30 ms
+        fill[N // 128, 128, s2](a, -7.0)  # writes a: must wait for the read
         np.testing.assert_array_equal(b.host, old)
         assert (a.host == -7.0).all()
 
@@ -114,12 +113,12 @@ def test_copies_and_prefetches_are_ordered_too(kernels, rng):
     for _ in range(5):
         values = random_array(rng, N, np.float64)
         sleep_then_copy[N // 128, 128, s1](a, cuda.to_device(values, stream=s1), 30)
-        a.prefetch("cpu", stream=s2)           # a read: after the write
-        um.copy(dst, a, stream=s3)              # a read of a, a write of dst: after the write
+        a.prefetch("cpu", stream=s2)  # a read: after the write
+        um.copy(dst, a, stream=s3)  # a read of a, a write of dst: after the write
         np.testing.assert_array_equal(dst.host, values)
         vmm = um.VMMBuffer.empty(N, np.float64)
         sleep_then_copy[N // 128, 128, s1](a, cuda.to_device(values[::-1].copy(), stream=s1), 30)
-        vmm.copy_from_host(a, stream=s2)        # a managed source is tracked (it is read on the device)
+        vmm.copy_from_host(a, stream=s2)  # a managed source is tracked (it is read on the device)
         np.testing.assert_array_equal(vmm.copy_to_host(), values[::-1])
         vmm.close()
 
@@ -142,8 +141,8 @@ def test_readers_on_two_streams_overlap(kernels):
         return time.perf_counter() - t0
 
     single = run(None)
-    both_read = run((outs[1], a))          # a is read by both: they overlap
-    chained = run((a, outs[0]))            # the second writes a: it waits for the first's read
+    both_read = run((outs[1], a))  # a is read by both: they overlap
+    chained = run((a, outs[0]))  # the second writes a: it waits for the first's read
     assert both_read < 1.5 * single, f"two readers took {both_read:.3f} s vs {single:.3f} s for one"
     assert chained > 1.7 * single, f"a writer after a reader took {chained:.3f} s vs {single:.3f} s for one"
 

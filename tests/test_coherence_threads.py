@@ -46,6 +46,7 @@ def _run_threads(targets, timeout=300) -> None:
                 fn()
             except BaseException as exc:  # reported below, with the thread's traceback
                 errors.append(exc)
+
         return run
 
     threads = [threading.Thread(target=guard(t), daemon=True) for t in targets]
@@ -76,6 +77,7 @@ def test_eight_threads_share_one_buffer(kernels):
                         continue
                 got = buf[row].host
                 assert (got == value).all(), f"row {row}: read {got[:3]}, expected {value}"
+
         return run
 
     def holder():
@@ -93,8 +95,9 @@ def test_eight_threads_share_one_buffer(kernels):
 
 
 def _subprocess(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 _PRELUDE = """
@@ -121,7 +124,9 @@ _PRELUDE = """
 
 def test_close_racing_launches_and_host_views():
     """8 threads launch, read and take host views while one closes: no use after free, no hang."""
-    proc = _subprocess(_PRELUDE + """
+    proc = _subprocess(
+        _PRELUDE
+        + """
     for trial in range(10):
         buf = um.managed_zeros(1 << 20, np.float64)
         views, errors, go = [], [], threading.Event()
@@ -147,13 +152,16 @@ def test_close_racing_launches_and_host_views():
             assert (v[:16] == 1.0).all() or (v[:16] == 0.0).all()
         cuda.synchronize()
     print("OK", um.stats()["managed"].live_count)
-    """)
+    """
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("OK")
 
 
 def test_shrink_under_every_policy_waits_for_running_kernels():
-    proc = _subprocess(_PRELUDE + """
+    proc = _subprocess(
+        _PRELUDE
+        + """
     for policy in ("off", "warn", "sync"):
         buf = um.VMMBuffer.zeros((64 << 20) // 8, np.float64, chunk_bytes=8 << 20)
         sleep_fill_all[256, 128](buf, 2.0, 80)  # writes the tail after 80 ms
@@ -173,7 +181,8 @@ def test_shrink_under_every_policy_waits_for_running_kernels():
             print("RAISED")
         buf.synchronize()
     print("OK")
-    """)
+    """
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["RAISED", "OK"]
 

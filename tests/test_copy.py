@@ -16,6 +16,7 @@ BUFFER_KINDS = ("managed", "pinned", "vmm", "device")
 
 def _make(kind, data):
     from numba import cuda
+
     if kind == "managed":
         return um.ManagedBuffer.from_array(data)
     if kind == "pinned":
@@ -29,6 +30,7 @@ def _make(kind, data):
 
 def _empty(kind, shape, dtype):
     from numba import cuda
+
     if kind == "managed":
         return um.ManagedBuffer.empty(shape, dtype)
     if kind == "pinned":
@@ -42,6 +44,7 @@ def _empty(kind, shape, dtype):
 
 def _read(obj):
     from numba import cuda
+
     if isinstance(obj, um.PinnedBuffer):
         return obj.host.copy()  # waits for the copy (coherence)
     if not hasattr(obj, "_coherence_tracker"):
@@ -100,6 +103,7 @@ def test_to_host_and_from_host_every_kind(kind, dtype, staging, rng):
 @pytest.mark.parametrize("kind", ("managed", "device"))
 def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch):
     from umem_numba import _copy
+
     monkeypatch.setattr(_copy, "CHUNK_BYTES", 1 << 16)  # odd sizes: many chunks and a short last one
     _copy._Staging._by_device.clear()
     data = random_array(rng, 1_000_003, np.float32)
@@ -120,6 +124,7 @@ def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch
 @pytest.mark.parametrize("dst_kind", KINDS)
 def test_copy_every_pair_of_kinds(src_kind, dst_kind, rng):
     from numba import cuda
+
     data = random_array(rng, (123, 45), np.float64)
     src = _make(src_kind, data)
     dst = _empty(dst_kind, data.shape, data.dtype)
@@ -167,6 +172,7 @@ def test_contiguous_views_and_strided_sources(rng):
 @pytest.mark.gpu
 def test_copy_waits_for_a_kernel_on_another_stream(kernels, rng):
     from numba import cuda
+
     _, sleep_then_fill, _ = kernels
     src = um.ManagedBuffer.from_array(random_array(rng, 4096, np.float32))
     value = float(rng.integers(2, 1000))
@@ -181,6 +187,7 @@ def test_copy_waits_for_a_kernel_on_another_stream(kernels, rng):
 @pytest.mark.parametrize("dst_kind", ("device", "pinned", "vmm"))
 def test_host_write_to_the_source_waits_for_the_async_copy(kernels, dst_kind, rng):
     from numba import cuda
+
     sleep, _, _ = kernels
     data = random_array(rng, 1 << 16, np.float32)
     s = cuda.stream()
@@ -202,6 +209,7 @@ def test_host_write_to_the_source_waits_for_the_async_copy(kernels, dst_kind, rn
 @pytest.mark.gpu
 def test_host_write_to_a_pinned_source_waits_for_the_upload(kernels, rng):
     from numba import cuda
+
     sleep, _, add = kernels
     data = random_array(rng, 1 << 16, np.float32)
     s = cuda.stream()
@@ -218,6 +226,7 @@ def test_host_write_to_a_pinned_source_waits_for_the_upload(kernels, rng):
 @pytest.mark.gpu
 def test_numpy_to_managed_then_kernel_and_device_resident_read_back(kernels, rng):
     from numba import cuda
+
     _, _, add = kernels
     a = random_array(rng, 1 << 20, np.float32)
     b = random_array(rng, 1 << 20, np.float32)
@@ -260,8 +269,13 @@ def test_copy_refuses_overlap_closed_and_mismatch(rng):
 
 class _FakeDeviceArray:
     def __init__(self, shape, dtype="<f4", strides=None, ptr=1 << 40, readonly=False):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": dtype, "data": (ptr, readonly),
-                                         "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": dtype,
+            "data": (ptr, readonly),
+            "strides": strides,
+            "version": 3,
+        }
 
 
 def test_copy_refuses_numpy_operands_with_a_hint():
@@ -288,12 +302,19 @@ def test_copy_validates_shape_dtype_layout_before_the_driver():
         um.copy(a, _FakeDeviceArray((4, 5), strides=(20, 4), ptr=1 << 41), stream=1.5)
 
 
-@pytest.mark.parametrize("argv,message", [(["copy", "--size-gib", "0"], "--size-gib must be positive"),
-                                          (["copy", "--reps", "0"], "--reps must be >= 1"),
-                                          (["pool", "--iterations", "0"], "--iterations must be >= 1")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["copy", "--size-gib", "0"], "--size-gib must be positive"),
+        (["copy", "--reps", "0"], "--reps must be >= 1"),
+        (["pool", "--iterations", "0"], "--iterations must be >= 1"),
+    ],
+)
 def test_benchmark_arguments_are_checked(argv, message):
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", *argv], capture_output=True,
-                          text=True, timeout=120)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", *argv], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and message in proc.stderr

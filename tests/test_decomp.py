@@ -31,7 +31,7 @@ def test_layout_covers_and_matches_kernel_paths(n: int, parts: int, align: int) 
     for s in d.slabs:
         assert 0 <= s.start <= s.lo < s.hi <= s.stop <= n
         assert s.start % align == 0
-        owned[s.lo:s.hi] += 1
+        owned[s.lo : s.hi] += 1
         if s.lo > 0:
             assert s.start <= s.lo - 1
         if s.hi < n:
@@ -75,7 +75,7 @@ def test_moves_fill_halos_from_neighbours(rng: np.random.Generator) -> None:
     d = D.Decomposition(u.shape, 3, align=4)
     fields = [np.full(d.local_shape(k), np.nan) for k in range(3)]
     for s, f in zip(d.slabs, fields):
-        f[s.owned] = u[s.lo:s.hi]
+        f[s.owned] = u[s.lo : s.hi]
     D.LocalExchange(d).exchange(fields)
     for s, f in zip(d.slabs, fields):
         for r in s.halo_rows:

@@ -15,7 +15,9 @@ def test_public_enums_carry_the_drivers_values():
     assert int(um.HostAllocFlags.DEVICEMAP) == int(drv.CU_MEMHOSTALLOC_DEVICEMAP)
     assert int(um.HostAllocFlags.WRITECOMBINED) == int(drv.CU_MEMHOSTALLOC_WRITECOMBINED)
     for ours, theirs in (("NONE", "NONE"), ("READ", "READ"), ("READ_WRITE", "READWRITE")):
-        assert int(getattr(um.AccessFlags, ours)) == int(getattr(drv.CUmemAccess_flags, f"CU_MEM_ACCESS_FLAGS_PROT_{theirs}"))
+        assert int(getattr(um.AccessFlags, ours)) == int(
+            getattr(drv.CUmemAccess_flags, f"CU_MEM_ACCESS_FLAGS_PROT_{theirs}")
+        )
     for advice in um.MemAdvice:
         assert int(advice) == int(getattr(drv.CUmem_advise, f"CU_MEM_ADVISE_{advice.name}"))
     assert _location._CU_DEVICE_CPU == int(drv.CU_DEVICE_CPU)

@@ -19,8 +19,9 @@ import umem_numba as um
 def _run(code: str, **env: str) -> dict:
     full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba")
     full.update(env)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -95,12 +96,16 @@ def test_numba_allocations_go_through_the_device_pool():
 @pytest.mark.gpu
 def test_numba_allocations_from_a_managed_pool():
     from umem_numba._pool import managed_pool_support
+
     missing = managed_pool_support()
     if missing:
-        proc = subprocess.run([sys.executable, "-c", "from numba import cuda; cuda.device_array(4)"],
-                              env=dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba",
-                                       UMEM_NUMBA_EMM_POOL="managed"),
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", "from numba import cuda; cuda.device_array(4)"],
+            env=dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba", UMEM_NUMBA_EMM_POOL="managed"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode != 0 and "managed memory pools need" in proc.stderr
         pytest.skip(f"managed pools unsupported: {missing}")
     r = _run(_KERNELS, UMEM_NUMBA_EMM_POOL="managed")
@@ -111,9 +116,11 @@ def test_numba_allocations_from_a_managed_pool():
 @pytest.mark.gpu
 def test_managed_pool_refuses_ipc_clearly():
     from umem_numba._pool import managed_pool_support
+
     if managed_pool_support():
         pytest.skip("managed pools unsupported here")
-    r = _run("""
+    r = _run(
+        """
         import json
         import numpy as np
         import umem_numba as um
@@ -123,7 +130,9 @@ def test_managed_pool_refuses_ipc_clearly():
             d.get_ipc_handle()
         except um.UnsupportedError as exc:
             print(json.dumps({"err": str(exc)}))
-    """, UMEM_NUMBA_EMM_POOL="managed")
+    """,
+        UMEM_NUMBA_EMM_POOL="managed",
+    )
     assert "cannot export managed pools" in r["err"]
 
 
@@ -147,7 +156,8 @@ def test_ipc_handle_is_refused_clearly():
 
 @pytest.mark.gpu
 def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
-    r = _run("""
+    r = _run(
+        """
         import json
         import umem_numba as um
         from numba import cuda
@@ -158,7 +168,9 @@ def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
         except RuntimeError as exc:
             err = str(exc)
         print(json.dumps({"err": err, "name": type(cuda.current_context().memory_manager).__name__}))
-    """, NUMBA_CUDA_MEMORY_MANAGER="default")
+    """,
+        NUMBA_CUDA_MEMORY_MANAGER="default",
+    )
     assert "before numba creates a CUDA context" in r["err"] and "device 0 already has one" in r["err"]
     assert r["name"] != "UmemNumbaMemoryManager"  # the context keeps numba's own allocator
 
@@ -168,24 +180,40 @@ def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
 
 
 def test_plugin_is_what_numba_loads_and_checks_its_setting():
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import umem_numba, umem_numba._emm as e
         from numba.cuda.cudadrv import driver
         assert umem_numba._numba_memory_manager is e.UmemNumbaMemoryManager
         assert issubclass(e.UmemNumbaMemoryManager, driver.BaseCUDAMemoryManager)
         assert e.UmemNumbaMemoryManager(context=None).interface_version == 1
         print("ok")
-    """)], capture_output=True, text=True, timeout=120)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
-    proc = subprocess.run([sys.executable, "-c", "import umem_numba._emm"],
-                          env=dict(os.environ, UMEM_NUMBA_EMM_POOL="pinned"),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import umem_numba._emm"],
+        env=dict(os.environ, UMEM_NUMBA_EMM_POOL="pinned"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "UMEM_NUMBA_EMM_POOL must be 'device' or 'managed'" in proc.stderr
 
 
 def test_importing_umem_numba_does_not_import_numba_cuda():
-    proc = subprocess.run([sys.executable, "-c",
-                           "import sys, umem_numba; print('numba.cuda' in sys.modules)"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, umem_numba; print('numba.cuda' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
     assert hasattr(um, "UmemNumbaMemoryManager")

@@ -23,8 +23,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXAMPLES / script), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _colours(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -39,11 +40,11 @@ def _colours(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     rgb = image.imread(path)[..., :3]
     h = rgb.shape[0]
-    inked = np.flatnonzero((rgb[int(0.3 * h):int(0.7 * h)] < 0.97).any(axis=-1).any(axis=0))
+    inked = np.flatnonzero((rgb[int(0.3 * h) : int(0.7 * h)] < 0.97).any(axis=-1).any(axis=0))
     runs = np.split(inked, np.flatnonzero(np.diff(inked) > 1) + 1)
     field = max(runs, key=len)
     cmap = colormaps["inferno"]
-    return rgb[:, field[0]:field[-1] + 1], np.array(cmap(1.0)[:3]), np.array(cmap(0.0)[:3])
+    return rgb[:, field[0] : field[-1] + 1], np.array(cmap(1.0)[:3]), np.array(cmap(0.0)[:3])
 
 
 def _where(rgb: np.ndarray, colour: np.ndarray) -> np.ndarray:
@@ -55,12 +56,17 @@ def _no_library_warnings(stderr: str) -> None:
     assert "Warning" not in stderr, f"the example printed a library warning:\n{stderr}"
 
 
-@pytest.mark.parametrize("script, options", [
-    ("heat2d.py", ["--memory", "managed-prefetch", "vmm", "--size", "--steps", "--out", "--check",
-                   "--allow-oversubscribe"]),
-    ("heat3d.py", ["--memory", "--size", "--steps", "--out", "--check", "--allow-oversubscribe"]),
-    ("residual.py", ["--size", "--check-every", "--tol", "--max-steps", "--verify", "--out"]),
-])
+@pytest.mark.parametrize(
+    "script, options",
+    [
+        (
+            "heat2d.py",
+            ["--memory", "managed-prefetch", "vmm", "--size", "--steps", "--out", "--check", "--allow-oversubscribe"],
+        ),
+        ("heat3d.py", ["--memory", "--size", "--steps", "--out", "--check", "--allow-oversubscribe"]),
+        ("residual.py", ["--size", "--check-every", "--tol", "--max-steps", "--verify", "--out"]),
+    ],
+)
 def test_help_runs_anywhere(script, options):
     proc = _run(script, "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -68,17 +74,20 @@ def test_help_runs_anywhere(script, options):
         assert option in proc.stdout, f"{script} --help does not mention {option}"
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("heat2d.py", ["--size", "2"], "--size must be at least 3"),
-    ("heat2d.py", ["--steps", "0"], "--steps must be at least 1"),
-    ("heat2d.py", ["--alpha", "0.3"], "--alpha must be in [0, 0.25]"),
-    ("heat2d.py", ["--memory", "texture"], "invalid choice"),
-    ("heat2d.py", ["--size", "big"], "invalid int value"),
-    ("heat3d.py", ["--alpha", "0.2"], "--alpha must be in [0, 1/6]"),
-    ("heat3d.py", ["--memory", "vmm"], "invalid choice"),
-    ("residual.py", ["--tol", "0"], "--tol must be positive"),
-    ("residual.py", ["--check-every", "0"], "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("heat2d.py", ["--size", "2"], "--size must be at least 3"),
+        ("heat2d.py", ["--steps", "0"], "--steps must be at least 1"),
+        ("heat2d.py", ["--alpha", "0.3"], "--alpha must be in [0, 0.25]"),
+        ("heat2d.py", ["--memory", "texture"], "invalid choice"),
+        ("heat2d.py", ["--size", "big"], "invalid int value"),
+        ("heat3d.py", ["--alpha", "0.2"], "--alpha must be in [0, 1/6]"),
+        ("heat3d.py", ["--memory", "vmm"], "invalid choice"),
+        ("residual.py", ["--tol", "0"], "--tol must be positive"),
+        ("residual.py", ["--check-every", "0"], "must be at least 1"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message(script, args, message):
     proc = _run(script, *args, timeout=120)
     assert proc.returncode == 2
@@ -90,15 +99,34 @@ def _has_vmm() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("memory, dtype", [("device", "float32"), ("managed", "float32"),
-                                           ("managed-prefetch", "float32"), ("managed-prefetch", "float64"),
-                                           ("vmm", "float32")])
+@pytest.mark.parametrize(
+    "memory, dtype",
+    [
+        ("device", "float32"),
+        ("managed", "float32"),
+        ("managed-prefetch", "float32"),
+        ("managed-prefetch", "float64"),
+        ("vmm", "float32"),
+    ],
+)
 def test_heat2d_end_to_end(tmp_path, memory, dtype):
     if memory == "vmm" and not _has_vmm():
         pytest.skip("umem_numba.VMMBuffer is not exported in this build")
     out = tmp_path / "plate.png"
-    proc = _run("heat2d.py", "--memory", memory, "--dtype", dtype, "--size", "300", "--steps", "25",
-                "--check", "--out", str(out))
+    proc = _run(
+        "heat2d.py",
+        "--memory",
+        memory,
+        "--dtype",
+        dtype,
+        "--size",
+        "300",
+        "--steps",
+        "25",
+        "--check",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GB/s achieved" in proc.stdout
     assert "check against NumPy (25 steps)" in proc.stdout and ": OK" in proc.stdout
@@ -133,8 +161,7 @@ def test_heat3d_end_to_end(tmp_path, memory):
 @pytest.mark.gpu
 def test_residual_end_to_end(tmp_path):
     out = tmp_path / "laplace.png"
-    proc = _run("residual.py", "--size", "48", "--check-every", "300", "--tol", "1e-4", "--verify",
-                "--out", str(out))
+    proc = _run("residual.py", "--size", "48", "--check-every", "300", "--tol", "1e-4", "--verify", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "converged after" in proc.stdout and "MISMATCH" not in proc.stderr
     rgb, hot, cold = _colours(out)

@@ -175,8 +175,9 @@ def test_jax_through_dlpack(rng, kind):
     try:
         device_type = dst.__dlpack_device__()[0]
         if int(device_type) != 2:  # kDLCUDA
-            pytest.skip(f"JAX imports only kDLCUDA (2) memory; a {kind} buffer is DLPack device type "
-                        f"{int(device_type)}")
+            pytest.skip(
+                f"JAX imports only kDLCUDA (2) memory; a {kind} buffer is DLPack device type {int(device_type)}"
+            )
         # umem_numba writes, JAX reads through DLPack.
         _launch_affine(src, dst, a, b)
         x = jax.dlpack.from_dlpack(dst)

@@ -30,9 +30,10 @@ def _loop_step_3d(u: np.ndarray, alpha: float) -> np.ndarray:
     for z in range(1, nz - 1):
         for y in range(1, ny - 1):
             for x in range(1, nx - 1):
-                out[z, y, x] = wc * u[z, y, x] + wn * (((u[z - 1, y, x] + u[z + 1, y, x])
-                                                        + (u[z, y - 1, x] + u[z, y + 1, x]))
-                                                       + (u[z, y, x - 1] + u[z, y, x + 1]))
+                out[z, y, x] = wc * u[z, y, x] + wn * (
+                    ((u[z - 1, y, x] + u[z + 1, y, x]) + (u[z, y - 1, x] + u[z, y + 1, x]))
+                    + (u[z, y, x - 1] + u[z, y, x + 1])
+                )
     return out
 
 
@@ -101,8 +102,10 @@ def test_stencil_weights_refuses_other_dtypes():
         K.stencil_weights(0.1, 4, np.float32)
 
 
-@pytest.mark.parametrize("shape, rows, block", [((1, 1), 16, (256, 1)), ((100, 300), 7, (32, 4)),
-                                                ((16384, 16384), 16, (256, 1)), ((5, 1000), 3, (128, 2))])
+@pytest.mark.parametrize(
+    "shape, rows, block",
+    [((1, 1), 16, (256, 1)), ((100, 300), 7, (32, 4)), ((16384, 16384), 16, (256, 1)), ((5, 1000), 3, (128, 2))],
+)
 def test_launch_config_2d_covers_the_grid(shape, rows, block):
     grid, blk = K.launch_config_2d(shape, rows, block)
     assert blk == block
@@ -188,18 +191,24 @@ def test_require_free_memory_refuses_with_a_clear_message():
     # The reserve counts: exactly `free` bytes is refused too.
     with pytest.raises(K.MemoryBudgetError):
         K.require_free_memory(8 * gib, "x", free=8 * gib, total=16 * gib)
-    assert K.require_free_memory(10 * gib, "x", allow_oversubscribe=True, free=8 * gib, total=16 * gib) == (8 * gib, 16 * gib)
+    assert K.require_free_memory(10 * gib, "x", allow_oversubscribe=True, free=8 * gib, total=16 * gib) == (
+        8 * gib,
+        16 * gib,
+    )
     assert K.require_free_memory(7 * gib, "x", free=8 * gib, total=16 * gib) == (8 * gib, 16 * gib)
 
 
 def test_bench_cli_rejects_bad_arguments(capsys):
     from umem_numba._bench import stencil
 
-    for argv, message in [(["--size", "2"], "--size must be at least 3"), (["--steps", "0"], "must be >= 1"),
-                          (["--block", "3"], "--block must be two integers"),
-                          (["--block", "64,32"], "at most 1024 threads"),
-                          (["--kinds", "device_array,bogus"], "unknown kind"),
-                          (["--dtype", "float16"], "invalid choice")]:
+    for argv, message in [
+        (["--size", "2"], "--size must be at least 3"),
+        (["--steps", "0"], "must be >= 1"),
+        (["--block", "3"], "--block must be two integers"),
+        (["--block", "64,32"], "at most 1024 threads"),
+        (["--kinds", "device_array,bogus"], "unknown kind"),
+        (["--dtype", "float16"], "invalid choice"),
+    ]:
         with pytest.raises(SystemExit) as exc:
             stencil.main(argv)
         assert exc.value.code == 2

@@ -62,8 +62,9 @@ def _run_in_simulator(tmp_path: Path, cases: list[dict], arrays: dict[str, np.nd
     src, dst = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(src, cases=np.array(json.dumps(cases)), **arrays)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-c", _WORKER, str(src), str(dst)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER, str(src), str(dst)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"simulator run failed:\n{proc.stdout}\n{proc.stderr}"
     with np.load(dst) as out:
         return {k: out[k] for k in out.files}
@@ -75,7 +76,8 @@ def _assert_same(got: np.ndarray, expected: np.ndarray, what: str) -> None:
     mismatched = np.flatnonzero(got != expected)
     assert mismatched.size == 0, (
         f"{what}: {mismatched.size} of {got.size} elements differ, first at "
-        f"{np.unravel_index(mismatched[0], got.shape)}: {got.flat[mismatched[0]]!r} vs {expected.flat[mismatched[0]]!r}")
+        f"{np.unravel_index(mismatched[0], got.shape)}: {got.flat[mismatched[0]]!r} vs {expected.flat[mismatched[0]]!r}"
+    )
 
 
 # Shapes smaller than a strip, exactly one strip, not multiples of the block, single rows/columns.
@@ -93,9 +95,16 @@ def test_heat2d_matches_reference_in_simulator(tmp_path, rng, dtype):
                 continue  # 256-thread blocks are slow in the simulator; small grids cover the logic
             name = f"c{len(cases)}"
             arrays[name] = random_array(rng, shape, dtype)
-            cases.append({"kind": "2d", "name": name, "steps": int(rng.integers(1, 5)),
-                          "alpha": float(rng.choice([0.25, rng.uniform(0.0, 0.25)])),
-                          "tiling": tiling, "block": block})
+            cases.append(
+                {
+                    "kind": "2d",
+                    "name": name,
+                    "steps": int(rng.integers(1, 5)),
+                    "alpha": float(rng.choice([0.25, rng.uniform(0.0, 0.25)])),
+                    "tiling": tiling,
+                    "block": block,
+                }
+            )
     out = _run_in_simulator(tmp_path, cases, arrays)
     for c in cases:
         expected = K.heat2d_reference(arrays[c["name"]], c["steps"], c["alpha"])
@@ -113,9 +122,16 @@ def test_heat3d_matches_reference_in_simulator(tmp_path, rng, dtype):
         for shape in SHAPES_3D:
             name = f"c{len(cases)}"
             arrays[name] = random_array(rng, shape, dtype)
-            cases.append({"kind": "3d", "name": name, "steps": int(rng.integers(1, 4)),
-                          "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
-                          "tiling": tiling, "block": block})
+            cases.append(
+                {
+                    "kind": "3d",
+                    "name": name,
+                    "steps": int(rng.integers(1, 4)),
+                    "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
+                    "tiling": tiling,
+                    "block": block,
+                }
+            )
     out = _run_in_simulator(tmp_path, cases, arrays)
     for c in cases:
         expected = K.heat3d_reference(arrays[c["name"]], c["steps"], c["alpha"])
@@ -135,9 +151,17 @@ def test_heat3d_variants_match_reference_in_simulator(tmp_path, rng, dtype, vari
         for shape in [(1, 1, 1), (3, 3, 3), (2, 5, 4), (9, 6, 7), (7, 11, 5), (13, 4, 9)]:
             name = f"c{len(cases)}"
             arrays[name] = random_array(rng, shape, dtype)
-            cases.append({"kind": "3d", "name": name, "steps": int(rng.integers(1, 4)),
-                          "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
-                          "tiling": tiling, "block": block, "variant": variant})
+            cases.append(
+                {
+                    "kind": "3d",
+                    "name": name,
+                    "steps": int(rng.integers(1, 4)),
+                    "alpha": float(rng.choice([1 / 6, rng.uniform(0.0, 1 / 6)])),
+                    "tiling": tiling,
+                    "block": block,
+                    "variant": variant,
+                }
+            )
     out = _run_in_simulator(tmp_path, cases, arrays)
     for c in cases:
         expected = K.heat3d_reference(arrays[c["name"]], c["steps"], c["alpha"])

@@ -10,21 +10,25 @@ from umem_numba import _layout
 from umem_numba import _layout as layout
 
 
-@pytest.mark.parametrize("shape,expected", [(5, (5,)), ((2, 3), (2, 3)), ([4], (4,)), ((), ()),
-                                            (0, (0,)), (np.int64(7), (7,))])
+@pytest.mark.parametrize(
+    "shape,expected", [(5, (5,)), ((2, 3), (2, 3)), ([4], (4,)), ((), ()), (0, (0,)), (np.int64(7), (7,))]
+)
 def test_normalize_shape_accepts(shape, expected):
     assert _layout.normalize_shape(shape) == expected
 
 
-@pytest.mark.parametrize("shape,exc,match", [
-    (-1, ValueError, "negative dimension -1"),
-    ((3, -2), ValueError, "negative dimension -2"),
-    (2.5, TypeError, "float"),
-    ((2, "3"), TypeError, "str"),
-    (True, TypeError, "bool"),
-    ((2, None), TypeError, "NoneType"),
-    ("12", TypeError, "str"),
-])
+@pytest.mark.parametrize(
+    "shape,exc,match",
+    [
+        (-1, ValueError, "negative dimension -1"),
+        ((3, -2), ValueError, "negative dimension -2"),
+        (2.5, TypeError, "float"),
+        ((2, "3"), TypeError, "str"),
+        (True, TypeError, "bool"),
+        ((2, None), TypeError, "NoneType"),
+        ("12", TypeError, "str"),
+    ],
+)
 def test_normalize_shape_rejects(shape, exc, match):
     with pytest.raises(exc, match=match):
         _layout.normalize_shape(shape)
@@ -35,8 +39,10 @@ def test_huge_sizes_rejected_before_driver():
         _layout.checked_nbytes((1 << 40, 1 << 30), np.dtype(np.float64))
 
 
-@pytest.mark.parametrize("dtype,match", [(object, "Python objects"), ("not-a-dtype", "not a numpy dtype"),
-                                         (np.dtype([("a", object)]), "Python objects")])
+@pytest.mark.parametrize(
+    "dtype,match",
+    [(object, "Python objects"), ("not-a-dtype", "not a numpy dtype"), (np.dtype([("a", object)]), "Python objects")],
+)
 def test_bad_dtypes(dtype, match):
     with pytest.raises(TypeError, match=match):
         _layout.normalize_dtype(dtype)
@@ -48,8 +54,19 @@ def test_structured_dtype_is_fixed_size():
 
 
 KEYS = [
-    np.s_[2:7], np.s_[::2], np.s_[::-1], np.s_[1:-1, 2:], np.s_[:, 1:-1], np.s_[3], np.s_[-1],
-    np.s_[..., 2], np.s_[1, ...], np.s_[2:9:3, ::-2], np.s_[5:2], np.s_[:, 4], np.s_[-3:, -4::-1],
+    np.s_[2:7],
+    np.s_[::2],
+    np.s_[::-1],
+    np.s_[1:-1, 2:],
+    np.s_[:, 1:-1],
+    np.s_[3],
+    np.s_[-1],
+    np.s_[..., 2],
+    np.s_[1, ...],
+    np.s_[2:9:3, ::-2],
+    np.s_[5:2],
+    np.s_[:, 4],
+    np.s_[-3:, -4::-1],
 ]
 
 
@@ -61,19 +78,22 @@ def test_index_view_matches_numpy(key, rng):
     assert shape == expected.shape
     if expected.size:
         assert strides == expected.strides or expected.ndim == 0
-        got = np.lib.stride_tricks.as_strided(base.ravel()[offset // 4:], shape=shape, strides=strides)
+        got = np.lib.stride_tricks.as_strided(base.ravel()[offset // 4 :], shape=shape, strides=strides)
         np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("key,exc,match", [
-    (np.s_[9], IndexError, "out of bounds for axis 0 with size 9"),
-    (np.s_[0, -12], IndexError, "axis 1"),
-    (np.s_[1, 2, 3], IndexError, "too many indices"),
-    (np.s_[..., ...], IndexError, "single ellipsis"),
-    ([1, 2], TypeError, "advanced indexing"),
-    (np.s_[True], TypeError, "boolean"),
-    (1.5, TypeError, "unsupported index"),
-])
+@pytest.mark.parametrize(
+    "key,exc,match",
+    [
+        (np.s_[9], IndexError, "out of bounds for axis 0 with size 9"),
+        (np.s_[0, -12], IndexError, "axis 1"),
+        (np.s_[1, 2, 3], IndexError, "too many indices"),
+        (np.s_[..., ...], IndexError, "single ellipsis"),
+        ([1, 2], TypeError, "advanced indexing"),
+        (np.s_[True], TypeError, "boolean"),
+        (1.5, TypeError, "unsupported index"),
+    ],
+)
 def test_index_view_errors(key, exc, match):
     with pytest.raises(exc, match=match):
         _layout.index_view((9, 11), (44, 4), key)
@@ -92,6 +112,7 @@ def test_contiguity_flags():
 
 def test_numba_type_layouts():
     from numba.core import types
+
     a = np.empty((4, 6), np.float32)
     assert _layout.numba_type(a.dtype, a.shape, a.strides) == types.Array(types.float32, 2, "C")
     s = a[:, 1:3]

@@ -105,8 +105,16 @@ def test_kernel_on_1d_views(kernels, rng, key):
     np.testing.assert_array_equal(view.host, expected[key])
 
 
-VIEWS2D = [np.s_[:, 1:-1], np.s_[1:-1, 1:-1], np.s_[::2, ::3], np.s_[3], np.s_[..., 4:9], np.s_[::-1, ::-2],
-           np.s_[:], np.s_[2:5]]
+VIEWS2D = [
+    np.s_[:, 1:-1],
+    np.s_[1:-1, 1:-1],
+    np.s_[::2, ::3],
+    np.s_[3],
+    np.s_[..., 4:9],
+    np.s_[::-1, ::-2],
+    np.s_[:],
+    np.s_[2:5],
+]
 
 
 @pytest.mark.parametrize("key", VIEWS2D, ids=str)
@@ -128,6 +136,7 @@ def test_kernel_on_2d_views(kernels, rng, key):
 def test_numba_managed_array_slice_fails_but_ours_works(kernels, rng):
     """The motivating bug: numba's managed_array view fails at launch; ours runs."""
     from numba import cuda
+
     scale2d = kernels[1]
     data = random_array(rng, (32, 32), np.float32)
     ours = um.managed_from(data)
@@ -178,8 +187,14 @@ def test_close_semantics(rng):
     buf.close()
     buf.close()  # harmless
     assert buf.closed and other.closed
-    for action in (lambda: buf.host, lambda: other.host, lambda: buf[1:], lambda: buf.ptr,
-                   lambda: buf.__cuda_array_interface__, lambda: np.asarray(other)):
+    for action in (
+        lambda: buf.host,
+        lambda: other.host,
+        lambda: buf[1:],
+        lambda: buf.ptr,
+        lambda: buf.__cuda_array_interface__,
+        lambda: np.asarray(other),
+    ):
         with pytest.raises(um.BufferClosedError, match="closed"):
             action()
     assert "closed" in repr(buf)
@@ -229,6 +244,7 @@ def test_cuda_array_interface_contents(rng):
     v = buf[:, ::2].__cuda_array_interface__
     assert v["strides"] == (48, 8) and v["shape"] == (10, 6)
     from numba import cuda
+
     dv = cuda.as_cuda_array(buf[2:4])
     np.testing.assert_array_equal(dv.copy_to_host(), buf.host[2:4])
 
@@ -268,14 +284,17 @@ def test_managed_like_and_reshape_and_view(kernels, rng):
         buf.view(np.float64)
 
 
-@pytest.mark.parametrize("args,exc,match", [
-    ((-5,), ValueError, "negative dimension -5"),
-    (((3, -1),), ValueError, "negative"),
-    ((3.0,), TypeError, "float"),
-    (("x",), TypeError, "str"),
-    ((1 << 62,), ValueError, "more than any device"),
-    ((4, object), TypeError, "Python objects"),
-])
+@pytest.mark.parametrize(
+    "args,exc,match",
+    [
+        ((-5,), ValueError, "negative dimension -5"),
+        (((3, -1),), ValueError, "negative"),
+        ((3.0,), TypeError, "float"),
+        (("x",), TypeError, "str"),
+        ((1 << 62,), ValueError, "more than any device"),
+        ((4, object), TypeError, "Python objects"),
+    ],
+)
 def test_bad_constructor_input(args, exc, match):
     live = um.stats()["managed"].live_count
     with pytest.raises(exc, match=match):

@@ -41,8 +41,13 @@ def _mpirun() -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONUNBUFFERED="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        PYTHONUNBUFFERED="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+    )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     return env
 
@@ -61,7 +66,10 @@ class _Lib:
 
 
 def test_cuda_aware_detection_open_mpi_query() -> None:
-    assert cuda_aware_mpi({}, [_Lib(MPIX_Query_cuda_support=lambda: 1)]) == (True, "MPIX_Query_cuda_support() returned 1")
+    assert cuda_aware_mpi({}, [_Lib(MPIX_Query_cuda_support=lambda: 1)]) == (
+        True,
+        "MPIX_Query_cuda_support() returned 1",
+    )
     aware, how = cuda_aware_mpi({}, [_Lib(MPIX_Query_cuda_support=lambda: 0)])
     assert aware is False and "returned 0" in how
 
@@ -71,6 +79,7 @@ def test_cuda_aware_detection_mpich_query() -> None:
         assert kind == 0  # MPIX_GPU_SUPPORT_CUDA
         ctypes.cast(flag_ref, ctypes.POINTER(ctypes.c_int))[0] = 1
         return 0
+
     aware, how = cuda_aware_mpi({}, [_Lib(MPIX_GPU_query_support=query)])
     assert aware is True and "MPIX_GPU_query_support" in how
 
@@ -92,8 +101,10 @@ def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     built = [ln.rsplit(":", 1)[1] for ln in out.splitlines() if "built_with_cuda_support:value" in ln]
     if not built:
         pytest.skip("ompi_info does not report built_with_cuda_support")
-    code = ("from umem_numba.kernels.distributed import cuda_aware_mpi; a, how = cuda_aware_mpi(); "
-            "print(int(a)); print(how)")
+    code = (
+        "from umem_numba.kernels.distributed import cuda_aware_mpi; a, how = cuda_aware_mpi(); "
+        "print(int(a)); print(how)"
+    )
     env = _env()
     env.pop("UMEM_MPI_CUDA_AWARE", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
@@ -125,8 +136,23 @@ def test_collective_errors_group_and_name_ranks() -> None:
 def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> None:
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
-    common = ["--cpu", "--size", "61", "--rows", "53", "--steps", "17", "--init", "random", "--seed", str(seed),
-              "--alpha", "0.2", "--out", ""]
+    common = [
+        "--cpu",
+        "--size",
+        "61",
+        "--rows",
+        "53",
+        "--steps",
+        "17",
+        "--init",
+        "random",
+        "--seed",
+        str(seed),
+        "--alpha",
+        "0.2",
+        "--out",
+        "",
+    ]
     one, many = tmp_path / "one.npy", tmp_path / "many.npy"
     r1 = _run([*mpirun, "-np", "1", sys.executable, str(EXAMPLE), *common, "--save", str(one)])
     assert r1.returncode == 0, r1.stdout + r1.stderr
@@ -141,12 +167,31 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> Non
 
 def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
     mpirun = _mpirun()
-    r = _run([*mpirun, "-np", "4", sys.executable, str(EXAMPLE), "--cpu", "--size", "16", "--rows", "3",
-              "--steps", "2", "--out", ""], timeout=120)
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            "4",
+            sys.executable,
+            str(EXAMPLE),
+            "--cpu",
+            "--size",
+            "16",
+            "--rows",
+            "3",
+            "--steps",
+            "2",
+            "--out",
+            "",
+        ],
+        timeout=120,
+    )
     assert r.returncode != 0
     for rank in range(4):
-        assert f"[rank {rank}]: error: all ranks: a grid of 3 rows along the split axis cannot be cut into " \
-               "4 slabs" in r.stderr, r.stderr
+        assert (
+            f"[rank {rank}]: error: all ranks: a grid of 3 rows along the split axis cannot be cut into "
+            "4 slabs" in r.stderr
+        ), r.stderr
 
 
 def test_mpi_mismatched_sizes_fail_on_every_rank() -> None:
@@ -155,8 +200,10 @@ def test_mpi_mismatched_sizes_fail_on_every_rank() -> None:
     r = _run([*mpirun, "-np", "1", *base, "--size", "32", ":", "-np", "1", *base, "--size", "33"], timeout=120)
     assert r.returncode != 0
     for rank in range(2):
-        assert f"[rank {rank}]: error: all ranks: the ranks were started with different settings (size: " \
-               f"rank 0=32, rank 1=33)" in r.stderr, r.stderr
+        assert (
+            f"[rank {rank}]: error: all ranks: the ranks were started with different settings (size: "
+            f"rank 0=32, rank 1=33)" in r.stderr
+        ), r.stderr
 
 
 def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
@@ -178,9 +225,33 @@ def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out = tmp_path / "plate.npy"
-    r = _run([*mpirun, "-np", "2", sys.executable, str(EXAMPLE), "--size", "1000", "--rows", "777",
-              "--steps", "40", "--init", "random", "--seed", str(seed), "--staging", staging, "--check",
-              "--save", str(out), "--out", ""], timeout=300)
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            "2",
+            sys.executable,
+            str(EXAMPLE),
+            "--size",
+            "1000",
+            "--rows",
+            "777",
+            "--steps",
+            "40",
+            "--init",
+            "random",
+            "--seed",
+            str(seed),
+            "--staging",
+            staging,
+            "--check",
+            "--save",
+            str(out),
+            "--out",
+            "",
+        ],
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "check against the one-GPU run: bitwise equal" in r.stdout
     plate = np.load(out)
@@ -190,13 +261,26 @@ def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None
 
 def test_bench_scale_cli_without_gpu_says_why() -> None:
     from umem_numba import _driver
+
     if _driver.available():
         pytest.skip("this machine has a GPU: the benchmark would run")
-    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"], capture_output=True,
-                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "bench scale: no usable GPU" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"], capture_output=True,
-                       text=True, timeout=120, env=_env(), cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "--steps and --trials >= 1" in r.stderr
 
 
@@ -261,8 +345,7 @@ def test_exchange_handles_between_three_ranks_in_threads(tmp_path: Path) -> None
         fd = _file_fd(tmp_path, f"rank{r}.bin", payload[r])
         try:
             neighbours = [p for p in (r - 1, r + 1) if 0 <= p < 3]
-            got = exchange_handles(str(sock_dir), r, neighbours, [(fd, len(payload[r]))], {"device": r},
-                                   timeout=20)
+            got = exchange_handles(str(sock_dir), r, neighbours, [(fd, len(payload[r]))], {"device": r}, timeout=20)
             results[r] = {p: (_read_fd(pairs[0][0], pairs[0][1]), meta["device"]) for p, (pairs, meta) in got.items()}
             for pairs, _ in got.values():
                 for f, _ in pairs:
@@ -297,8 +380,25 @@ def test_exchange_handles_times_out_without_the_neighbour(tmp_path: Path) -> Non
 
 def test_mpi_halo_ipc_refuses_cpu_on_every_rank() -> None:
     mpirun = _mpirun()
-    r = _run([*mpirun, "-np", "2", sys.executable, str(EXAMPLE), "--cpu", "--halo", "ipc", "--size", "32",
-              "--steps", "2", "--out", ""], timeout=120)
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            "2",
+            sys.executable,
+            str(EXAMPLE),
+            "--cpu",
+            "--halo",
+            "ipc",
+            "--size",
+            "32",
+            "--steps",
+            "2",
+            "--out",
+            "",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 2
     for rank in range(2):
         assert f"[rank {rank}]: error: all ranks: --halo ipc maps GPU memory between ranks" in r.stderr, r.stderr
@@ -311,13 +411,40 @@ def test_mpi_gpu_halo_ipc_bitwise_one_gpu(tmp_path: Path, ranks: int) -> None:
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out, js = tmp_path / "plate.npy", tmp_path / "r.json"
-    r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", "1000", "--rows", "777",
-              "--steps", "40", "--init", "random", "--seed", str(seed), "--halo", "ipc", "--check",
-              "--save", str(out), "--json", str(js), "--out", ""], timeout=300)
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            str(ranks),
+            sys.executable,
+            str(EXAMPLE),
+            "--size",
+            "1000",
+            "--rows",
+            "777",
+            "--steps",
+            "40",
+            "--init",
+            "random",
+            "--seed",
+            str(seed),
+            "--halo",
+            "ipc",
+            "--check",
+            "--save",
+            str(out),
+            "--json",
+            str(js),
+            "--out",
+            "",
+        ],
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "exported VMM rows" in r.stdout
     assert "check against the one-GPU run: bitwise equal" in r.stdout
     import json
+
     assert json.loads(js.read_text())["halo"] == "ipc"
     plate = np.load(out)
     u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)

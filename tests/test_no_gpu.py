@@ -18,8 +18,9 @@ import umem_numba
 
 def _run_without_gpu(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_import_and_first_call_raise_one_clear_error():
@@ -54,8 +55,9 @@ def test_import_and_first_call_raise_one_clear_error():
 
 def test_cli_info_without_gpu():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "info"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "info"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "CUDA: not available" in proc.stdout
     assert "numba-cuda" in proc.stdout
@@ -77,6 +79,7 @@ def test_error_types_are_catchable_as_builtin_kinds():
     err = umem_numba.OutOfMemoryError("cuMemAllocManaged", 2, "CUDA_ERROR_OUT_OF_MEMORY", "3 TiB")
     assert "cuMemAllocManaged failed with CUDA_ERROR_OUT_OF_MEMORY (2): 3 TiB" == str(err)
     import pickle
+
     again = pickle.loads(pickle.dumps(err))
     assert again.code == 2 and again.call == "cuMemAllocManaged"
 
@@ -89,6 +92,7 @@ def test_bad_targets_rejected_before_driver(target, exc):
 
 def test_locations():
     from umem_numba import HOST, Location
+
     assert umem_numba.as_location("cpu") is HOST and umem_numba.as_location("HOST") is HOST
     assert umem_numba.as_location(3, check=False) == Location.device(3)
     assert Location.from_legacy_id(-1) is HOST and Location.from_legacy_id(-2) is None
@@ -137,6 +141,7 @@ def test_host_alloc_flags_algebra():
     assert int(F.DEFAULT) == 0 and (F.PORTABLE & F.DEFAULT) == F.DEFAULT
     assert F.PORTABLE not in F.DEVICEMAP and F.DEVICEMAP not in F.PORTABLE
     from umem_numba._pinned import _as_flags
+
     with pytest.raises(ValueError, match="unknown host allocation flag bits 0x8"):
         _as_flags(8)
     with pytest.raises(TypeError):
@@ -145,13 +150,15 @@ def test_host_alloc_flags_algebra():
 
 @pytest.mark.parametrize("name", ["all", "launch", "prefetch", "vmm", "stencil"])
 def test_bench_help_runs_anywhere(name):
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", name, "--help"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", name, "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"bench {name}" in proc.stdout
 
 
 def test_cli_rejects_unknown_benchmark():
-    proc = subprocess.run([sys.executable, "-m", "umem_numba", "bench", "warp-speed"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "warp-speed"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "invalid choice: 'warp-speed'" in proc.stderr

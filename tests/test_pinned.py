@@ -16,8 +16,10 @@ from helpers import random_array
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("flags", [F.DEFAULT, F.PORTABLE, F.DEVICEMAP, F.PORTABLE | F.DEVICEMAP,
-                                   F.WRITECOMBINED, F.DEVICEMAP | F.WRITECOMBINED])
+@pytest.mark.parametrize(
+    "flags",
+    [F.DEFAULT, F.PORTABLE, F.DEVICEMAP, F.PORTABLE | F.DEVICEMAP, F.WRITECOMBINED, F.DEVICEMAP | F.WRITECOMBINED],
+)
 def test_flags_reach_the_driver(flags, rng):
     data = random_array(rng, (33, 7), np.float64)
     buf = um.PinnedBuffer.from_array(data, flags)
@@ -42,6 +44,7 @@ def test_zeros_clears_every_byte(rng):
 
 def test_async_roundtrip_with_device_array(rng):
     from numba import cuda
+
     data = random_array(rng, (512, 300), np.float32)
     src = um.PinnedBuffer.from_array(data)
     dst = um.PinnedBuffer.empty((512, 300), np.float32)
@@ -103,10 +106,12 @@ def test_unmapped_pinned_has_no_device_view():
     buf.close()
 
 
-@pytest.mark.parametrize("shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"),
-                                               ((11,), np.float64, "float64")])
+@pytest.mark.parametrize(
+    "shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"), ((11,), np.float64, "float64")]
+)
 def test_mismatched_copies_are_refused(shape, dtype, match):
     from numba import cuda
+
     dev = cuda.device_array(11, np.float32)
     buf = um.PinnedBuffer.empty(shape, dtype)
     with pytest.raises(ValueError, match=match):

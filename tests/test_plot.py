@@ -30,8 +30,10 @@ def _mask(rgb: np.ndarray, colour: np.ndarray, tol: float = 1.5 / 255) -> np.nda
 
 
 def test_importing_the_package_loads_neither_matplotlib_nor_tqdm():
-    code = ("import sys, umem_numba, umem_numba.kernels, umem_numba.__main__; "
-            "print('matplotlib' in sys.modules, 'tqdm' in sys.modules)")
+    code = (
+        "import sys, umem_numba, umem_numba.kernels, umem_numba.__main__; "
+        "print('matplotlib' in sys.modules, 'tqdm' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]
@@ -44,8 +46,7 @@ def test_save_field_draws_hot_and_cold_where_they_are(tmp_path, rng, origin):
     field = np.zeros((n, m), np.float32)
     field[:split] = 1.0  # rows 0..split-1 hot, the rest cold
     path = tmp_path / "f.png"
-    assert _plot.save_field(path, field, vmin=0.0, vmax=1.0, title="t", label="temperature",
-                            origin=origin) == (n, m)
+    assert _plot.save_field(path, field, vmin=0.0, vmax=1.0, title="t", label="temperature", origin=origin) == (n, m)
     rgb = mpl_image.imread(path)[..., :3]
     hot, cold = _mask(rgb, _inferno(1.0)), _mask(rgb, _inferno(0.0))
     # Columns that hold both colours cross the field (the colorbar holds both too, but
@@ -87,10 +88,12 @@ def test_goal_chart_colours_met_green_and_missed_red(tmp_path, rng):
     from umem_numba._bench._common import goal_row
 
     value = float(rng.uniform(0.5, 0.9))
-    rows = [goal_row("met, higher is better", value + 0.2, value),
-            goal_row("missed, lower is better", value + 0.3, value, higher_is_better=False, unit="µs"),
-            goal_row("no goal", value),
-            goal_row("not a number", float("nan"), 1.0)]
+    rows = [
+        goal_row("met, higher is better", value + 0.2, value),
+        goal_row("missed, lower is better", value + 0.3, value, higher_is_better=False, unit="µs"),
+        goal_row("no goal", value),
+        goal_row("not a number", float("nan"), 1.0),
+    ]
     path = tmp_path / "goals.png"
     assert _plot.save_goal_chart(path, rows, title="goals") == 3  # the NaN row is left out
     rgb = mpl_image.imread(path)[..., :3]
@@ -104,8 +107,15 @@ def test_goal_chart_colours_met_green_and_missed_red(tmp_path, rng):
 def test_bar_chart_checks_its_inputs_and_draws(tmp_path, rng):
     values = rng.uniform(10, 100, 3)
     path = tmp_path / "bars.png"
-    _plot.save_bar_chart(path, ["a", "b", "c"], values, reference=float(values.max() * 1.1),
-                         reference_label="copy", xlabel="GB/s", title="t")
+    _plot.save_bar_chart(
+        path,
+        ["a", "b", "c"],
+        values,
+        reference=float(values.max() * 1.1),
+        reference_label="copy",
+        xlabel="GB/s",
+        title="t",
+    )
     rgb = mpl_image.imread(path)[..., :3]
     from matplotlib.colors import to_rgb
 

@@ -19,6 +19,7 @@ MiB = 1 << 20
 
 def _managed_pool_or_skip(**kw):
     from umem_numba._pool import managed_pool_support
+
     missing = managed_pool_support()
     if missing:
         with pytest.raises(um.UnsupportedError, match="managed memory pools need"):
@@ -61,6 +62,7 @@ def kernels():
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
     from numba import cuda
+
     affine, _ = kernels
     pool = _pool(kind)
     s = cuda.stream()
@@ -93,6 +95,7 @@ def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memory):
     from numba import cuda
+
     pool = _pool(kind)
     assert pool.release_threshold == (1 << 64) - 1  # keep everything until trim()
     pool.release_threshold = 64 * MiB
@@ -129,6 +132,7 @@ def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memo
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_no_leak_after_100k_cycles(kind, device_memory):
     from numba import cuda
+
     pool = _pool(kind)
     s = cuda.stream()
     for _ in range(1_000):  # warm up: the pool reserves what the loop needs
@@ -157,6 +161,7 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
 @pytest.mark.gpu
 def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
     from numba import cuda
+
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
     s1, s2 = cuda.stream(), cuda.stream()
@@ -180,6 +185,7 @@ def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
 @pytest.mark.gpu
 def test_free_waits_for_work_on_every_stream(kernels):
     from numba import cuda
+
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
     s1, s2 = cuda.stream(), cuda.stream()
@@ -200,6 +206,7 @@ def test_free_waits_for_work_on_every_stream(kernels):
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_out_of_memory_is_clear_and_the_pool_stays_usable(kind, rng):
     from numba import cuda
+
     pool = _pool(kind)
     _, total = _driver.mem_get_info()
     with pytest.raises(um.OutOfMemoryError, match=f"{kind} pool"):
@@ -225,6 +232,7 @@ def test_out_of_memory_is_clear_and_the_pool_stays_usable(kind, rng):
 @pytest.mark.gpu
 def test_hints_and_prefetch_on_managed_pool_memory(kernels, rng):
     from numba import cuda
+
     affine, _ = kernels
     pool = _managed_pool_or_skip()
     s = cuda.stream()
@@ -234,9 +242,11 @@ def test_hints_and_prefetch_on_managed_pool_memory(kernels, rng):
     h = buf.hints
     # Which advice the driver takes on pool memory is its choice (this driver refuses read-mostly
     # and accessed-by): each piece either reads back from the driver or is refused clearly.
-    for give, read_back in ((h.set_read_mostly, lambda: h.read_mostly),
-                            (lambda: h.set_accessed_by(dev), lambda: dev in h.accessed_by),
-                            (lambda: h.set_preferred_location("cpu"), lambda: h.preferred_location == um.HOST)):
+    for give, read_back in (
+        (h.set_read_mostly, lambda: h.read_mostly),
+        (lambda: h.set_accessed_by(dev), lambda: dev in h.accessed_by),
+        (lambda: h.set_preferred_location("cpu"), lambda: h.preferred_location == um.HOST),
+    ):
         try:
             give()
         except um.UnsupportedError as exc:

@@ -22,6 +22,7 @@ def test_readme_has_an_example():
 @pytest.mark.gpu
 def test_readme_example_runs(capsys):
     import numpy as np
+
     namespace: dict = {}
     exec(compile(_python_blocks()[0], str(README), "exec"), namespace)
     printed = capsys.readouterr().out

@@ -64,7 +64,8 @@ def _assert_close(got: np.ndarray, expected: np.ndarray, what: str) -> None:
     rel = np.abs(got.astype(np.float64) - expected) / np.abs(expected.astype(np.float64))
     worst = np.unravel_index(np.argmax(rel), rel.shape)
     assert rel[worst] < TOLERANCE[got.dtype], (
-        f"{what}: relative error {rel[worst]:.3e} at {worst}: {got[worst]!r} vs {expected[worst]!r}")
+        f"{what}: relative error {rel[worst]:.3e} at {worst}: {got[worst]!r} vs {expected[worst]!r}"
+    )
 
 
 def _assert_boundary_exact(got: np.ndarray, u0: np.ndarray, what: str) -> None:
@@ -199,8 +200,10 @@ def test_bench_stencil_quick_run(tmp_path):
     assert rows["managed+prefetch"]["prefetch_gbps"] > 0
     assert "PREFER_DEVICE" in rows["managed+prefetch+advice"]["advice"]
     assert set(data["goals"]) == {"managed+prefetch / device_array", "stencil (device_array) / DtoD copy"}
-    assert {f["name"] for f in data["figures"]} >= {"stencil on managed+prefetch / device_array",
-                                                    "stencil on device_array / device-to-device copy (float32)"}
+    assert {f["name"] for f in data["figures"]} >= {
+        "stencil on managed+prefetch / device_array",
+        "stencil on device_array / device-to-device copy (float32)",
+    }
     image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
     chart = image.imread(ppath)
     # One coloured bar per kind plus the first sweep: the chart is not blank.

@@ -128,14 +128,17 @@ def test_access_flags_algebra():
     assert _as_access(3) is A.READ_WRITE and _as_access(A.READ) is A.READ and _as_access(0) is A.NONE
 
 
-@pytest.mark.parametrize("bad,exc,match", [
-    (2, ValueError, "no write-only"),
-    (4, ValueError, "invalid access flags 4"),
-    (-1, ValueError, "invalid access flags -1"),
-    (True, TypeError, "AccessFlags"),
-    ("rw", TypeError, "AccessFlags"),
-    (1.0, TypeError, "AccessFlags"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,match",
+    [
+        (2, ValueError, "no write-only"),
+        (4, ValueError, "invalid access flags 4"),
+        (-1, ValueError, "invalid access flags -1"),
+        (True, TypeError, "AccessFlags"),
+        ("rw", TypeError, "AccessFlags"),
+        (1.0, TypeError, "AccessFlags"),
+    ],
+)
 def test_access_flags_rejects(bad, exc, match):
     with pytest.raises(exc, match=match):
         _as_access(bad)
@@ -156,37 +159,45 @@ def test_granularity_arithmetic_messages():
 @pytest.fixture
 def no_driver(monkeypatch):
     """Any driver call fails the test: validation must come first."""
+
     def boom():
         raise AssertionError("the driver was called before the arguments were validated")
+
     monkeypatch.setattr(_driver, "api", boom)
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda: PhysicalMemory.create(0), ValueError, "must be positive, got 0"),
-    (lambda: PhysicalMemory.create(-4096), ValueError, "got -4096"),
-    (lambda: PhysicalMemory.create(1.5), TypeError, "float 1.5"),
-    (lambda: PhysicalMemory.create(True), TypeError, "not a bool"),
-    (lambda: PhysicalMemory.from_shareable_handle(-1, 2 * MiB), ValueError, "file descriptor must be >= 0"),
-    (lambda: AddressRange.reserve(0), ValueError, "reservation size must be positive"),
-    (lambda: AddressRange.reserve(2 * MiB, alignment=3 * MiB), ValueError, "power of two, got 3145728"),
-    (lambda: AddressRange.reserve(2 * MiB, alignment=-1), ValueError, "alignment must be >= 0"),
-    (lambda: AddressRange.reserve("2MiB"), TypeError, "str"),
-    (lambda: Mapping("range", "phys"), TypeError, "AddressRange"),
-    (lambda: VMMBuffer.empty(()), ValueError, "at least one dimension"),
-    (lambda: VMMBuffer.empty(-3), ValueError, "negative dimension -3"),
-    (lambda: VMMBuffer.empty((8, 2), capacity=4), ValueError, "capacity 4 is smaller than the initial length 8"),
-    (lambda: VMMBuffer.empty(8, capacity=9.0), TypeError, "capacity must be an int"),
-    (lambda: VMMBuffer.empty(8, capacity=-1), ValueError, "capacity must be >= 0"),
-    (lambda: VMMBuffer.empty(8, np.dtype(object)), TypeError, "Python objects"),
-    (lambda: VMMBuffer.empty(8, chunk_bytes=0), ValueError, "chunk_bytes must be positive, got 0"),
-    (lambda: VMMBuffer.empty(8, chunk_bytes=2.0 * MiB), TypeError, "chunk_bytes must be an int"),
-    (lambda: VMMBuffer.from_shareable_handle([], 8), ValueError, "empty"),
-    (lambda: VMMBuffer.from_shareable_handle([(3, 2 * MiB)], 1 << 20, np.float32), ValueError,
-     "needs 4194304 bytes but the imported chunks hold 2097152"),
-    (lambda: VMMBuffer.from_shareable_handle([(3,)], 8), TypeError, "pairs"),
-    (lambda: VMMBuffer.from_shareable_handle(5, 0), ValueError, "empty shape"),
-    (lambda: VMMBuffer.from_shareable_handle(-2, 8), ValueError, "file descriptor must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: PhysicalMemory.create(0), ValueError, "must be positive, got 0"),
+        (lambda: PhysicalMemory.create(-4096), ValueError, "got -4096"),
+        (lambda: PhysicalMemory.create(1.5), TypeError, "float 1.5"),
+        (lambda: PhysicalMemory.create(True), TypeError, "not a bool"),
+        (lambda: PhysicalMemory.from_shareable_handle(-1, 2 * MiB), ValueError, "file descriptor must be >= 0"),
+        (lambda: AddressRange.reserve(0), ValueError, "reservation size must be positive"),
+        (lambda: AddressRange.reserve(2 * MiB, alignment=3 * MiB), ValueError, "power of two, got 3145728"),
+        (lambda: AddressRange.reserve(2 * MiB, alignment=-1), ValueError, "alignment must be >= 0"),
+        (lambda: AddressRange.reserve("2MiB"), TypeError, "str"),
+        (lambda: Mapping("range", "phys"), TypeError, "AddressRange"),
+        (lambda: VMMBuffer.empty(()), ValueError, "at least one dimension"),
+        (lambda: VMMBuffer.empty(-3), ValueError, "negative dimension -3"),
+        (lambda: VMMBuffer.empty((8, 2), capacity=4), ValueError, "capacity 4 is smaller than the initial length 8"),
+        (lambda: VMMBuffer.empty(8, capacity=9.0), TypeError, "capacity must be an int"),
+        (lambda: VMMBuffer.empty(8, capacity=-1), ValueError, "capacity must be >= 0"),
+        (lambda: VMMBuffer.empty(8, np.dtype(object)), TypeError, "Python objects"),
+        (lambda: VMMBuffer.empty(8, chunk_bytes=0), ValueError, "chunk_bytes must be positive, got 0"),
+        (lambda: VMMBuffer.empty(8, chunk_bytes=2.0 * MiB), TypeError, "chunk_bytes must be an int"),
+        (lambda: VMMBuffer.from_shareable_handle([], 8), ValueError, "empty"),
+        (
+            lambda: VMMBuffer.from_shareable_handle([(3, 2 * MiB)], 1 << 20, np.float32),
+            ValueError,
+            "needs 4194304 bytes but the imported chunks hold 2097152",
+        ),
+        (lambda: VMMBuffer.from_shareable_handle([(3,)], 8), TypeError, "pairs"),
+        (lambda: VMMBuffer.from_shareable_handle(5, 0), ValueError, "empty shape"),
+        (lambda: VMMBuffer.from_shareable_handle(-2, 8), ValueError, "file descriptor must be >= 0"),
+    ],
+)
 def test_validation_before_any_driver_call(no_driver, call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -410,7 +421,7 @@ def test_shrink_returns_memory_and_retires_views_beyond(rng, device_memory):
     buf = VMMBuffer.from_array(data, capacity=n0 * 32)
     buf.grow(n0 + 256 * MiB // 4)
     _launch(_double_then_fill, len(buf), buf, n0)
-    inside, beyond, straddle = buf[:100], buf[-100:], buf[n0 - 10:n0 + 10]
+    inside, beyond, straddle = buf[:100], buf[-100:], buf[n0 - 10 : n0 + 10]
     gc.collect()
     live0 = umem_numba.stats()["vmm"].live_bytes
     free0 = _free_bytes()
@@ -492,7 +503,7 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
     with VMMBuffer.from_array(data, capacity=2 * n, chunk_bytes=g) as buf:
         assert buf.chunk_count == 4 and buf.chunk_bytes == g
         ptr0 = buf.ptr
-        half = buf[n // 2:]
+        half = buf[n // 2 :]
         half.set_access(0, AccessFlags.READ)
         assert buf.ptr == ptr0 and half.ptr == ptr0 + 2 * g
         assert _access(buf.ptr) == 3 and _access(buf.ptr + 2 * g - 1) == 3
@@ -504,7 +515,7 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
         np.testing.assert_array_equal(dst.copy_to_host(), data)
         # The driver sets access on whole mappings: bounds must be chunk boundaries.
         with pytest.raises(ValueError, match="chunk boundaries.*bytes \\[40, "):
-            buf[10:n // 2].set_access(0, AccessFlags.READ)
+            buf[10 : n // 2].set_access(0, AccessFlags.READ)
         with pytest.raises(ValueError, match="empty view"):
             buf[5:5].set_access(0, AccessFlags.READ)
         assert _access(buf.ptr) == 3  # the refused calls changed nothing
@@ -528,7 +539,7 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
         np.testing.assert_array_equal(buf.copy_to_host(), data[: n // 2] * 2)
     with VMMBuffer.from_array(data) as one:  # one chunk: only the whole buffer
         with pytest.raises(ValueError, match="chunk_bytes="):
-            one[n // 2:].set_access(0, AccessFlags.READ)
+            one[n // 2 :].set_access(0, AccessFlags.READ)
         assert one.get_access(0) is AccessFlags.READ_WRITE
     device_memory()
 
@@ -545,8 +556,7 @@ def test_growth_in_many_chunks_is_all_or_nothing_on_oom(rng, device_memory):
         free0 = _free_bytes()
         with pytest.raises(OutOfMemoryError, match="cuMemCreate"):
             buf.grow(buf.capacity)
-        assert (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count,
-                umem_numba.stats()["vmm"].live_bytes) == before
+        assert (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes) == before
         # one-sided: the driver may hand back unrelated cached memory meanwhile
         assert _free_bytes() >= free0 - 4 * MiB, "chunks mapped before the failure were not given back"
         np.testing.assert_array_equal(buf.copy_to_host(), data)
@@ -597,11 +607,12 @@ _CHILD_READ_ONLY = textwrap.dedent("""
 
 
 def _run_child(code: str, *args: str, pass_fds: tuple = ()) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=300, pass_fds=pass_fds)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, pass_fds=pass_fds
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(lines[-1][len("REPORT "):])
+    return json.loads(lines[-1][len("REPORT ") :])
 
 
 @gpu
@@ -702,8 +713,10 @@ def test_exported_memory_is_shared_by_two_processes(rng, tmp_path, chunks, devic
             buf.export_fd()
         pieces = buf.export_fds()
         fds = [fd for fd, _ in pieces]
-        assert [s for _, s in pieces] == [round_up(n0 * 8, buf.granularity),
-                                          buf.mapped_nbytes - round_up(n0 * 8, buf.granularity)]
+        assert [s for _, s in pieces] == [
+            round_up(n0 * 8, buf.granularity),
+            buf.mapped_nbytes - round_up(n0 * 8, buf.granularity),
+        ]
         spec = {"pieces": pieces}
     spec.update(shape=[n], dtype="int64", expected=str(tmp_path / "expected.npy"))
     try:

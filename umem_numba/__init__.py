@@ -40,8 +40,10 @@ def __getattr__(name: str) -> type:
     # loaded lazily so that importing umem_numba does not import numba.cuda.
     if name in ("_numba_memory_manager", "UmemNumbaMemoryManager"):
         from ._emm import UmemNumbaMemoryManager
+
         return UmemNumbaMemoryManager
     raise AttributeError(f"module 'umem_numba' has no attribute {name!r}")
+
 
 __all__ = [
     # vmm

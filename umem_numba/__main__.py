@@ -38,15 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     p_info = sub.add_parser("info", help="describe the GPU(s), driver and library versions")
     p_info.add_argument("--json", action="store_true", help="print JSON instead of text")
     p_bench = sub.add_parser("bench", help="run a benchmark (pass --help after its name for options)")
-    p_bench.add_argument("name", choices=["all", *sorted(_BENCHES)],
-                         help="all: every benchmark, one report (--out DIR); "
-                         + "; ".join(f"{k}: {v}" for k, v in _BENCHES.items()))
+    p_bench.add_argument(
+        "name",
+        choices=["all", *sorted(_BENCHES)],
+        help="all: every benchmark, one report (--out DIR); " + "; ".join(f"{k}: {v}" for k, v in _BENCHES.items()),
+    )
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "info":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         from ._info import format_info, info
+
         data = info()
         print(json.dumps(data, indent=2) if args.json else format_info(data))
         return 0

@@ -54,14 +54,14 @@ class MemAdvice(enum.IntEnum):
         return self in _WITH_LOCATION
 
 
-_WITH_LOCATION = frozenset({MemAdvice.SET_PREFERRED_LOCATION, MemAdvice.SET_ACCESSED_BY,
-                            MemAdvice.UNSET_ACCESSED_BY})
+_WITH_LOCATION = frozenset({MemAdvice.SET_PREFERRED_LOCATION, MemAdvice.SET_ACCESSED_BY, MemAdvice.UNSET_ACCESSED_BY})
 #: Advice that makes the driver act for a device: it needs concurrentManagedAccess there.
 _NEEDS_CONCURRENT = frozenset({MemAdvice.SET_PREFERRED_LOCATION, MemAdvice.SET_ACCESSED_BY})
 
 
 # ---------------------------------------------------------------------------
 # Reading and writing advice.
+
 
 def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
     what = f"{advice.name} on {span.label}"
@@ -70,8 +70,11 @@ def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
     api = _driver.api()
     with _driver.device_context(span.device_id):
         try:
-            _driver.check(api.mem_advise(span.ptr, span.nbytes, api.c.advise(int(advice)), cu),
-                          "cuMemAdvise", what + (f" for {loc}" if loc else ""))
+            _driver.check(
+                api.mem_advise(span.ptr, span.nbytes, api.c.advise(int(advice)), cu),
+                "cuMemAdvise",
+                what + (f" for {loc}" if loc else ""),
+            )
         except CudaError as exc:
             unsupported = unsupported_from(exc, what)
             if unsupported is None:
@@ -82,8 +85,9 @@ def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
 def _range_attr(span: ManagedSpan, attr: Any, size: int = 4) -> list[int]:
     """A range attribute as a list of 32-bit values (one for the scalar attributes)."""
     with _driver.device_context(span.device_id):
-        raw = _driver.call("cuMemRangeGetAttribute", size, attr, span.ptr, span.nbytes,
-                           detail=f"reading hints of {span.label}")
+        raw = _driver.call(
+            "cuMemRangeGetAttribute", size, attr, span.ptr, span.nbytes, detail=f"reading hints of {span.label}"
+        )
     return [int(v) for v in raw] if isinstance(raw, (list, tuple)) else [int(raw)]
 
 
@@ -123,8 +127,13 @@ class HintState(NamedTuple):
 # Policies.
 
 _KINDS = ("default", "read_mostly", "prefer_device", "prefer_host", "host_mapped")
-_NAMES = {"default": "DEFAULT", "read_mostly": "READ_MOSTLY", "prefer_host": "PREFER_HOST",
-          "host_mapped": "HOST_MAPPED", "prefer_device": "PREFER_DEVICE"}
+_NAMES = {
+    "default": "DEFAULT",
+    "read_mostly": "READ_MOSTLY",
+    "prefer_host": "PREFER_HOST",
+    "host_mapped": "HOST_MAPPED",
+    "prefer_device": "PREFER_DEVICE",
+}
 
 
 @dataclass(frozen=True)
@@ -181,8 +190,9 @@ class MigrationPolicy:
             raise ValueError(f"the {_NAMES[self.kind]} policy takes no device (got {device!r})")
         loc = as_location(device, check=False, what=f"MigrationPolicy {_NAMES[self.kind]}")
         if loc.is_host:
-            raise ValueError(f"MigrationPolicy {_NAMES[self.kind]} needs a device, not the host "
-                             "(use PREFER_HOST for host memory)")
+            raise ValueError(
+                f"MigrationPolicy {_NAMES[self.kind]} needs a device, not the host (use PREFER_HOST for host memory)"
+            )
         object.__setattr__(self, "device", loc.id)
 
     @staticmethod
@@ -213,8 +223,7 @@ class MigrationPolicy:
             return ((MemAdvice.SET_PREFERRED_LOCATION, HOST),)
         if self.kind == "host_mapped":
             dev = device_id if self.device is None else self.device
-            return ((MemAdvice.SET_PREFERRED_LOCATION, HOST),
-                    (MemAdvice.SET_ACCESSED_BY, Location.device(dev)))
+            return ((MemAdvice.SET_PREFERRED_LOCATION, HOST), (MemAdvice.SET_ACCESSED_BY, Location.device(dev)))
         return ()
 
     def __repr__(self) -> str:
@@ -233,6 +242,7 @@ MigrationPolicy.HOST_MAPPED = MigrationPolicy("host_mapped")
 
 # ---------------------------------------------------------------------------
 # The hints object.
+
 
 class ManagedMemoryHints:
     """Advice, and its live driver state, for a managed buffer or a range of it.
@@ -320,8 +330,12 @@ class ManagedMemoryHints:
         """All four hints at once, read from the driver."""
         span = self._span("state")
         c = _driver.consts()
-        return HintState(_read_flag(span, c.range_read_mostly), _read_location(span, c.range_preferred),
-                         _read_accessed_by(span), _read_location(span, c.range_last_prefetch))
+        return HintState(
+            _read_flag(span, c.range_read_mostly),
+            _read_location(span, c.range_preferred),
+            _read_accessed_by(span),
+            _read_location(span, c.range_last_prefetch),
+        )
 
     # -- advice ---------------------------------------------------------------------
     def advise(self, advice: MemAdvice, target: Target | None = None) -> None:

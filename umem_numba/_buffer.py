@@ -55,6 +55,7 @@ def _fast_launch_path() -> bool:
     if _FAST is None:
         try:
             from numba.cuda.cudadrv import devicearray
+
             _FAST = hasattr(devicearray, "_to_strided_memory_view")
         except Exception:
             _FAST = False
@@ -101,8 +102,15 @@ class Buffer:
         )
 
     # -- construction -----------------------------------------------------------
-    def _init(self, alloc: Allocation, offset: int, shape: tuple[int, ...],
-              strides: tuple[int, ...], dtype: np.dtype, owner: bool) -> None:
+    def _init(
+        self,
+        alloc: Allocation,
+        offset: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: np.dtype,
+        owner: bool,
+    ) -> None:
         self._alloc: Allocation | None = alloc
         self._owner = owner
         self._offset = offset
@@ -112,8 +120,9 @@ class Buffer:
         self._nbtype: Any = None
         self._shim: _layout.StridedViewShim | None = None
 
-    def _view(self, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
-              dtype: np.dtype | None = None) -> Buffer:
+    def _view(
+        self, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype | None = None
+    ) -> Buffer:
         view = object.__new__(type(self))
         view._init(self._live(), offset, shape, strides, self._dtype if dtype is None else dtype, False)
         self._copy_extra(view)
@@ -128,8 +137,10 @@ class Buffer:
         if alloc is None or alloc.closed:
             raise BufferClosedError(f"this {type(self).__name__} is closed")
         if alloc.generation != _driver.fork_generation:
-            raise CudaUnavailableError(f"this {type(self).__name__} was made before fork(), in the parent "
-                                       "process: its memory belongs to the parent's CUDA context")
+            raise CudaUnavailableError(
+                f"this {type(self).__name__} was made before fork(), in the parent "
+                "process: its memory belongs to the parent's CUDA context"
+            )
         return alloc
 
     @property
@@ -239,8 +250,9 @@ class Buffer:
         """Reinterpret a C-contiguous buffer as another dtype of the same itemsize."""
         dt = _layout.normalize_dtype(dtype)
         if dt.itemsize != self._dtype.itemsize:
-            raise ValueError(f"view() needs the same itemsize: {self._dtype} has {self._dtype.itemsize}, "
-                             f"{dt} has {dt.itemsize}")
+            raise ValueError(
+                f"view() needs the same itemsize: {self._dtype} has {self._dtype.itemsize}, {dt} has {dt.itemsize}"
+            )
         return self._view(self._offset, self._shape, self._strides, dt)
 
     def reshape(self, *shape: Any) -> Buffer:
@@ -272,8 +284,10 @@ class Buffer:
     def _device_export(self, escape: bool = True) -> Allocation:
         alloc = self._live()
         if not self._device_accessible:
-            raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device "
-                                    "(pinned memory needs HostAllocFlags.DEVICEMAP)")
+            raise _NotOnDeviceError(
+                f"this {type(self).__name__} is not accessible from the device "
+                "(pinned memory needs HostAllocFlags.DEVICEMAP)"
+            )
         alloc.tracker.on_device_export(escape)
         return alloc
 
@@ -407,8 +421,14 @@ class Buffer:
             return (_dlpack.KDL_CUDA_HOST, 0)
         return (_dlpack.KDL_CUDA, alloc.device_id)
 
-    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
         """Export as a DLPack capsule (the array API standard's protocol).
 
         Parameters
@@ -442,8 +462,7 @@ class Buffer:
             raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
         if device[0] == _dlpack.KDL_CPU:
             arr = self._host_array("__dlpack__")
-            return _dlpack.make_capsule(arr.ctypes.data, self._shape, self._strides, self._dtype, device, arr,
-                                        _nothing)
+            return _dlpack.make_capsule(arr.ctypes.data, self._shape, self._strides, self._dtype, device, arr, _nothing)
         consumer = _driver.consts().stream_legacy if stream is None else stream
         if consumer != -1:
             with _driver.device_context(alloc.device_id):
@@ -462,8 +481,7 @@ class Buffer:
     def _host_array(self, what: str) -> np.ndarray:
         alloc = self._live()
         if not self._host_accessible:
-            raise UnsupportedError(f"{type(self).__name__} memory is not host-accessible; "
-                                   "use copy_to_host()")
+            raise UnsupportedError(f"{type(self).__name__} memory is not host-accessible; use copy_to_host()")
         alloc.tracker.before_host_access(what)
         size = self.size
         iface = {
@@ -572,8 +590,18 @@ class Buffer:
         alloc = self._live()
         ptr = alloc.device_ptr + self._offset if self.size else 0
         host_view = self._host_array if self._host_accessible else None
-        return _copy.Side(ptr, self._shape, self._dtype, self.is_c_contiguous, alloc.tracker, alloc.device_id,
-                          alloc.kind in _copy.DEVICE_KINDS, None, alloc.kind, host_view)
+        return _copy.Side(
+            ptr,
+            self._shape,
+            self._dtype,
+            self.is_c_contiguous,
+            alloc.tracker,
+            alloc.device_id,
+            alloc.kind in _copy.DEVICE_KINDS,
+            None,
+            alloc.kind,
+            host_view,
+        )
 
     def synchronize(self) -> None:
         """Wait for every piece of device work recorded on (or suspected of using) this buffer."""
@@ -603,8 +631,10 @@ class Buffer:
         if self.closed:
             return f"<closed {type(self).__name__}>"
         extra = self._repr_extra()
-        return (f"{type(self).__name__}(shape={self._shape}, dtype={self._dtype}{extra}, "
-                f"ptr={self.ptr:#x}{', view' if not self._owner else ''})")
+        return (
+            f"{type(self).__name__}(shape={self._shape}, dtype={self._dtype}{extra}, "
+            f"ptr={self.ptr:#x}{', view' if not self._owner else ''})"
+        )
 
     def _repr_extra(self) -> str:
         return ""
@@ -612,8 +642,9 @@ class Buffer:
 
 def _check_same(shape_a: tuple, dtype_a: np.dtype, shape_b: tuple, dtype_b: np.dtype, what: str) -> None:
     if tuple(shape_a) != tuple(shape_b) or np.dtype(dtype_a) != np.dtype(dtype_b):
-        raise ValueError(f"{what}: mismatched arrays: {tuple(shape_a)} {np.dtype(dtype_a)} "
-                         f"vs {tuple(shape_b)} {np.dtype(dtype_b)}")
+        raise ValueError(
+            f"{what}: mismatched arrays: {tuple(shape_a)} {np.dtype(dtype_a)} vs {tuple(shape_b)} {np.dtype(dtype_b)}"
+        )
 
 
 def new_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]:
@@ -669,8 +700,14 @@ class LentView:
         """As :meth:`Buffer.__dlpack_device__`."""
         return self._live().__dlpack_device__()
 
-    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
         """A DLPack capsule over the lent memory (the consumer's stream should be the lending one)."""
         buf = self._live()
         device = buf.__dlpack_device__()

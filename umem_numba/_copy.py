@@ -87,9 +87,9 @@ class Side:
     contiguous: bool
     tracker: Tracker | None = None
     device_id: int | None = None
-    on_device: bool = True          # a device may hold the data (DMA needed)
-    cai_stream: int | None = None   # stream named by a CUDA Array Interface
-    kind: str = ""                  # the allocation's kind ("managed", "pinned", ...); "" if foreign
+    on_device: bool = True  # a device may hold the data (DMA needed)
+    cai_stream: int | None = None  # stream named by a CUDA Array Interface
+    kind: str = ""  # the allocation's kind ("managed", "pinned", ...); "" if foreign
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
 
     @property
@@ -112,10 +112,10 @@ def _from_cai(obj: Any, what: str, role: str) -> Side:
     except AttributeError:
         iface = None
     if not isinstance(iface, dict):
-        hint = (" (use copy_to_host / copy_from_host for numpy arrays)"
-                if isinstance(obj, np.ndarray) else "")
-        raise TypeError(f"{what}: the {role} must be a numba device array or a umem_numba buffer, "
-                        f"got {type(obj).__name__}{hint}")
+        hint = " (use copy_to_host / copy_from_host for numpy arrays)" if isinstance(obj, np.ndarray) else ""
+        raise TypeError(
+            f"{what}: the {role} must be a numba device array or a umem_numba buffer, got {type(obj).__name__}{hint}"
+        )
     info = _layout.cuda_array_info(obj, what)
     shape, dtype = info.shape, info.dtype
     contiguous = info.is_c_contiguous
@@ -132,14 +132,17 @@ def _resolve(obj: Any, what: str, role: str) -> Side:
 
 def _check_match(dst: Side, src: Side, what: str) -> None:
     if dst.shape != src.shape or dst.dtype != src.dtype:
-        raise ValueError(f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} "
-                         "(source vs destination)")
+        raise ValueError(
+            f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} (source vs destination)"
+        )
 
 
 def _check_contiguous(side: Side, what: str, role: str) -> None:
     if not side.contiguous:
-        raise ValueError(f"{what}: the {role} must be C-contiguous (a strided view cannot be copied by "
-                         "DMA); copy the contiguous array it slices and index the result")
+        raise ValueError(
+            f"{what}: the {role} must be C-contiguous (a strided view cannot be copied by "
+            "DMA); copy the contiguous array it slices and index the result"
+        )
 
 
 def _issue_context(*sides: Side) -> int | None:
@@ -157,8 +160,16 @@ def _issue_context(*sides: Side) -> int | None:
 # The one DMA primitive
 
 
-def _dma(dst: Side, src: Side, handle: int, what: str, *, sync: bool,
-         extra_dst: int | None = None, extra_src: int | None = None) -> _events.Event | None:
+def _dma(
+    dst: Side,
+    src: Side,
+    handle: int,
+    what: str,
+    *,
+    sync: bool,
+    extra_dst: int | None = None,
+    extra_src: int | None = None,
+) -> _events.Event | None:
     """Queue ``src -> dst`` (whole operands) on ``handle`` with coherence on both sides.
 
     ``extra_*`` are raw pointers standing in for a side's pointer (staging).
@@ -171,8 +182,14 @@ def _dma(dst: Side, src: Side, handle: int, what: str, *, sync: bool,
     device_id = _driver.ensure_context()
     with DeviceUse(_uses(dst, src), handle, what) as use:
         _wait_for_interface_streams((dst, src), handle, device_id, what)
-        _driver.call("cuMemcpyAsync", dst.ptr if extra_dst is None else extra_dst,
-                     src.ptr if extra_src is None else extra_src, nbytes, handle, detail=what)
+        _driver.call(
+            "cuMemcpyAsync",
+            dst.ptr if extra_dst is None else extra_dst,
+            src.ptr if extra_src is None else extra_src,
+            nbytes,
+            handle,
+            detail=what,
+        )
     event = use.event
     if sync and event is not None:
         event.synchronize()
@@ -190,8 +207,13 @@ def _wait_for_interface_streams(sides: tuple[Side, ...], handle: int, device_id:
         s = side.cai_stream
         if s is not None and s != handle:
             ev = _events.record(s, device_id)
-            _driver.call("cuStreamWaitEvent", handle, ev.handle, 0,
-                         detail=f"{what}: ordering after the stream named by a CUDA Array Interface")
+            _driver.call(
+                "cuStreamWaitEvent",
+                handle,
+                ev.handle,
+                0,
+                detail=f"{what}: ordering after the stream named by a CUDA Array Interface",
+            )
 
 
 def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
@@ -251,8 +273,7 @@ def _copy_sides(d: Side, s: Side, stream: StreamLike, what: str, *, sync: bool) 
 
 
 def _host_side(arr: np.ndarray) -> Side:
-    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous,
-                 on_device=False)
+    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous, on_device=False)
 
 
 def _pinned_base_of(arr: np.ndarray) -> bool:
@@ -274,10 +295,16 @@ class _Staging:
         nbytes = 2 * CHUNK_BYTES
         with _driver.device_context(device_id):
             ptr = int(_driver.call("cuMemHostAlloc", nbytes, 0, detail="pinning a copy staging area"))
-        self._alloc = Allocation("pinned", DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id), ptr,
-                                 device_id, Tracker(device_id))
-        self.side = Side(ptr, (nbytes,), np.dtype(np.uint8), True, self._alloc.tracker, device_id, False, None,
-                         "pinned")
+        self._alloc = Allocation(
+            "pinned",
+            DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id),
+            ptr,
+            device_id,
+            Tracker(device_id),
+        )
+        self.side = Side(
+            ptr, (nbytes,), np.dtype(np.uint8), True, self._alloc.tracker, device_id, False, None, "pinned"
+        )
 
     @classmethod
     def get(cls, device_id: int) -> _Staging:
@@ -343,8 +370,19 @@ def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *
             lock.release()
 
 
-def _staged_chunks(dev: Side, hptr: int, slots: tuple[int, int], offs: list[int], chunk: int, total: int,
-                   handle: int, device_id: int, what: str, *, to_host: bool) -> None:
+def _staged_chunks(
+    dev: Side,
+    hptr: int,
+    slots: tuple[int, int],
+    offs: list[int],
+    chunk: int,
+    total: int,
+    handle: int,
+    device_id: int,
+    what: str,
+    *,
+    to_host: bool,
+) -> None:
     """The chunk loop of :func:`_staged`: two slots, host copies overlapped with the DMA of the other."""
     copy_async = _driver.api().drv.cuMemcpyAsync
     events: list[_events.Event | None] = [None, None]
@@ -403,22 +441,25 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
         _check_match(d, src, what + "(out)")
         _check_contiguous(d, what, "destination PinnedBuffer")
         if not src.contiguous:
-            raise ValueError(f"{what}: a strided view cannot be copied into a PinnedBuffer by DMA; "
-                             "copy the contiguous buffer it slices")
+            raise ValueError(
+                f"{what}: a strided view cannot be copied into a PinnedBuffer by DMA; "
+                "copy the contiguous buffer it slices"
+            )
         _copy_sides(d, src, stream, what, sync=False)
         return out
     if out is not None:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"{what}: out must be a numpy array or a PinnedBuffer, got {type(out).__name__}")
         if out.shape != src.shape or out.dtype != src.dtype:
-            raise ValueError(f"{what}(out): mismatched arrays: {out.shape} {out.dtype} "
-                             f"vs {src.shape} {src.dtype}")
+            raise ValueError(f"{what}(out): mismatched arrays: {out.shape} {out.dtype} vs {src.shape} {src.dtype}")
         if not out.flags.writeable:
             raise ValueError(f"{what}(out): out is read-only")
     if not src.contiguous or not src.on_device:
         if src.host_view is None:
-            raise ValueError(f"{what}() needs a C-contiguous view of {src.kind} memory (DMA); "
-                             "copy the contiguous buffer it slices and index the numpy result")
+            raise ValueError(
+                f"{what}() needs a C-contiguous view of {src.kind} memory (DMA); "
+                "copy the contiguous buffer it slices and index the numpy result"
+            )
         host = src.host_view(what)  # settles the coherence first
         if out is None:
             return host.copy()
@@ -444,8 +485,9 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
     """Implementation of ``Buffer.copy_from_host`` (see there); ``dst`` is the buffer's side."""
     what = "copy_from_host"
     _check_staging_arg(staging)
-    if _side_of(array) is not None or (not isinstance(array, np.ndarray)
-                                       and hasattr(array, "__cuda_array_interface__")):
+    if _side_of(array) is not None or (
+        not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__")
+    ):
         s = _resolve(array, what, "source")
         _check_match(dst, s, what)
         _check_contiguous(dst, what, "destination")

@@ -34,8 +34,9 @@ class DeviceBuffer(Buffer):
     _constructors = ("DeviceBuffer.empty", "DeviceBuffer.zeros", "DeviceBuffer.from_array")
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None,
-              stream: StreamLike = None) -> DeviceBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None, stream: StreamLike = None
+    ) -> DeviceBuffer:
         """Allocate without initialising.
 
         Parameters
@@ -66,8 +67,9 @@ class DeviceBuffer(Buffer):
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None,
-              stream: StreamLike = None) -> DeviceBuffer:
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None, stream: StreamLike = None
+    ) -> DeviceBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``)."""
         handle = stream_handle(stream, what="DeviceBuffer.zeros")
         buf = cls.empty(shape, dtype, pool=pool, stream=handle)

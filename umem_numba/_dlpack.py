@@ -99,8 +99,15 @@ def dl_dtype(dtype: np.dtype) -> tuple[int, int]:
     return code, dtype.itemsize * 8
 
 
-def make_capsule(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype,
-                 device: tuple[int, int], keep: Any, release: Any) -> Any:
+def make_capsule(
+    ptr: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: np.dtype,
+    device: tuple[int, int],
+    keep: Any,
+    release: Any,
+) -> Any:
     """A ``"dltensor"`` PyCapsule over ``ptr``.
 
     Parameters

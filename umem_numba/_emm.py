@@ -119,6 +119,7 @@ def _pool_free(pool: Any, ctx_handle: Any, ptr: int, size: int) -> None:
 def _free_dtor(pool: Any, ctx_handle: Any, size: int) -> Any:
     def free_pool_memory(ptr: int) -> None:  # the name shows in numba's dealloc log
         _pool_free(pool, ctx_handle, ptr, size)
+
     return free_pool_memory
 
 
@@ -143,6 +144,7 @@ def _finalizer(mgr: UmemNumbaMemoryManager, pool: Any, ptr: int, size: int) -> A
 
 def _shutting_down() -> bool:
     from numba.core import utils
+
     return utils.shutting_down()
 
 
@@ -178,7 +180,8 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                     f"umem_numba's memory manager must be selected before numba creates a CUDA context, "
                     f"but device {dev} already has one (it keeps numba's own allocator): set "
                     f"NUMBA_CUDA_MEMORY_MANAGER=umem_numba, or call cuda.set_memory_manager() before the "
-                    f"first CUDA call (or after cuda.close())")
+                    f"first CUDA call (or after cuda.close())"
+                )
         super().__init__(*args, **kwargs)
         self._pool: Any = None
         self._managed_pool: Any = None
@@ -193,6 +196,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         """Create this context's pool (once) and size numba's deferred-free queue."""
         if self._pool is None:
             from ._pool import MemoryPool
+
             device = self.context.device
             dev = int(getattr(device, "id", device))  # numba's Device, or the binding's CUdevice
             exportable = False
@@ -253,6 +257,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         if not self._managed_tried:
             self._managed_tried = True
             from ._pool import MemoryPool, managed_pool_support
+
             if not managed_pool_support():
                 device = self.context.device
                 self._managed_pool = MemoryPool("managed", device=int(getattr(device, "id", device)))
@@ -295,11 +300,16 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         :class:`~umem_numba.VMMBuffer` with ``export_fds()``.
         """
         pool = self._pool
-        what = "a managed pool, which the driver cannot export" if pool is not None and pool.kind == "managed" \
+        what = (
+            "a managed pool, which the driver cannot export"
+            if pool is not None and pool.kind == "managed"
             else "a device pool, whose allocations the driver refused to export here"
-        raise UnsupportedError(f"numba IPC handles are not available through umem_numba's memory manager: the "
-                               f"memory comes from {what}; use numba's default memory manager for IPC, or "
-                               "share a VMMBuffer with export_fds()")
+        )
+        raise UnsupportedError(
+            f"numba IPC handles are not available through umem_numba's memory manager: the "
+            f"memory comes from {what}; use numba's default memory manager for IPC, or "
+            "share a VMMBuffer with export_fds()"
+        )
 
     # -- lifetime --------------------------------------------------------------------------
     def reset(self) -> None:

@@ -38,6 +38,7 @@ def _device_info(ordinal: int) -> dict[str, Any]:
     }
     if info["vmm_supported"]:
         from ._vmm_access import allocation_granularity
+
         info["vmm_granularity"] = allocation_granularity(ordinal)
     with _driver.device_context(ordinal):
         free, total = _driver.mem_get_info()
@@ -83,11 +84,19 @@ def format_info(data: dict[str, Any]) -> str:
     lines.append(f"CUDA driver: {dv // 1000}.{dv % 1000 // 10}")
     gib = float(1 << 30)
     for d in data["devices"]:
-        lines.append(f"device {d['ordinal']}: {d['name']} (compute capability "
-                     f"{d['compute_capability'][0]}.{d['compute_capability'][1]}, {d['multiprocessors']} SMs)")
+        lines.append(
+            f"device {d['ordinal']}: {d['name']} (compute capability "
+            f"{d['compute_capability'][0]}.{d['compute_capability'][1]}, {d['multiprocessors']} SMs)"
+        )
         lines.append(f"  memory: {d['memory_free'] / gib:.1f} GiB free of {d['memory_total'] / gib:.1f} GiB")
-        for key in ("managed_memory", "concurrent_managed_access", "pageable_memory_access",
-                    "can_map_host_memory", "vmm_supported", "vmm_posix_fd_export"):
+        for key in (
+            "managed_memory",
+            "concurrent_managed_access",
+            "pageable_memory_access",
+            "can_map_host_memory",
+            "vmm_supported",
+            "vmm_posix_fd_export",
+        ):
             lines.append(f"  {key}: {'yes' if d[key] else 'no'}")
         if "vmm_granularity" in d:
             lines.append(f"  vmm_granularity: {d['vmm_granularity'] // 1024} KiB")

@@ -47,8 +47,17 @@ _META = frozenset({"shape", "size", "ndim", "dtype", "strides", "itemsize", "nby
 #: Calls that read their arguments and cannot write an array passed to them.
 _READING_CALLS = frozenset({"range", "len", "min", "max", "abs", "int", "float", "bool", "complex", "round"})
 #: Expressions whose operands are only read.
-_READING_PARENTS = (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp, ast.If, ast.While, ast.Assert,
-                    ast.FormattedValue)
+_READING_PARENTS = (
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.BoolOp,
+    ast.IfExp,
+    ast.If,
+    ast.While,
+    ast.Assert,
+    ast.FormattedValue,
+)
 
 
 def _reads_only(node: ast.Name, parent: ast.AST | None) -> bool:
@@ -86,8 +95,11 @@ def _written_params(func: Callable[..., Any]) -> tuple[str, ...] | None:
             parents[id(child)] = node
     written: set[str] = set()
     for node in ast.walk(fn):
-        if (isinstance(node, ast.Name) and node.id in params
-                and (isinstance(node.ctx, ast.Store) or not _reads_only(node, parents.get(id(node))))):
+        if (
+            isinstance(node, ast.Name)
+            and node.id in params
+            and (isinstance(node.ctx, ast.Store) or not _reads_only(node, parents.get(id(node))))
+        ):
             written.add(node.id)  # rebound, stored into, or used in a way we cannot follow
     return tuple(p for p in params if p in written)
 
@@ -100,14 +112,14 @@ class _KernelInfo:
     def __init__(self, kernel: Any, readonly: Iterable[str] | None) -> None:
         py_func = kernel.py_func
         sig = inspect.signature(py_func)
-        self.params = [p.name for p in sig.parameters.values()
-                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.params = [
+            p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         if readonly is not None:
             ro = {readonly} if isinstance(readonly, str) else set(readonly)
             unknown = ro - set(self.params)
             if unknown:
-                raise ValueError(f"readonly names {sorted(unknown)} are not parameters of "
-                                 f"{py_func.__name__}{sig}")
+                raise ValueError(f"readonly names {sorted(unknown)} are not parameters of {py_func.__name__}{sig}")
             self.writes = tuple(p not in ro for p in self.params)
         else:
             written = _written_params(py_func)
@@ -200,8 +212,11 @@ class _ConfiguredLaunch:
             if waits:
                 stream_wait = _driver.api().stream_wait_event
                 for event in {id(e): e for e in waits}.values():
-                    _driver.check(stream_wait(handle, event.handle, 0), "cuStreamWaitEvent",
-                                  "ordering a launch after conflicting work on another stream")
+                    _driver.check(
+                        stream_wait(handle, event.handle, 0),
+                        "cuStreamWaitEvent",
+                        "ordering a launch after conflicting work on another stream",
+                    )
             flag.current = tuple(t for t, _ in uses)
             self._configured(*args)
         except BaseException:
@@ -218,8 +233,7 @@ class _ConfiguredLaunch:
                 tracker.end_use(key, recorded, write, covered)
 
 
-def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0,
-           sharedmem: int = 0) -> None:
+def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0, sharedmem: int = 0) -> None:
     """Launch a numba CUDA kernel, ordered and recorded on every buffer argument.
 
     Parameters

@@ -107,8 +107,9 @@ def is_f_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: 
     return True
 
 
-def index_view(shape: tuple[int, ...], strides: tuple[int, ...], key: Any
-               ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+def index_view(
+    shape: tuple[int, ...], strides: tuple[int, ...], key: Any
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """Apply a basic index to a strided layout.
 
     Supports integers, slices (any step) and one ``Ellipsis``, alone or in a
@@ -131,7 +132,7 @@ def index_view(shape: tuple[int, ...], strides: tuple[int, ...], key: Any
         raise IndexError(f"too many indices: {explicit} for an array of {len(shape)} dimension(s)")
     if n_ellipsis:
         pos = key.index(Ellipsis)
-        key = key[:pos] + (slice(None),) * (len(shape) - explicit) + key[pos + 1:]
+        key = key[:pos] + (slice(None),) * (len(shape) - explicit) + key[pos + 1 :]
     else:
         key = key + (slice(None),) * (len(shape) - explicit)
 
@@ -152,8 +153,10 @@ def index_view(shape: tuple[int, ...], strides: tuple[int, ...], key: Any
         try:
             i = operator.index(k)
         except TypeError:
-            raise TypeError(f"unsupported index {k!r} ({type(k).__name__}): only ints, "
-                            "slices and '...' are supported (no advanced indexing)") from None
+            raise TypeError(
+                f"unsupported index {k!r} ({type(k).__name__}): only ints, "
+                "slices and '...' are supported (no advanced indexing)"
+            ) from None
         if not -dim <= i < dim:
             raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim}")
         offset += (i + dim if i < 0 else i) * stride
@@ -206,9 +209,11 @@ def cuda_array_info(obj: Any, what: str) -> DeviceArrayInfo:
     """
     iface = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(iface, dict):
-        raise TypeError(f"{what}: expected a device array with __cuda_array_interface__ (numba, CuPy, "
-                        "PyTorch) or a umem_numba buffer (ManagedBuffer, PinnedBuffer, VMMBuffer), "
-                        f"got {type(obj).__name__}")
+        raise TypeError(
+            f"{what}: expected a device array with __cuda_array_interface__ (numba, CuPy, "
+            "PyTorch) or a umem_numba buffer (ManagedBuffer, PinnedBuffer, VMMBuffer), "
+            f"got {type(obj).__name__}"
+        )
     descr = iface.get("descr")
     dtype = normalize_dtype(descr if descr and len(descr) > 1 else iface["typestr"])
     shape = tuple(int(d) for d in iface["shape"])

@@ -63,8 +63,15 @@ class ManagedBuffer(Buffer):
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-              pool: MemoryPool | None = None, stream: StreamLike = None) -> ManagedBuffer:
+    def empty(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        attach: str = "global",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+    ) -> ManagedBuffer:
         """Allocate without initialising.
 
         Parameters
@@ -102,8 +109,9 @@ class ManagedBuffer(Buffer):
         if pool is not None:
             check_pool(pool, "managed", "ManagedBuffer.empty")
             if attach != "global":
-                raise ValueError("ManagedBuffer.empty: pool memory is attached globally; attach='host' "
-                                 "needs a pool-less buffer")
+                raise ValueError(
+                    "ManagedBuffer.empty: pool memory is attached globally; attach='host' needs a pool-less buffer"
+                )
             alloc = pool.allocation(nbytes, stream_handle(stream, what="ManagedBuffer.empty"), "managed")
             buf = object.__new__(cls)
             buf._init(alloc, 0, shape, strides, dtype, True)
@@ -113,8 +121,14 @@ class ManagedBuffer(Buffer):
         memory = None
         ptr = 0
         if nbytes:
-            ptr = int(_driver.call("cuMemAllocManaged", nbytes, _attach_flag(attach),
-                                   detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}"))
+            ptr = int(
+                _driver.call(
+                    "cuMemAllocManaged",
+                    nbytes,
+                    _attach_flag(attach),
+                    detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}",
+                )
+            )
             memory = DriverMemory("managed", ptr, nbytes, "cuMemFree", device_id)
         alloc = Allocation("managed", memory, ptr, device_id, tracker)
         if attach == "host":
@@ -124,8 +138,15 @@ class ManagedBuffer(Buffer):
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-              stream: StreamLike = 0, pool: MemoryPool | None = None) -> ManagedBuffer:
+    def zeros(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        attach: str = "global",
+        stream: StreamLike = 0,
+        pool: MemoryPool | None = None,
+    ) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
         The memset is tracked like a kernel: host access waits for it.  With
@@ -137,8 +158,9 @@ class ManagedBuffer(Buffer):
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, attach: str = "global", pool: MemoryPool | None = None,
-                   stream: StreamLike = None) -> ManagedBuffer:
+    def from_array(
+        cls, array: Any, *, attach: str = "global", pool: MemoryPool | None = None, stream: StreamLike = None
+    ) -> ManagedBuffer:
         """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
 
         Parameters
@@ -199,7 +221,6 @@ class ManagedBuffer(Buffer):
         finally:
             alloc.tracker.release_hold()
 
-
     # -- stream attachment ----------------------------------------------------------
     def attach(self, to: Any = "global", *, stream: StreamLike = None) -> None:
         """Attach the allocation to a stream, the host, or all streams (``cuStreamAttachMemAsync``).
@@ -233,8 +254,9 @@ class ManagedBuffer(Buffer):
         else:
             target = stream_handle(to, what="attach")
             if target == 0:
-                raise ValueError("cannot attach to the legacy default stream (handle 0): "
-                                 "pass a created stream, 'host' or 'global'")
+                raise ValueError(
+                    "cannot attach to the legacy default stream (handle 0): pass a created stream, 'host' or 'global'"
+                )
             handle = target if stream is None else stream_handle(stream, what="attach")
         if not alloc.nbytes:
             alloc.tracker.attached = target
@@ -257,8 +279,9 @@ def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global"
     return ManagedBuffer.empty(shape, dtype, attach=attach)
 
 
-def managed_zeros(shape: Any, dtype: Any = np.float32, *, attach: str = "global",
-                  stream: StreamLike = 0) -> ManagedBuffer:
+def managed_zeros(
+    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0
+) -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.zeros`."""
     return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
 

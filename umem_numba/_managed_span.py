@@ -44,8 +44,10 @@ def check_range(start: Any, stop: Any, size: int, what: str) -> tuple[int, int]:
     lo = 0 if start is None else _index(start, "start", what)
     hi = size if stop is None else _index(stop, "stop", what)
     if lo < 0 or hi < 0:
-        raise IndexError(f"{what}: range [{lo}, {hi}) has a negative bound; element ranges "
-                         "count from the start of the buffer (no wrap-around)")
+        raise IndexError(
+            f"{what}: range [{lo}, {hi}) has a negative bound; element ranges "
+            "count from the start of the buffer (no wrap-around)"
+        )
     if hi > size:
         raise IndexError(f"{what}: range [{lo}, {hi}) is out of bounds for {size} element(s)")
     if lo >= hi:
@@ -62,11 +64,14 @@ def element_count(obj: Any, what: str) -> int:
             raise BufferClosedError(f"{what}: this {type(obj).__name__} is closed")
         alloc = obj._live()
         if alloc.kind != "managed":
-            raise UnsupportedError(f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
-                                   "memory; advice and prefetch need a ManagedBuffer")
+            raise UnsupportedError(
+                f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
+                "memory; advice and prefetch need a ManagedBuffer"
+            )
         if not obj.is_c_contiguous:
-            raise ValueError(f"{what}: the buffer view is strided; advice and prefetch need a "
-                             "C-contiguous buffer or view")
+            raise ValueError(
+                f"{what}: the buffer view is strided; advice and prefetch need a C-contiguous buffer or view"
+            )
         return obj.size
     info = _layout.cuda_array_info(obj, what)
     if not info.is_c_contiguous:
@@ -97,9 +102,11 @@ def _require_managed(ptr: int, what: str) -> None:
     if err not in (0, api.c.invalid_value):
         _driver.raise_for(err, "cuPointerGetAttribute", f"{what}: asking whether {ptr:#x} is managed memory")
     if err or not int(res[1]):
-        raise UnsupportedError(f"{what}: the memory at {ptr:#x} is not managed memory "
-                               "(cuPointerGetAttribute IS_MANAGED); advice and prefetch need "
-                               "cuMemAllocManaged memory")
+        raise UnsupportedError(
+            f"{what}: the memory at {ptr:#x} is not managed memory "
+            "(cuPointerGetAttribute IS_MANAGED); advice and prefetch need "
+            "cuMemAllocManaged memory"
+        )
 
 
 def unsupported_from(exc: CudaError, what: str) -> UnsupportedError | None:

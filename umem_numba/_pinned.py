@@ -85,8 +85,7 @@ class PinnedBuffer(Buffer):
         view._device_accessible = self._device_accessible
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32,
-              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def empty(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
         Parameters
@@ -109,8 +108,9 @@ class PinnedBuffer(Buffer):
         memory = None
         if nbytes:
             with Transaction() as tx:
-                ptr = int(_driver.call("cuMemHostAlloc", nbytes, int(flags),
-                                       detail=f"pinning {nbytes} bytes of host memory"))
+                ptr = int(
+                    _driver.call("cuMemHostAlloc", nbytes, int(flags), detail=f"pinning {nbytes} bytes of host memory")
+                )
                 tx.append(_driver.call, "cuMemFreeHost", ptr)
                 if HostAllocFlags.DEVICEMAP in flags:
                     device_ptr = int(_driver.call("cuMemHostGetDevicePointer", ptr, 0))
@@ -124,8 +124,7 @@ class PinnedBuffer(Buffer):
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32,
-              flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
         """Allocate and zero every byte (``nbytes``, not ``size``)."""
         buf = cls.empty(shape, dtype, flags)
         alloc = buf._live()

@@ -60,7 +60,8 @@ def require(module: str) -> Any:
         raise MissingExtraError(
             f"{module} is not installed; umem_numba draws pictures with matplotlib and shows progress "
             f"with tqdm, both in the '{EXTRA}' extra: pip install \"umem-numba[{EXTRA}]\" "
-            f"(from a checkout: pip install -e \".[{EXTRA}]\")") from exc
+            f'(from a checkout: pip install -e ".[{EXTRA}]")'
+        ) from exc
 
 
 def require_plot_extra() -> None:
@@ -75,8 +76,15 @@ def require_plot_extra() -> None:
     require("tqdm")
 
 
-def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-             unit: str = "it", leave: bool = True, disable: bool | None = None) -> Any:
+def progress(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    leave: bool = True,
+    disable: bool | None = None,
+) -> Any:
     """A tqdm progress bar on stderr (``tqdm.auto``: a widget in notebooks).
 
     Parameters
@@ -121,10 +129,21 @@ def _shrink(field: np.ndarray, max_pixels: int) -> np.ndarray:
     return field[:hh, :ww].reshape(hh // fy, fy, ww // fx, fx).mean(axis=(1, 3))
 
 
-def save_field(path: str | os.PathLike, field: Any, *, title: str = "", vmin: float | None = None,
-               vmax: float | None = None, cmap: str = "inferno", label: str = "",
-               xlabel: str = "x (cell)", ylabel: str = "y (cell)", origin: str = "upper",
-               max_pixels: int = 1024, dpi: int = 110) -> tuple[int, int]:
+def save_field(
+    path: str | os.PathLike,
+    field: Any,
+    *,
+    title: str = "",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "inferno",
+    label: str = "",
+    xlabel: str = "x (cell)",
+    ylabel: str = "y (cell)",
+    origin: str = "upper",
+    max_pixels: int = 1024,
+    dpi: int = 110,
+) -> tuple[int, int]:
     """Write a 2-D field as a PNG heat map with axes, a colorbar and a title.
 
     Fields larger than ``max_pixels`` a side are drawn from block means (so a
@@ -178,8 +197,7 @@ def save_field(path: str | os.PathLike, field: Any, *, title: str = "", vmin: fl
     fig = _figure(7.0, 6.0 * n / m + 0.8 if m >= n else 6.0)
     ax = fig.add_subplot()
     extent = (0, m, n, 0) if origin == "upper" else (0, m, 0, n)
-    image = ax.imshow(drawn, cmap=cmap, vmin=vmin, vmax=vmax, origin=origin, extent=extent,
-                      interpolation="nearest")
+    image = ax.imshow(drawn, cmap=cmap, vmin=vmin, vmax=vmax, origin=origin, extent=extent, interpolation="nearest")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -195,8 +213,7 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}".rstrip()
 
 
-def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str = "",
-                    dpi: int = 110) -> int:
+def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str = "", dpi: int = 110) -> int:
     """Draw each benchmark figure against its goal: one small panel per figure.
 
     Every row gets its own horizontal bar on its own scale (a ratio and a
@@ -247,8 +264,14 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
             ax.axvline(float(goal), color="k", ls="--", lw=1.2)
             sign = "\u2265" if r.get("higher_is_better", True) else "\u2264"
             text += f"  (goal {sign} {_fmt(float(goal), unit)}: {'met' if met else 'MISSED'})"
-        ax.text(value, 0, " " + text, va="center", fontsize=8,
-                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
+        ax.text(
+            value,
+            0,
+            " " + text,
+            va="center",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0},
+        )
         ax.set_yticks([0], [r["name"]], fontsize=8)
         ax.set_ylim(-0.6, 0.6)
         ax.tick_params(axis="x", labelsize=7)
@@ -256,9 +279,18 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
     return len(drawn)
 
 
-def save_bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[float], *,
-                   texts: Sequence[str] | None = None, reference: float | None = None,
-                   reference_label: str = "", xlabel: str = "", title: str = "", dpi: int = 110) -> None:
+def save_bar_chart(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    texts: Sequence[str] | None = None,
+    reference: float | None = None,
+    reference_label: str = "",
+    xlabel: str = "",
+    title: str = "",
+    dpi: int = 110,
+) -> None:
     """Horizontal bar chart with a value text per bar and an optional dashed reference line.
 
     Parameters

@@ -71,16 +71,13 @@ def managed_pool_support() -> str:
     except ValueError:
         major = 0
     if major < 13 or api.c.pool_managed is None:
-        missing.append(f"cuda-bindings 13 or newer (installed: {api.version}; "
-                       "pip install numba-cuda[cu13])")
+        missing.append(f"cuda-bindings 13 or newer (installed: {api.version}; pip install numba-cuda[cu13])")
     version = int(_driver.call("cuDriverGetVersion"))
     if version < 13000:
         missing.append(f"a CUDA 13 driver (this one supports CUDA {version // 1000}.{version % 1000 // 10})")
-    lacking = [i for i in range(_driver.device_count())
-               if not _driver.device_attribute("CONCURRENT_MANAGED_ACCESS", i)]
+    lacking = [i for i in range(_driver.device_count()) if not _driver.device_attribute("CONCURRENT_MANAGED_ACCESS", i)]
     if lacking:
-        missing.append("concurrentManagedAccess on every device (device(s) "
-                       f"{', '.join(map(str, lacking))} lack it)")
+        missing.append(f"concurrentManagedAccess on every device (device(s) {', '.join(map(str, lacking))} lack it)")
     return "; ".join(missing)
 
 
@@ -135,14 +132,16 @@ class MemoryPool:
         "kind",
     )
 
-    def __init__(self, kind: str, device: Target = None, release_threshold: int | None = None, *,
-                 exportable: bool = False) -> None:
+    def __init__(
+        self, kind: str, device: Target = None, release_threshold: int | None = None, *, exportable: bool = False
+    ) -> None:
         kind = _check_kind(kind)
-        threshold = KEEP_ALL if release_threshold is None else _check_bytes(release_threshold,
-                                                                            "release_threshold")
+        threshold = KEEP_ALL if release_threshold is None else _check_bytes(release_threshold, "release_threshold")
         if kind == "managed" and exportable:
-            raise UnsupportedError("a managed memory pool cannot be exported to other processes "
-                                   "(the driver supports IPC for device pools only)")
+            raise UnsupportedError(
+                "a managed memory pool cannot be exported to other processes "
+                "(the driver supports IPC for device pools only)"
+            )
         device_id = as_device(device, what="MemoryPool")
         loc = Location.device(device_id)
         api = _driver.api()
@@ -160,8 +159,9 @@ class MemoryPool:
         props.handleTypes = c.vmm_posix_fd if exportable else c.vmm_no_handle
         props.location = loc.to_cu()
         props.maxSize = 0
-        handle = _driver.call_on(loc.id, "cuMemPoolCreate", props,
-                                 detail=f"creating a {kind} memory pool on device {loc.id}")
+        handle = _driver.call_on(
+            loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool on device {loc.id}"
+        )
         self.kind = kind
         self.device_id = loc.id
         self.exportable = bool(exportable)
@@ -198,14 +198,18 @@ class MemoryPool:
 
     def _attr(self, name: str) -> int:
         attr = getattr(_driver.consts().mempool_attribute, "CU_MEMPOOL_ATTR_" + name)
-        return int(_driver.call("cuMemPoolGetAttribute", self._live(), attr,
-                                detail=f"reading {name} of a memory pool"))
+        return int(_driver.call("cuMemPoolGetAttribute", self._live(), attr, detail=f"reading {name} of a memory pool"))
 
     def _set_attr(self, name: str, value: int) -> None:
         api = _driver.api()
         attr = getattr(api.c.mempool_attribute, "CU_MEMPOOL_ATTR_" + name)
-        _driver.call("cuMemPoolSetAttribute", self._live(), attr, api.drv.cuuint64_t(value),
-                     detail=f"setting {name} of a memory pool")
+        _driver.call(
+            "cuMemPoolSetAttribute",
+            self._live(),
+            attr,
+            api.drv.cuuint64_t(value),
+            detail=f"setting {name} of a memory pool",
+        )
 
     @property
     def release_threshold(self) -> int:
@@ -218,8 +222,13 @@ class MemoryPool:
 
     def statistics(self) -> PoolStats:
         """Reserved and used bytes, current and high-water, read from the driver."""
-        return PoolStats(1, self._attr("RESERVED_MEM_CURRENT"), self._attr("RESERVED_MEM_HIGH"),
-                         self._attr("USED_MEM_CURRENT"), self._attr("USED_MEM_HIGH"))
+        return PoolStats(
+            1,
+            self._attr("RESERVED_MEM_CURRENT"),
+            self._attr("RESERVED_MEM_HIGH"),
+            self._attr("USED_MEM_CURRENT"),
+            self._attr("USED_MEM_HIGH"),
+        )
 
     def reset_high(self) -> None:
         """Reset the reserved and used high-water marks to the current values."""
@@ -252,10 +261,14 @@ class MemoryPool:
         if self._closed:
             self._live()
         if nbytes > self._limit:
-            raise OutOfMemoryError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY",
-                                   f"{nbytes} bytes requested from a {self.kind} pool of device "
-                                   f"{self.device_id}, more than the {self._limit} bytes that can exist "
-                                   "(refused before the driver call)")
+            raise OutOfMemoryError(
+                "cuMemAllocFromPoolAsync",
+                2,
+                "CUDA_ERROR_OUT_OF_MEMORY",
+                f"{nbytes} bytes requested from a {self.kind} pool of device "
+                f"{self.device_id}, more than the {self._limit} bytes that can exist "
+                "(refused before the driver call)",
+            )
         err, ptr = self._alloc_fn(nbytes, self._handle, handle)
         if err != 0:
             return self._retry(err, nbytes, handle)
@@ -385,8 +398,13 @@ class _PoolMemory(Memory):
         with _driver.device_context(self.pool.device_id):
             for s, event in pending:
                 if s != stream:
-                    _driver.call("cuStreamWaitEvent", stream, event.handle, 0,
-                                 detail="ordering a pool free after the buffer's work")
+                    _driver.call(
+                        "cuStreamWaitEvent",
+                        stream,
+                        event.handle,
+                        0,
+                        detail="ordering a pool free after the buffer's work",
+                    )
             self.pool.free(self.ptr, stream)
 
 
@@ -412,8 +430,10 @@ def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
         raise TypeError(f"{what}: pool must be a umem_numba.MemoryPool, got {type(pool).__name__}")
     if pool.kind != kind:
         other = "DeviceBuffer" if pool.kind == "device" else "ManagedBuffer"
-        raise ValueError(f"{what}: this is a {pool.kind!r} pool; it makes {other}s, not "
-                         f"{'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}s")
+        raise ValueError(
+            f"{what}: this is a {pool.kind!r} pool; it makes {other}s, not "
+            f"{'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}s"
+        )
     pool._live()
     return pool
 

@@ -60,8 +60,9 @@ def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tupl
     return managed_span(obj, lo, hi, what), as_location(loc, require_concurrent=True, what=what)
 
 
-def prefetch(obj: Any, target: Target, stream: StreamLike = None,
-             start: int | None = None, stop: int | None = None) -> None:
+def prefetch(
+    obj: Any, target: Target, stream: StreamLike = None, start: int | None = None, stop: int | None = None
+) -> None:
     """Prefetch elements ``[start, stop)`` of ``obj`` to ``target`` on ``stream``.
 
     Parameters
@@ -119,8 +120,12 @@ def _issue_batch(prepared: list[tuple[ManagedSpan, Location]], handle: int) -> N
     sizes = [r.nbytes for r, _ in prepared]
     assert api.mem_prefetch_batch is not None  # _batch_possible said so
     res = api.mem_prefetch_batch(ptrs, sizes, len(prepared), locs, first, len(locs), 0, handle)
-    _check(res, "cuMemPrefetchBatchAsync", f"prefetching {len(prepared)} ranges to {len(locs)} location run(s)",
-           "PrefetchPlan.execute")
+    _check(
+        res,
+        "cuMemPrefetchBatchAsync",
+        f"prefetching {len(prepared)} ranges to {len(locs)} location run(s)",
+        "PrefetchPlan.execute",
+    )
 
 
 class _Entry(NamedTuple):
@@ -222,14 +227,14 @@ class PrefetchPlan:
             size = element_count(e.obj, what)
             if e.stop > size:  # a foreign array shrank since it was added
                 raise IndexError(f"{what}: out of bounds for {size} element(s)")
-            prepared.append((managed_span(e.obj, e.start, e.stop, what),
-                             as_location(e.target, require_concurrent=True, what=what)))
+            prepared.append(
+                (managed_span(e.obj, e.start, e.stop, what), as_location(e.target, require_concurrent=True, what=what))
+            )
         if not prepared:
             return
         device = stream_device(handle)
         as_location(device, require_concurrent=True, what="PrefetchPlan.execute (device of the stream)")
-        with _driver.device_context(device), DeviceUse(_uses(s for s, _ in prepared), handle,
-                                                        "PrefetchPlan.execute"):
+        with _driver.device_context(device), DeviceUse(_uses(s for s, _ in prepared), handle, "PrefetchPlan.execute"):
             if _batch_possible(handle, len(prepared)):
                 _issue_batch(prepared, handle)
             else:

@@ -126,7 +126,8 @@ def stats() -> dict[str, KindStats | PoolStats]:
     with _lock:
         out: dict[str, KindStats | PoolStats] = {
             k: KindStats(c.live_count, c.live_bytes, c.peak_bytes, c.total_allocations, c.total_bytes)
-            for k, c in _counters.items()}
+            for k, c in _counters.items()
+        }
     for name, source in list(_sources.items()):
         out[name] = source()
     out.setdefault("pool", PoolStats())

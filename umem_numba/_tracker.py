@@ -226,8 +226,10 @@ class Tracker:
         with self._lock:
             self._refuse_if_blocked("device use")
             if self.holds:
-                raise CoherenceError("a kernel launch (or other device use) was attempted while the host "
-                                     "holds this buffer (inside `with buf.on_host()`)")
+                raise CoherenceError(
+                    "a kernel launch (or other device use) was attempted while the host "
+                    "holds this buffer (inside `with buf.on_host()`)"
+                )
             if escape:
                 self.escaped = True
             else:
@@ -259,8 +261,9 @@ class Tracker:
         with self._lock:
             self._refuse_if_blocked(what)
             if self.holds:
-                raise CoherenceError(f"{what}: the buffer is held by the host (inside `with buf.on_host()`); "
-                                     "leave the block first")
+                raise CoherenceError(
+                    f"{what}: the buffer is held by the host (inside `with buf.on_host()`); leave the block first"
+                )
             self.inflight += 1
             writes, reads = self.writes, self.reads
             if not writes and not reads:
@@ -270,8 +273,15 @@ class Tracker:
                 covered += tuple(e for e in reads.values() if e.key == key)
             return [e for e in covered if e.key != key], covered
 
-    def end_use(self, key: int, event: _events.Event | None, write: bool,
-                covered: tuple[_events.Event, ...] = (), *, issued: bool = True) -> None:
+    def end_use(
+        self,
+        key: int,
+        event: _events.Event | None,
+        write: bool,
+        covered: tuple[_events.Event, ...] = (),
+        *,
+        issued: bool = True,
+    ) -> None:
         """File the event recorded after work registered by :meth:`begin_use`.
 
         ``event`` is ``None`` when recording failed: if the work was
@@ -328,8 +338,14 @@ class Tracker:
 
     def before_host_access(self, what: str) -> None:
         """Settle before host code reads or writes the memory."""
-        if (not self.writes and not self.reads and not self.unknown_devices and not self.escaped
-                and not self.inflight and self.concurrent):
+        if (
+            not self.writes
+            and not self.reads
+            and not self.unknown_devices
+            and not self.escaped
+            and not self.inflight
+            and self.concurrent
+        ):
             return
         self.settle(what, self.effective_policy())
 
@@ -383,15 +399,24 @@ class Tracker:
         # breaking it is a segmentation fault, not a stale read.
         self._wait(events, busy, unknown, gen, escaped, extra, what)
 
-    def _wait(self, events: list[_events.Event], busy: list[_events.Event], unknown: set[int], gen: int,
-              escaped: bool, extra: str | int | None, what: str) -> None:
+    def _wait(
+        self,
+        events: list[_events.Event],
+        busy: list[_events.Event],
+        unknown: set[int],
+        gen: int,
+        escaped: bool,
+        extra: str | int | None,
+        what: str,
+    ) -> None:
         for event in busy:
             event.synchronize()
         if escaped:
             _driver.synchronize_devices(None, f"{what}: waiting for other libraries' work on a shared buffer")
         elif unknown:
-            _driver.synchronize_devices(unknown | {self.device_id},
-                                        f"{what}: waiting for a launch umem_numba did not make")
+            _driver.synchronize_devices(
+                unknown | {self.device_id}, f"{what}: waiting for a launch umem_numba did not make"
+            )
         if extra == "context" and not escaped:
             _driver.synchronize_devices({self.device_id}, f"{what}: waiting for the device (no concurrent access)")
         elif isinstance(extra, int):
@@ -438,12 +463,16 @@ def _busy_message(what: str, busy: list[_events.Event], unknown: set[int], escap
         streams = ", ".join(f"{e.stream:#x}" if e.stream else "0 (default)" for e in busy)
         return f"{what}: device work on stream(s) {streams} may still be using this buffer"
     if unknown:
-        return (f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown, device(s) "
-                f"{', '.join(map(str, sorted(unknown)))}); launch through umem_numba.launch/coherent/jit "
-                "or call buf.synchronize() first")
-    return (f"{what}: this buffer was handed to another library (CUDA Array Interface or DLPack) outside "
-            "`buf.lend(stream)`, so its work cannot be seen; lend it instead, or call buf.synchronize() "
-            "and access it under coherence_policy('off')")
+        return (
+            f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown, device(s) "
+            f"{', '.join(map(str, sorted(unknown)))}); launch through umem_numba.launch/coherent/jit "
+            "or call buf.synchronize() first"
+        )
+    return (
+        f"{what}: this buffer was handed to another library (CUDA Array Interface or DLPack) outside "
+        "`buf.lend(stream)`, so its work cannot be seen; lend it instead, or call buf.synchronize() "
+        "and access it under coherence_policy('off')"
+    )
 
 
 class DeviceUse:
@@ -482,8 +511,9 @@ class DeviceUse:
 
     def __enter__(self) -> DeviceUse:
         if _driver.is_capturing(self.stream):
-            raise CoherenceError(f"{self.what}: the stream is capturing a CUDA graph; umem_numba cannot track "
-                                 "work inside a capture")
+            raise CoherenceError(
+                f"{self.what}: the stream is capturing a CUDA graph; umem_numba cannot track work inside a capture"
+            )
         self.key = _driver.stream_key(self.stream)
         begun: list[tuple[Tracker, bool]] = []
         try:

@@ -62,14 +62,18 @@ class _MappingTable:
     def claim(self, offset: int, size: int) -> None:
         """Reserve ``[offset, offset + size)`` for a new mapping: bounds, overlap, and a reference."""
         if offset + size > self.size:
-            raise ValueError(f"mapping {size} bytes at offset {offset} overflows the reserved range of "
-                             f"{self.size} bytes (offset + size = {offset + size})")
+            raise ValueError(
+                f"mapping {size} bytes at offset {offset} overflows the reserved range of "
+                f"{self.size} bytes (offset + size = {offset + size})"
+            )
         k = bisect.bisect_left(self.starts, offset)
-        for other in self.starts[max(0, k - 1):k + 1]:  # only the neighbours can overlap
+        for other in self.starts[max(0, k - 1) : k + 1]:  # only the neighbours can overlap
             other_size = self.maps[other]
             if offset < other + other_size and other < offset + size:
-                raise ValueError(f"mapping [{offset}, {offset + size}) overlaps the mapping at "
-                                 f"[{other}, {other + other_size}) of this range")
+                raise ValueError(
+                    f"mapping [{offset}, {offset + size}) overlaps the mapping at "
+                    f"[{other}, {other + other_size}) of this range"
+                )
         self.res.retain()
         self.maps[offset] = size
         bisect.insort(self.starts, offset)
@@ -137,8 +141,17 @@ class AddressRange:
 
     @classmethod
     def _reserve(cls, size: int, alignment: int, device_id: int) -> AddressRange:
-        ptr = int(_driver.call_on(device_id, "cuMemAddressReserve", size, alignment, 0, 0,
-                                  detail=f"reserving {size} bytes of device address space"))
+        ptr = int(
+            _driver.call_on(
+                device_id,
+                "cuMemAddressReserve",
+                size,
+                alignment,
+                0,
+                0,
+                detail=f"reserving {size} bytes of device address space",
+            )
+        )
         self = object.__new__(cls)
         self._ptr = ptr
         self._size = size
@@ -240,8 +253,14 @@ class PhysicalMemory:
         size = check_size(size, "physical allocation size")
         device_id = as_device(device, what="PhysicalMemory.create")
         check_multiple(size, granularity(device_id, exportable=bool(exportable)), "physical allocation size")
-        handle = _driver.call_on(device_id, "cuMemCreate", size, alloc_prop(device_id, bool(exportable)), 0,
-                                 detail=f"creating {size} bytes of physical memory on device {device_id}")
+        handle = _driver.call_on(
+            device_id,
+            "cuMemCreate",
+            size,
+            alloc_prop(device_id, bool(exportable)),
+            0,
+            detail=f"creating {size} bytes of physical memory on device {device_id}",
+        )
         return cls._adopt(handle, size, device_id, bool(exportable))
 
     @classmethod
@@ -274,8 +293,13 @@ class PhysicalMemory:
         size = check_size(size, "imported allocation size")
         device_id = as_device(device, what="PhysicalMemory.from_shareable_handle")
         check_multiple(size, granularity(device_id, exportable=True), "imported allocation size")
-        handle = _driver.call_on(device_id, "cuMemImportFromShareableHandle", fd, _driver.consts().vmm_posix_fd,
-                                 detail=f"importing VMM memory from file descriptor {fd}")
+        handle = _driver.call_on(
+            device_id,
+            "cuMemImportFromShareableHandle",
+            fd,
+            _driver.consts().vmm_posix_fd,
+            detail=f"importing VMM memory from file descriptor {fd}",
+        )
         return cls._adopt(handle, size, device_id, True)
 
     @classmethod
@@ -347,10 +371,18 @@ class PhysicalMemory:
         if self._res.closed:
             raise BufferClosedError(f"{self._res.what} is closed")
         if not self._exportable:
-            raise UnsupportedError("this physical memory was created without exportable=True, so the driver "
-                                   "cannot give a file descriptor for it")
-        fd = _driver.call_on(self._device_id, "cuMemExportToShareableHandle", self._handle,
-                             _driver.consts().vmm_posix_fd, 0, detail="exporting VMM memory as a POSIX file descriptor")
+            raise UnsupportedError(
+                "this physical memory was created without exportable=True, so the driver "
+                "cannot give a file descriptor for it"
+            )
+        fd = _driver.call_on(
+            self._device_id,
+            "cuMemExportToShareableHandle",
+            self._handle,
+            _driver.consts().vmm_posix_fd,
+            0,
+            detail="exporting VMM memory as a POSIX file descriptor",
+        )
         return int(fd)
 
     def close(self) -> None:
@@ -417,8 +449,9 @@ class Mapping:
             tx.append(table.unclaim, offset)
             pres.retain()
             tx.append(pres.unretain)
-            _driver.call_on(device_id, "cuMemMap", ptr, size, 0, physical._handle, 0,
-                            detail=f"mapping {size} bytes at {ptr:#x}")
+            _driver.call_on(
+                device_id, "cuMemMap", ptr, size, 0, physical._handle, 0, detail=f"mapping {size} bytes at {ptr:#x}"
+            )
             tx.commit()
 
         def unmap() -> None:

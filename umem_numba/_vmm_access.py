@@ -49,8 +49,10 @@ def as_access(flags: Any) -> AccessFlags:
     """Validate an access value (an :class:`AccessFlags` or the ints 0, 1, 3)."""
     value = as_int(flags, "access flags", "AccessFlags (NONE, READ, READ_WRITE)")
     if value not in _VALID_ACCESS:
-        raise ValueError(f"invalid access flags {value}: use AccessFlags.NONE (0), READ (1) or "
-                         "READ_WRITE (3); the driver has no write-only access")
+        raise ValueError(
+            f"invalid access flags {value}: use AccessFlags.NONE (0), READ (1) or "
+            "READ_WRITE (3); the driver has no write-only access"
+        )
     return AccessFlags(value)
 
 
@@ -79,8 +81,10 @@ def check_multiple(n: int, granularity: int, what: str) -> None:
     if n % granularity:
         lower = n - n % granularity
         hint = f"{lower} or {lower + granularity}" if lower else f"{granularity}"
-        raise ValueError(f"{what} ({n} bytes) must be a multiple of the allocation granularity "
-                         f"({granularity} bytes); nearest valid: {hint}")
+        raise ValueError(
+            f"{what} ({n} bytes) must be a multiple of the allocation granularity "
+            f"({granularity} bytes); nearest valid: {hint}"
+        )
 
 
 # The driver only reads these structures: build each one once (grow is a hot path).
@@ -128,8 +132,12 @@ def set_access(ptr: int, size: int, grants: dict[int, AccessFlags], detail: str)
 
 
 def get_access(ptr: int, device_id: int) -> AccessFlags:
-    flags = _driver.call("cuMemGetAccess", Location.device(device_id).to_cu(), ptr,
-                         detail=f"reading device {device_id}'s access to {ptr:#x}")
+    flags = _driver.call(
+        "cuMemGetAccess",
+        Location.device(device_id).to_cu(),
+        ptr,
+        detail=f"reading device {device_id}'s access to {ptr:#x}",
+    )
     return AccessFlags(int(flags))
 
 
@@ -141,15 +149,19 @@ def granularity(device_id: int, recommended: bool = False, exportable: bool = Fa
     g = _gran_cache.get(key)
     if g is None:
         c = _driver.consts()
-        g = int(_driver.call("cuMemGetAllocationGranularity", alloc_prop(device_id, exportable),
-                             c.granularity_recommended if recommended else c.granularity_minimum,
-                             detail=f"VMM granularity of device {device_id}"))
+        g = int(
+            _driver.call(
+                "cuMemGetAllocationGranularity",
+                alloc_prop(device_id, exportable),
+                c.granularity_recommended if recommended else c.granularity_minimum,
+                detail=f"VMM granularity of device {device_id}",
+            )
+        )
         _gran_cache[key] = g
     return g
 
 
-def allocation_granularity(device: Target = None, recommended: bool = False, *,
-                           exportable: bool = False) -> int:
+def allocation_granularity(device: Target = None, recommended: bool = False, *, exportable: bool = False) -> int:
     """Granularity of VMM sizes, offsets and addresses on a device.
 
     Parameters

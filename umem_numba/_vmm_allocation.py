@@ -79,8 +79,10 @@ class VMMChunks(Memory):
         """
         rng = self.range
         if rng is None or self.nbytes + size > rng.size:
-            raise ValueError(f"mapping {size} bytes after {self.nbytes} would pass the "
-                             f"{0 if rng is None else rng.size} reserved bytes")
+            raise ValueError(
+                f"mapping {size} bytes after {self.nbytes} would pass the "
+                f"{0 if rng is None else rng.size} reserved bytes"
+            )
         drv = _driver.api().drv
         prop = alloc_prop(self.device_id, self.exportable)
         start, end = self.nbytes, self.nbytes + size
@@ -90,8 +92,11 @@ class VMMChunks(Memory):
             offset = start
             while offset < end:
                 n = min(chunk_bytes or size, end - offset)
-                handle = _driver.check(drv.cuMemCreate(n, prop, 0), "cuMemCreate",
-                                       f"creating {n} bytes of physical memory on device {self.device_id}")
+                handle = _driver.check(
+                    drv.cuMemCreate(n, prop, 0),
+                    "cuMemCreate",
+                    f"creating {n} bytes of physical memory on device {self.device_id}",
+                )
                 self._map(_Chunk(handle, offset, n), new)
                 offset += n
             live: dict[int, AccessFlags] = {d: f for d, f in grants.items() if f != AccessFlags.NONE}
@@ -109,8 +114,9 @@ class VMMChunks(Memory):
             tx.append(self._release_handle, chunk)
             rng._mappings.claim(chunk.offset, chunk.size)
             tx.append(rng._mappings.unclaim, chunk.offset)
-            _driver.call("cuMemMap", ptr, chunk.size, 0, chunk.handle, 0,
-                         detail=f"mapping {chunk.size} bytes at {ptr:#x}")
+            _driver.call(
+                "cuMemMap", ptr, chunk.size, 0, chunk.handle, 0, detail=f"mapping {chunk.size} bytes at {ptr:#x}"
+            )
             tx.commit()
         done.append(chunk)
 
@@ -123,13 +129,19 @@ class VMMChunks(Memory):
             tx.append(self._drop, new)
             offset = 0
             for fd, n in pieces:
-                handle = _driver.check(drv.cuMemImportFromShareableHandle(fd, kind),
-                                       "cuMemImportFromShareableHandle",
-                                       f"importing VMM memory from file descriptor {fd}")
+                handle = _driver.check(
+                    drv.cuMemImportFromShareableHandle(fd, kind),
+                    "cuMemImportFromShareableHandle",
+                    f"importing VMM memory from file descriptor {fd}",
+                )
                 self._map(_Chunk(handle, offset, n), new)
                 offset += n
-            set_access(self.base, offset, {self.device_id: AccessFlags.READ_WRITE},
-                       f"granting device {self.device_id} READ_WRITE access to imported memory")
+            set_access(
+                self.base,
+                offset,
+                {self.device_id: AccessFlags.READ_WRITE},
+                f"granting device {self.device_id} READ_WRITE access to imported memory",
+            )
             tx.commit()
         self.chunks.extend(new)
         self.nbytes = offset
@@ -142,9 +154,11 @@ class VMMChunks(Memory):
         out: list[tuple[int, int]] = []
         with _driver.device_context(self.device_id), Transaction() as tx:
             for chunk in self.chunks:
-                fd = _driver.check(drv.cuMemExportToShareableHandle(chunk.handle, kind, 0),
-                                   "cuMemExportToShareableHandle",
-                                   "exporting VMM memory as a POSIX file descriptor")
+                fd = _driver.check(
+                    drv.cuMemExportToShareableHandle(chunk.handle, kind, 0),
+                    "cuMemExportToShareableHandle",
+                    "exporting VMM memory as a POSIX file descriptor",
+                )
                 tx.append(os.close, int(fd))
                 out.append((int(fd), chunk.size))
             tx.commit()

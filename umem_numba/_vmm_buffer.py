@@ -131,9 +131,16 @@ class VMMBuffer(Buffer):
 
     # -- construction -------------------------------------------------------------
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
-              capacity: int | None = None, exportable: bool = False,
-              chunk_bytes: int | None = None) -> VMMBuffer:
+    def empty(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        device: Target = None,
+        capacity: int | None = None,
+        exportable: bool = False,
+        chunk_bytes: int | None = None,
+    ) -> VMMBuffer:
         """Reserve address space for ``capacity`` rows and map memory for ``shape``.
 
         Parameters
@@ -192,36 +199,52 @@ class VMMBuffer(Buffer):
         return cls._wrap(alloc, shape, strides, dtype, cap)
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, *, device: Target = None,
-              capacity: int | None = None, exportable: bool = False, chunk_bytes: int | None = None,
-              stream: StreamLike = 0) -> VMMBuffer:
+    def zeros(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        device: Target = None,
+        capacity: int | None = None,
+        exportable: bool = False,
+        chunk_bytes: int | None = None,
+        stream: StreamLike = 0,
+    ) -> VMMBuffer:
         """Like :meth:`empty`, then zero every byte on ``stream`` (``cuMemsetD8Async``).
 
         Host reads wait for the memset (coherence).  Memory mapped by later
         growth is not zeroed.
         """
         handle = stream_handle(stream, what="VMMBuffer.zeros")
-        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable,
-                        chunk_bytes=chunk_bytes)
+        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes)
         buf._fill_zero(handle)
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, device: Target = None, capacity: int | None = None,
-                   exportable: bool = False, chunk_bytes: int | None = None) -> VMMBuffer:
+    def from_array(
+        cls,
+        array: Any,
+        *,
+        device: Target = None,
+        capacity: int | None = None,
+        exportable: bool = False,
+        chunk_bytes: int | None = None,
+    ) -> VMMBuffer:
         """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered).
 
         Keyword arguments are :meth:`empty`'s.
         """
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable,
-                        chunk_bytes=chunk_bytes)
+        buf = cls.empty(
+            src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes
+        )
         buf.copy_from_host(src)
         return buf
 
     @classmethod
-    def from_shareable_handle(cls, handle: int | Sequence[tuple[int, int]], shape: Any,
-                              dtype: Any = np.float32, *, device: Target = None) -> VMMBuffer:
+    def from_shareable_handle(
+        cls, handle: int | Sequence[tuple[int, int]], shape: Any, dtype: Any = np.float32, *, device: Target = None
+    ) -> VMMBuffer:
         """Map memory that another process exported (:meth:`export_fd` / :meth:`export_fds`).
 
         Parameters
@@ -274,8 +297,9 @@ class VMMBuffer(Buffer):
         return cls._wrap(alloc, shape, strides, dtype, shape[0])
 
     @classmethod
-    def _wrap(cls, alloc: VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...],
-              dtype: np.dtype, capacity: int) -> VMMBuffer:
+    def _wrap(
+        cls, alloc: VMMAllocation, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, capacity: int
+    ) -> VMMBuffer:
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._capacity = capacity
@@ -296,11 +320,12 @@ class VMMBuffer(Buffer):
         alloc = super()._live()
         assert isinstance(alloc, VMMAllocation)
         if not self._owner:
-            later = alloc.shrinks[self._epoch:]
+            later = alloc.shrinks[self._epoch :]
             if later and self._end > min(later):
                 raise BufferClosedError(
                     f"this view of a VMMBuffer (bytes up to {self._end}) lies beyond a shrink of the buffer "
-                    f"to {min(later)} bytes: its memory was released, so the view can no longer be used")
+                    f"to {min(later)} bytes: its memory was released, so the view can no longer be used"
+                )
         return alloc
 
     def _owner_alloc(self, what: str) -> VMMAllocation:
@@ -371,8 +396,9 @@ class VMMBuffer(Buffer):
         if n < self._shape[0]:
             raise ValueError(f"grow({n}) is smaller than the current length {self._shape[0]}; use shrink()")
         if n > self._capacity:
-            raise ValueError(f"cannot grow to {n}: the capacity is {self._capacity} "
-                             "(set capacity= when creating the buffer)")
+            raise ValueError(
+                f"cannot grow to {n}: the capacity is {self._capacity} (set capacity= when creating the buffer)"
+            )
         with alloc.resize_lock:
             need = round_up(n * _row_bytes(self._shape, self._dtype), alloc.granularity)
             if need > alloc.chunks.nbytes:
@@ -475,8 +501,12 @@ class VMMBuffer(Buffer):
         start, stop = self._access_span(alloc)
         with alloc.resize_lock, _driver.device_context(alloc.device_id):
             if stop > start:
-                set_access(alloc.device_ptr + start, stop - start, {target: fl},
-                           f"granting device {target} {fl.name} access to a VMMBuffer")
+                set_access(
+                    alloc.device_ptr + start,
+                    stop - start,
+                    {target: fl},
+                    f"granting device {target} {fl.name} access to a VMMBuffer",
+                )
             if self._owner:
                 alloc.grants[target] = fl
 
@@ -521,7 +551,8 @@ class VMMBuffer(Buffer):
                 f"set_access() on a view must start and end on chunk boundaries (the driver sets access on "
                 f"whole mappings): this view spans bytes [{start}, {stop}); the boundaries are "
                 f"{_some(bounds)}.  Create the buffer with chunk_bytes= (a multiple of {alloc.granularity}) "
-                "for finer ranges")
+                "for finer ranges"
+            )
         return start, stop
 
     # -- sharing between processes --------------------------------------------------
@@ -545,8 +576,9 @@ class VMMBuffer(Buffer):
         """
         alloc = self._owner_alloc("export_fds")
         if not alloc.chunks.exportable:
-            raise UnsupportedError("this VMMBuffer was created without exportable=True: its memory cannot be "
-                                   "exported as a file descriptor")
+            raise UnsupportedError(
+                "this VMMBuffer was created without exportable=True: its memory cannot be exported as a file descriptor"
+            )
         return alloc.chunks.export_fds()
 
     def export_fd(self) -> int:
@@ -563,8 +595,10 @@ class VMMBuffer(Buffer):
         alloc = self._owner_alloc("export_fd")
         n = len(alloc.chunks.chunks)
         if n != 1 and alloc.chunks.exportable:
-            raise UnsupportedError(f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
-                                   "use export_fds() and pass its list to from_shareable_handle()")
+            raise UnsupportedError(
+                f"this VMMBuffer is mapped from {n} chunks; export_fd() needs exactly one: "
+                "use export_fds() and pass its list to from_shareable_handle()"
+            )
         return self.export_fds()[0][0]
 
     def _repr_extra(self) -> str:

@@ -73,8 +73,15 @@ class BenchSkipped(Exception):
     """A benchmark cannot run on this machine; the message says why (no GPU, too little memory)."""
 
 
-def goal_row(name: str, value: float, goal: float | None = None, *, higher_is_better: bool = True,
-             unit: str = "x", note: str = "") -> dict[str, Any]:
+def goal_row(
+    name: str,
+    value: float,
+    goal: float | None = None,
+    *,
+    higher_is_better: bool = True,
+    unit: str = "x",
+    note: str = "",
+) -> dict[str, Any]:
     """One measured figure next to its goal, as every benchmark reports it.
 
     Parameters
@@ -100,8 +107,15 @@ def goal_row(name: str, value: float, goal: float | None = None, *, higher_is_be
     """
     value = float(value)
     met = None if goal is None else bool(value >= goal if higher_is_better else value <= goal)
-    return {"name": name, "value": value, "goal": None if goal is None else float(goal),
-            "higher_is_better": bool(higher_is_better), "unit": unit, "note": note, "met": met}
+    return {
+        "name": name,
+        "value": value,
+        "goal": None if goal is None else float(goal),
+        "higher_is_better": bool(higher_is_better),
+        "unit": unit,
+        "note": note,
+        "met": met,
+    }
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -126,8 +140,11 @@ def met_text(row: dict) -> str:
 
 def print_figures(rows: Iterable[dict], file: Any = None) -> None:
     """Print goal rows as a table: figure, value, goal, met."""
-    print_table([(r["name"], format_value(r["value"], r["unit"]), format_goal(r), met_text(r)) for r in rows],
-                ["figure", "value", "goal", ""], file=file)
+    print_table(
+        [(r["name"], format_value(r["value"], r["unit"]), format_goal(r), met_text(r)) for r in rows],
+        ["figure", "value", "goal", ""],
+        file=file,
+    )
 
 
 @contextlib.contextmanager
@@ -198,5 +215,9 @@ def write_json(path: str | None, data: dict) -> None:
 
 def device_name() -> str:
     from numba import cuda
-    return cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) \
+
+    return (
+        cuda.get_current_device().name.decode()
+        if isinstance(cuda.get_current_device().name, bytes)
         else str(cuda.get_current_device().name)
+    )

@@ -50,13 +50,18 @@ def _load(name: str) -> ModuleType:
 
 
 def _parse(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m umem_numba bench all", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m umem_numba bench all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created if missing)")
-    ap.add_argument("--quick", action="store_true",
-                    help="pass --quick to every benchmark (a smoke run: the goals are not meaningful)")
-    ap.add_argument("--only", metavar="NAMES", default=None,
-                    help=f"comma-separated subset of {','.join(names)} (default: all)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="pass --quick to every benchmark (a smoke run: the goals are not meaningful)",
+    )
+    ap.add_argument(
+        "--only", metavar="NAMES", default=None, help=f"comma-separated subset of {','.join(names)} (default: all)"
+    )
     args = ap.parse_args(argv)
     if args.only is not None:
         chosen = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -67,8 +72,9 @@ def _parse(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     return args
 
 
-def run_all(names: list[str], out_dir: str, *, quick: bool = False,
-            load: Callable[[str], ModuleType] = _load) -> dict[str, dict[str, Any]]:
+def run_all(
+    names: list[str], out_dir: str, *, quick: bool = False, load: Callable[[str], ModuleType] = _load
+) -> dict[str, dict[str, Any]]:
     """Run the named benchmarks one after the other; return ``{name: entry}``.
 
     Each entry has ``status`` (``"ran"``, ``"skipped"`` or ``"error"``),
@@ -108,8 +114,11 @@ def run_all(names: list[str], out_dir: str, *, quick: bool = False,
                 except BenchSkipped as exc:
                     entry = {"status": "skipped", "reason": str(exc)}
                 except Exception as exc:  # noqa: BLE001  (one failing benchmark must not stop the report)
-                    entry = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-                             "traceback": traceback.format_exc()}
+                    entry = {
+                        "status": "error",
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc(),
+                    }
                     print(entry["traceback"])
             entry["seconds"] = time.perf_counter() - t0
             entry["log"] = os.path.basename(log)
@@ -163,18 +172,25 @@ def _machine_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"- CUDA driver {dv // 1000}.{dv % 1000 // 10}, cuda-bindings {data.get('cuda_bindings', '?')}")
         for d in data["devices"]:
             cc = d["compute_capability"]
-            features = [k for k in ("concurrent_managed_access", "pageable_memory_access", "vmm_supported")
-                        if d.get(k)]
-            lines.append(f"- device {d['ordinal']}: {d['name']}, compute capability {cc[0]}.{cc[1]}, "
-                         f"{d['multiprocessors']} SMs, {d['memory_total'] / 2**30:.1f} GiB "
-                         f"({', '.join(features) or 'no unified-memory features'})")
+            features = [k for k in ("concurrent_managed_access", "pageable_memory_access", "vmm_supported") if d.get(k)]
+            lines.append(
+                f"- device {d['ordinal']}: {d['name']}, compute capability {cc[0]}.{cc[1]}, "
+                f"{d['multiprocessors']} SMs, {d['memory_total'] / 2**30:.1f} GiB "
+                f"({', '.join(features) or 'no unified-memory features'})"
+            )
     lines.append(f"- {versions}")
     return lines
 
 
-def write_report(out_dir: str, entries: dict[str, dict[str, Any]], machine: dict[str, Any], *,
-                 quick: bool = False, load: Callable[[str], ModuleType] = _load,
-                 started: str | None = None) -> dict[str, str]:
+def write_report(
+    out_dir: str,
+    entries: dict[str, dict[str, Any]],
+    machine: dict[str, Any],
+    *,
+    quick: bool = False,
+    load: Callable[[str], ModuleType] = _load,
+    started: str | None = None,
+) -> dict[str, str]:
     """Write ``report.json``, the charts and ``report.md`` for finished runs.
 
     Parameters
@@ -216,21 +232,36 @@ def write_report(out_dir: str, entries: dict[str, dict[str, Any]], machine: dict
                 entry.setdefault("chart_errors", []).append(f"{type(exc).__name__}: {exc}")
         charts[name] = files
 
-    report = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "started": started, "quick": quick, "machine": machine, "benchmarks": entries}
+    report = {
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "started": started,
+        "quick": quick,
+        "machine": machine,
+        "benchmarks": entries,
+    }
     json_path = os.path.join(out_dir, "report.json")
     with open(json_path, "w") as fh:
         json.dump(report, fh, indent=2, default=str)
 
     md: list[str] = ["# Benchmark report", ""]
-    md.append(f"Written by `python -m umem_numba bench all{' --quick' if quick else ''}` on "
-              f"{report['created']}. Every figure is measured in the same run as its reference; "
-              "ratios compare the two.")
+    md.append(
+        f"Written by `python -m umem_numba bench all{' --quick' if quick else ''}` on "
+        f"{report['created']}. Every figure is measured in the same run as its reference; "
+        "ratios compare the two."
+    )
     if quick:
         md += ["", "**Quick run**: small sizes and few repetitions; the goals are not meaningful here."]
     md += ["", "## Machine", ""] + _machine_lines(machine)
-    md += ["", "<details><summary><code>python -m umem_numba info</code></summary>", "", "```text",
-           format_info(machine), "```", "", "</details>"]
+    md += [
+        "",
+        "<details><summary><code>python -m umem_numba info</code></summary>",
+        "",
+        "```text",
+        format_info(machine),
+        "```",
+        "",
+        "</details>",
+    ]
     md += ["", "## Figures and goals", "", "| benchmark | figure | value | goal | |", "|---|---|---|---|---|"]
     for name, entry in entries.items():
         if entry["status"] == "skipped":
@@ -240,8 +271,10 @@ def write_report(out_dir: str, entries: dict[str, dict[str, Any]], machine: dict
         else:
             for f in entry["result"].get("figures", []):
                 met = met_text(f)
-                md.append(f"| {name} | {_md_escape(f['name'])} | {format_value(f['value'], f['unit'])} | "
-                          f"{format_goal(f)} | {'**MISSED**' if met == 'MISSED' else met} |")
+                md.append(
+                    f"| {name} | {_md_escape(f['name'])} | {format_value(f['value'], f['unit'])} | "
+                    f"{format_goal(f)} | {'**MISSED**' if met == 'MISSED' else met} |"
+                )
     for name, entry in entries.items():
         md += ["", f"## {name}", ""]
         if entry["status"] == "skipped":
@@ -299,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     entries = run_all(names, args.out, quick=args.quick)
     paths = write_report(args.out, entries, machine, quick=args.quick, started=started)
     print(f"wrote {paths['markdown']} and {paths['json']}")
-    failed = [n for n, e in entries.items()
-              if e["status"] == "error" or (e["status"] == "ran" and e["result"].get("ok") is False)]
+    failed = [
+        n
+        for n, e in entries.items()
+        if e["status"] == "error" or (e["status"] == "ran" and e["result"].get("ok") is False)
+    ]
     if failed:
         print(f"bench all: {', '.join(failed)} failed or produced wrong results (see the report)", file=sys.stderr)
         return 1

@@ -40,8 +40,10 @@ _HEADROOM = 1 << 30
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m umem_numba bench copy",
-                                description="Copy paths: managed/pinned/numpy vs numba's DeviceNDArray copies.")
+    p = argparse.ArgumentParser(
+        prog="python -m umem_numba bench copy",
+        description="Copy paths: managed/pinned/numpy vs numba's DeviceNDArray copies.",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--size-gib", type=float, default=1.0, metavar="N", help="bytes copied, in GiB (default 1)")
     p.add_argument("--reps", type=int, default=7, help="repetitions per figure (median; default 7)")
@@ -58,6 +60,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _median(reps: int, run: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
     from numba import cuda
+
     if setup:
         setup()
     run()  # warm-up
@@ -126,8 +129,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     free, _total = _driver.mem_get_info()
     need = 3 * nbytes + _HEADROOM
     if free < need:
-        raise BenchSkipped(f"needs {need / _GIB:.1f} GiB free device memory, has {free / _GIB:.1f}; "
-              "use a smaller --size-gib")
+        raise BenchSkipped(
+            f"needs {need / _GIB:.1f} GiB free device memory, has {free / _GIB:.1f}; use a smaller --size-gib"
+        )
 
     @cuda.jit
     def fill(a, s):
@@ -146,9 +150,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     dev = _driver.ensure_context()
     gbps = lambda t: nbytes / t / 1e9  # noqa: E731
     rows: list[list[Any]] = []
-    results: dict[str, Any] = {"device": device_name(), "bytes": nbytes, "reps": args.reps,
-                               "stage_to_host_default": _copy.STAGE_TO_HOST,
-                               "stage_from_host_default": _copy.STAGE_FROM_HOST}
+    results: dict[str, Any] = {
+        "device": device_name(),
+        "bytes": nbytes,
+        "reps": args.reps,
+        "stage_to_host_default": _copy.STAGE_TO_HOST,
+        "stage_from_host_default": _copy.STAGE_FROM_HOST,
+    }
 
     expect = (np.arange(n, dtype=np.float64) * 0.5 + 1.0).astype(np.float32)  # as the kernel computes it
 
@@ -167,8 +175,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     t_nb = _median(args.reps, lambda: d.copy_to_host(nb_pin))
     assert np.array_equal(pin.host, expect) and np.array_equal(nb_pin, expect)
     r1 = t_nb / t_ours
-    rows.append(["managed -> PinnedBuffer", f"{gbps(t_ours):.1f}", f"numba DtoH pinned {gbps(t_nb):.1f}",
-                 f"{r1:.2f}x", goal_text(r1, 0.9)])
+    rows.append(
+        [
+            "managed -> PinnedBuffer",
+            f"{gbps(t_ours):.1f}",
+            f"numba DtoH pinned {gbps(t_nb):.1f}",
+            f"{r1:.2f}x",
+            goal_text(r1, 0.9),
+        ]
+    )
     results["to_pinned"] = {"ours_s": t_ours, "numba_s": t_nb, "ratio": r1, "goal": 0.9}
 
     # 2. -> new numpy
@@ -180,14 +195,33 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     t_auto = t_staged if _copy.STAGE_TO_HOST else t_direct
     r2 = t_nb / t_auto
     faster = "staged" if t_staged < t_direct else "direct"
-    rows.append(["managed -> new numpy (driver path)", f"{gbps(t_direct):.1f}",
-                 f"numba copy_to_host() {gbps(t_nb):.1f}", f"{t_nb / t_direct:.2f}x", ""])
-    rows.append(["managed -> new numpy (pinned staging)", f"{gbps(t_staged):.1f}", "",
-                 f"{t_nb / t_staged:.2f}x", ""])
-    rows.append([f"  default path ({'staged' if _copy.STAGE_TO_HOST else 'direct'}); faster: {faster}",
-                 f"{gbps(t_auto):.1f}", "", f"{r2:.2f}x", goal_text(r2, 0.9)])
-    results["to_new_numpy"] = {"direct_s": t_direct, "staged_s": t_staged, "numba_s": t_nb, "ratio": r2,
-                               "goal": 0.9, "faster_path": faster}
+    rows.append(
+        [
+            "managed -> new numpy (driver path)",
+            f"{gbps(t_direct):.1f}",
+            f"numba copy_to_host() {gbps(t_nb):.1f}",
+            f"{t_nb / t_direct:.2f}x",
+            "",
+        ]
+    )
+    rows.append(["managed -> new numpy (pinned staging)", f"{gbps(t_staged):.1f}", "", f"{t_nb / t_staged:.2f}x", ""])
+    rows.append(
+        [
+            f"  default path ({'staged' if _copy.STAGE_TO_HOST else 'direct'}); faster: {faster}",
+            f"{gbps(t_auto):.1f}",
+            "",
+            f"{r2:.2f}x",
+            goal_text(r2, 0.9),
+        ]
+    )
+    results["to_new_numpy"] = {
+        "direct_s": t_direct,
+        "staged_s": t_staged,
+        "numba_s": t_nb,
+        "ratio": r2,
+        "goal": 0.9,
+        "faster_path": faster,
+    }
 
     # 3. numpy -> managed, then a kernel
     host = np.random.default_rng().random(n, dtype=np.float32)
@@ -202,6 +236,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             m2.copy_from_host(host, stream=s, staging=staging)
             um.launch(scale, blocks, threads, m2, 2.0, stream=s)
             s.synchronize()
+
         return run
 
     def nb_pinned() -> None:
@@ -231,17 +266,38 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     t_auto = t_staged if _copy.STAGE_FROM_HOST else t_direct
     r3 = t_pin / t_auto
     faster3 = "staged" if t_staged < t_direct else "direct"
-    rows.append(["numpy -> managed + kernel (driver path)", f"{gbps(t_direct):.1f}",
-                 f"pinned H2D + kernel {gbps(t_pin):.1f}", f"{t_pin / t_direct:.2f}x", ""])
-    rows.append(["numpy -> managed + kernel (pinned staging)", f"{gbps(t_staged):.1f}", "",
-                 f"{t_pin / t_staged:.2f}x", ""])
-    rows.append([f"  default path ({'staged' if _copy.STAGE_FROM_HOST else 'direct'}); faster: {faster3}",
-                 f"{gbps(t_auto):.1f}", f"numba pageable H2D + kernel {gbps(t_page):.1f}", f"{r3:.2f}x",
-                 goal_text(r3, 0.9)])
+    rows.append(
+        [
+            "numpy -> managed + kernel (driver path)",
+            f"{gbps(t_direct):.1f}",
+            f"pinned H2D + kernel {gbps(t_pin):.1f}",
+            f"{t_pin / t_direct:.2f}x",
+            "",
+        ]
+    )
+    rows.append(
+        ["numpy -> managed + kernel (pinned staging)", f"{gbps(t_staged):.1f}", "", f"{t_pin / t_staged:.2f}x", ""]
+    )
+    rows.append(
+        [
+            f"  default path ({'staged' if _copy.STAGE_FROM_HOST else 'direct'}); faster: {faster3}",
+            f"{gbps(t_auto):.1f}",
+            f"numba pageable H2D + kernel {gbps(t_page):.1f}",
+            f"{r3:.2f}x",
+            goal_text(r3, 0.9),
+        ]
+    )
     rows.append(["numpy -> new managed buffer + kernel", f"{gbps(t_fresh):.1f}", "", f"{t_pin / t_fresh:.2f}x", ""])
-    results["from_numpy_then_kernel"] = {"direct_s": t_direct, "staged_s": t_staged, "numba_pinned_s": t_pin,
-                                         "numba_pageable_s": t_page, "fresh_buffer_s": t_fresh, "ratio": r3,
-                                         "goal": 0.9, "faster_path": faster3}
+    results["from_numpy_then_kernel"] = {
+        "direct_s": t_direct,
+        "staged_s": t_staged,
+        "numba_pinned_s": t_pin,
+        "numba_pageable_s": t_page,
+        "fresh_buffer_s": t_fresh,
+        "ratio": r3,
+        "goal": 0.9,
+        "faster_path": faster3,
+    }
 
     # 4. kernel into HOST_MAPPED memory vs device-resident + copy back
     hm = um.ManagedBuffer.empty(n, np.float32)
@@ -261,8 +317,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     t_hm = _median(args.reps, host_mapped)
     t_dc = _median(args.reps, device_then_copy)
     assert np.array_equal(hm.host, expect) and np.array_equal(pin.host, expect)
-    rows.append(["kernel -> HOST_MAPPED managed", f"{gbps(t_hm):.1f}",
-                 f"kernel on device + copy to pinned {gbps(t_dc):.1f}", f"{t_dc / t_hm:.2f}x", "(no goal)"])
+    rows.append(
+        [
+            "kernel -> HOST_MAPPED managed",
+            f"{gbps(t_hm):.1f}",
+            f"kernel on device + copy to pinned {gbps(t_dc):.1f}",
+            f"{t_dc / t_hm:.2f}x",
+            "(no goal)",
+        ]
+    )
     results["host_mapped"] = {"host_mapped_s": t_hm, "device_plus_copy_s": t_dc, "ratio": t_dc / t_hm}
 
     print(f"bench copy on {results['device']}: {nbytes / _GIB:.2f} GiB, median of {args.reps}")
@@ -272,9 +335,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     results["figures"] = [
         goal_row("managed -> PinnedBuffer / numba DtoH into pinned", results["to_pinned"]["ratio"], 0.9),
         goal_row("managed -> new numpy / numba copy_to_host()", results["to_new_numpy"]["ratio"], 0.9),
-        goal_row("numpy -> managed + kernel / numba pinned H2D + kernel",
-                 results["from_numpy_then_kernel"]["ratio"], 0.9),
-        goal_row("kernel into HOST_MAPPED memory / device + copy back", results["host_mapped"]["ratio"],
-                 note="no goal"),
+        goal_row(
+            "numpy -> managed + kernel / numba pinned H2D + kernel", results["from_numpy_then_kernel"]["ratio"], 0.9
+        ),
+        goal_row(
+            "kernel into HOST_MAPPED memory / device + copy back", results["host_mapped"]["ratio"], note="no goal"
+        ),
     ]
     return results

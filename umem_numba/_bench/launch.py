@@ -54,11 +54,15 @@ class _PlainCAI:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m umem_numba bench launch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m umem_numba bench launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--launches", type=int, default=None, help="launches per batch (default 2000; 200 with --quick)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved rounds; best is kept (default 5; 2 with --quick)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds; best is kept (default 5; 2 with --quick)"
+    )
     ap.add_argument("--quick", action="store_true", help="fewer launches and rounds (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     args = ap.parse_args(argv)
@@ -171,24 +175,50 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     def per_arg(kind: str) -> float:
         return (best[f"{kind} (5 args)"] - best[f"{kind} (1 args)"]) / 4
 
-    figures = [goal_row(f"coherent ManagedBuffer launch / DeviceNDArray launch, {k} argument(s)",
-                        best[f"ManagedBuffer, coherent ({k} args)"] / best[f"DeviceNDArray ({k} args)"],
-                        GOAL_COHERENT_RATIO, higher_is_better=False) for k in ARG_COUNTS]
+    figures = [
+        goal_row(
+            f"coherent ManagedBuffer launch / DeviceNDArray launch, {k} argument(s)",
+            best[f"ManagedBuffer, coherent ({k} args)"] / best[f"DeviceNDArray ({k} args)"],
+            GOAL_COHERENT_RATIO,
+            higher_is_better=False,
+        )
+        for k in ARG_COUNTS
+    ]
     figures += [
-        goal_row("coherence per extra buffer argument", per_arg("ManagedBuffer, coherent") - per_arg("ManagedBuffer"),
-                 GOAL_PER_ARG_US, higher_is_better=False, unit="µs"),
-        goal_row("ManagedBuffer launch / DeviceNDArray launch", best["ManagedBuffer (1 args)"] / ref("1"),
-                 GOAL_RATIO, higher_is_better=False),
+        goal_row(
+            "coherence per extra buffer argument",
+            per_arg("ManagedBuffer, coherent") - per_arg("ManagedBuffer"),
+            GOAL_PER_ARG_US,
+            higher_is_better=False,
+            unit="µs",
+        ),
+        goal_row(
+            "ManagedBuffer launch / DeviceNDArray launch",
+            best["ManagedBuffer (1 args)"] / ref("1"),
+            GOAL_RATIO,
+            higher_is_better=False,
+        ),
         goal_row("host-access check, nothing pending", check_us, GOAL_CHECK_US, higher_is_better=False, unit="µs"),
-        goal_row("plain CAI object launch / DeviceNDArray launch", best["plain CAI object (1 arg)"] / ref("1"),
-                 higher_is_better=False, note="what a naive wrapper costs; no goal"),
+        goal_row(
+            "plain CAI object launch / DeviceNDArray launch",
+            best["plain CAI object (1 arg)"] / ref("1"),
+            higher_is_better=False,
+            note="what a naive wrapper costs; no goal",
+        ),
     ]
     print()
     print_figures(figures)
     print(f"\n`buf.host` (check + numpy view creation): {host_us:.2f} µs")
-    return {"benchmark": "launch", "launches": args.launches, "rounds": args.rounds,
-            "us_per_launch": best, "host_check_us": check_us, "host_view_us": host_us,
-            "ratios": {r["name"]: r["value"] for r in figures}, "figures": figures}
+    return {
+        "benchmark": "launch",
+        "launches": args.launches,
+        "rounds": args.rounds,
+        "us_per_launch": best,
+        "host_check_us": check_us,
+        "host_view_us": host_us,
+        "ratios": {r["name"]: r["value"] for r in figures},
+        "figures": figures,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

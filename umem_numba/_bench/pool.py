@@ -28,8 +28,10 @@ _GOAL_US = 2.0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m umem_numba bench pool",
-                                description="Allocate+free 1 MiB: umem pools vs cuMemAllocManaged vs CuPy's pool.")
+    p = argparse.ArgumentParser(
+        prog="python -m umem_numba bench pool",
+        description="Allocate+free 1 MiB: umem pools vs cuMemAllocManaged vs CuPy's pool.",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--iterations", type=int, default=20_000, help="cycles per batch (default 20000)")
     p.add_argument("--quick", action="store_true", help="2000 cycles per batch")
@@ -107,6 +109,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
         def cycle() -> None:
             free(alloc(_SIZE, h), h)
+
         return cycle
 
     def managed_buf(pool: Any) -> Callable[[], None]:
@@ -122,23 +125,31 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             cases.append((f"umem {kind} pool (buffer)", pool, True))
         else:
             cases.append((f"umem {kind} pool (raw allocate/free)", raw(pool), True))
-            cases.append((f"umem {kind} pool ({'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}"
-                          ".empty + close)", make_buf(pool), True))
+            cases.append(
+                (
+                    f"umem {kind} pool ({'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}.empty + close)",
+                    make_buf(pool),
+                    True,
+                )
+            )
 
     def driver_managed() -> None:
         err, ptr = drv.cuMemAllocManaged(_SIZE, 1)
         drv.cuMemFree(ptr)
 
     cases.append(("cuMemAllocManaged + cuMemFree", driver_managed, False))
-    cases.append(("ManagedBuffer.empty + close (no pool)",
-                  lambda: um.ManagedBuffer.empty(_SIZE, np.uint8).close(), False))
+    cases.append(
+        ("ManagedBuffer.empty + close (no pool)", lambda: um.ManagedBuffer.empty(_SIZE, np.uint8).close(), False)
+    )
     cases.append(("numba cuda.managed_array", lambda: cuda.managed_array(_SIZE, np.uint8), False))
     try:
         import cupy
+
         cp_pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
 
         def cupy_cycle() -> None:
             cp_pool.malloc(_SIZE)  # back to the pool when the pointer is dropped
+
         cases.append(("CuPy managed MemoryPool", cupy_cycle, False))
     except Exception as exc:  # not installed, or no CUDA for it
         cases.append(("CuPy managed MemoryPool", f"not importable: {type(exc).__name__}: {exc}", False))
@@ -161,7 +172,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             pool.close()
     print(f"bench pool on {results['device']}: allocate + free {_SIZE >> 20} MiB, best of 3 batches of {n}")
     print_table(rows, ["allocator", "µs per cycle", f"goal <= {_GOAL_US} µs"])
-    results["figures"] = [goal_row(f"allocate + free 1 MiB: {name}", c["us_per_cycle"], _GOAL_US if c["goal"] else None,
-                                   higher_is_better=False, unit="µs")
-                          for name, c in results["cases"].items() if isinstance(c, dict) and "us_per_cycle" in c]
+    results["figures"] = [
+        goal_row(
+            f"allocate + free 1 MiB: {name}",
+            c["us_per_cycle"],
+            _GOAL_US if c["goal"] else None,
+            higher_is_better=False,
+            unit="µs",
+        )
+        for name, c in results["cases"].items()
+        if isinstance(c, dict) and "us_per_cycle" in c
+    ]
     return results

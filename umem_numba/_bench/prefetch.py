@@ -42,11 +42,18 @@ class _Refused(Exception):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m umem_numba bench prefetch",
-                                description="Managed-memory prefetch vs pinned copies, faults and batching.")
+    p = argparse.ArgumentParser(
+        prog="python -m umem_numba bench prefetch",
+        description="Managed-memory prefetch vs pinned copies, faults and batching.",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--size-gib", type=float, default=1.0, metavar="N",
-                   help="buffer size in GiB (default 1; the goals are defined for >= 1)")
+    p.add_argument(
+        "--size-gib",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="buffer size in GiB (default 1; the goals are defined for >= 1)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = p.parse_args(argv)
     if not args.size_gib > 0:
@@ -91,9 +98,11 @@ def _gbps(nbytes: int, seconds: float) -> float:
 def _check_free(nbytes: int, what: str) -> str:
     free, _ = _driver.mem_get_info()
     if nbytes + _HEADROOM > free:
-        return (f"refusing to run: {what} needs {nbytes / _GIB:.2f} GiB of device memory plus "
-                f"{_HEADROOM >> 20} MiB headroom, but only {free / _GIB:.2f} GiB is free "
-                "(managed memory must never oversubscribe the GPU); try a smaller --size-gib")
+        return (
+            f"refusing to run: {what} needs {nbytes / _GIB:.2f} GiB of device memory plus "
+            f"{_HEADROOM >> 20} MiB headroom, but only {free / _GIB:.2f} GiB is free "
+            "(managed memory must never oversubscribe the GPU); try a smaller --size-gib"
+        )
     return ""
 
 
@@ -102,8 +111,8 @@ def _fill_random(host: np.ndarray, rng: np.random.Generator) -> None:
     tile = (rng.random(1 << 20, dtype=np.float32) + 0.5).astype(np.float32)
     flat = host.reshape(-1)
     for i in range(0, flat.size, tile.size):
-        chunk = flat[i:i + tile.size]
-        chunk[:] = tile[:chunk.size]
+        chunk = flat[i : i + tile.size]
+        chunk[:] = tile[: chunk.size]
 
 
 def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]:
@@ -145,8 +154,11 @@ def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, flo
         ptr, h = buf.ptr, clock.handle
 
         def numa_prefetch() -> None:
-            _driver.check(_driver.api().mem_prefetch(ptr, nbytes, loc, 0, h), "cuMemPrefetchAsync",
-                          f"prefetch to host NUMA node {numa}")
+            _driver.check(
+                _driver.api().mem_prefetch(ptr, nbytes, loc, 0, h),
+                "cuMemPrefetchAsync",
+                f"prefetch to host NUMA node {numa}",
+            )
 
         numa_prefetch()
         t, _ = _median_time(clock, reps, to_dev, numa_prefetch)
@@ -256,8 +268,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if not batched:
             notes.append("the plan went out as single calls (no cuMemPrefetchBatchAsync here)")
         elif issue_plan > 0.5 * t_plan:
-            notes.append(f"the batched call held the host for {issue_plan * 1e3:.1f} of its {t_plan * 1e3:.1f} ms: "
-                         "the driver did the migration before returning, not asynchronously")
+            notes.append(
+                f"the batched call held the host for {issue_plan * 1e3:.1f} of its {t_plan * 1e3:.1f} ms: "
+                "the driver did the migration before returning, not asynchronously"
+            )
     finally:
         buf.close()
 
@@ -268,18 +282,31 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if best_variant and best_variant[1] > 1.1 * d2h:
             msg += f"; {best_variant[0]} does better ({best_variant[1]:.1f} GB/s)"
         else:
-            msg += ("; no alternative way of issuing it helps (see d2h variants): the driver's migration "
-                    "into host pages is the limit")
+            msg += (
+                "; no alternative way of issuing it helps (see d2h variants): the driver's migration "
+                "into host pages is the limit"
+            )
         notes.append(msg)
     rows = [
-        {"test": "(1) prefetch host->device vs pinned copy", "gbps": _gbps(nbytes, t_h2d),
-         "reference_gbps": pinned["h2d"], "goal": 0.9},
-        {"test": "(2) prefetch device->host vs pinned copy", "gbps": d2h,
-         "reference_gbps": pinned["d2h"], "goal": 0.8},
-        {"test": "(3) kernel on host-resident data: prefetch+kernel vs faults", "gbps": _gbps(nbytes, t_pf_kernel),
-         "reference_gbps": _gbps(nbytes, t_fault), "goal": None},
-        {"test": f"(4) {_PLAN_ENTRIES}-entry plan vs {_PLAN_ENTRIES} calls, host->device",
-         "gbps": _gbps(nbytes, t_plan), "reference_gbps": _gbps(nbytes, t_single), "goal": None},
+        {
+            "test": "(1) prefetch host->device vs pinned copy",
+            "gbps": _gbps(nbytes, t_h2d),
+            "reference_gbps": pinned["h2d"],
+            "goal": 0.9,
+        },
+        {"test": "(2) prefetch device->host vs pinned copy", "gbps": d2h, "reference_gbps": pinned["d2h"], "goal": 0.8},
+        {
+            "test": "(3) kernel on host-resident data: prefetch+kernel vs faults",
+            "gbps": _gbps(nbytes, t_pf_kernel),
+            "reference_gbps": _gbps(nbytes, t_fault),
+            "goal": None,
+        },
+        {
+            "test": f"(4) {_PLAN_ENTRIES}-entry plan vs {_PLAN_ENTRIES} calls, host->device",
+            "gbps": _gbps(nbytes, t_plan),
+            "reference_gbps": _gbps(nbytes, t_single),
+            "goal": None,
+        },
     ]
     for r in rows:
         r["ratio"] = r["gbps"] / r["reference_gbps"]
@@ -287,10 +314,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     figures = [
         goal_row("prefetch host->device / pinned copy", rows[0]["ratio"], 0.9),
         goal_row("prefetch device->host / pinned copy", rows[1]["ratio"], 0.8),
-        goal_row("kernel on host-resident data: faults time / (prefetch + kernel) time", rows[2]["ratio"],
-                 note="how much sooner prefetch + kernel finishes than a kernel faulting the pages in"),
-        goal_row(f"{_PLAN_ENTRIES}-entry plan / {_PLAN_ENTRIES} single calls, host->device bandwidth",
-                 rows[3]["ratio"]),
+        goal_row(
+            "kernel on host-resident data: faults time / (prefetch + kernel) time",
+            rows[2]["ratio"],
+            note="how much sooner prefetch + kernel finishes than a kernel faulting the pages in",
+        ),
+        goal_row(
+            f"{_PLAN_ENTRIES}-entry plan / {_PLAN_ENTRIES} single calls, host->device bandwidth", rows[3]["ratio"]
+        ),
     ]
     return {
         "benchmark": "prefetch",
@@ -301,11 +332,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "repetitions": reps,
         "statistic": "median",
         "rows": rows,
-        "d2h": {"first_cold_gbps": _gbps(nbytes, first_d2h),
-                "plain_gbps": d2h, "variants_gbps": variants},
+        "d2h": {"first_cold_gbps": _gbps(nbytes, first_d2h), "plain_gbps": d2h, "variants_gbps": variants},
         "kernel": {"fault_s": t_fault, "prefetch_plus_kernel_s": t_pf_kernel, "values_ok": values_ok},
-        "plan": {"batched_driver_call": batched, "issue_us_plan": issue_plan * 1e6,
-                 "issue_us_singles": issue_single * 1e6},
+        "plan": {
+            "batched_driver_call": batched,
+            "issue_us_plan": issue_plan * 1e6,
+            "issue_us_singles": issue_single * 1e6,
+        },
         "host_issue_us": {"prefetch_h2d": issue_h2d * 1e6, "prefetch_d2h": issue_d2h * 1e6},
         "notes": notes,
     }
@@ -313,8 +346,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print(res: dict[str, Any]) -> None:
     dev = res["device"]
-    print(f"umem_numba prefetch benchmark: {dev['name']} (device {dev['ordinal']}), "
-          f"{res['size_bytes'] / _GIB:.2f} GiB, median of {res['repetitions']}")
+    print(
+        f"umem_numba prefetch benchmark: {dev['name']} (device {dev['ordinal']}), "
+        f"{res['size_bytes'] / _GIB:.2f} GiB, median of {res['repetitions']}"
+    )
     rows = []
     for r in res["rows"]:
         goal = "-" if r["goal"] is None else f">= {r['goal']:.2f}x"
@@ -322,16 +357,24 @@ def _print(res: dict[str, Any]) -> None:
         rows.append([r["test"], f"{r['gbps']:.1f}", f"{r['reference_gbps']:.1f}", f"{r['ratio']:.2f}x", goal, met])
     print_table(rows, ["test", "GB/s", "reference GB/s", "ratio", "goal", ""])
     d2h = res["d2h"]
-    print(f"device->host: first (cold) {d2h['first_cold_gbps']:.1f} GB/s, "
-          f"plain call {d2h['plain_gbps']:.1f} GB/s" +
-          "".join(f"; {k} {v:.1f} GB/s" for k, v in d2h["variants_gbps"].items()))
+    print(
+        f"device->host: first (cold) {d2h['first_cold_gbps']:.1f} GB/s, "
+        f"plain call {d2h['plain_gbps']:.1f} GB/s"
+        + "".join(f"; {k} {v:.1f} GB/s" for k, v in d2h["variants_gbps"].items())
+    )
     k, p, i = res["kernel"], res["plan"], res["host_issue_us"]
-    print(f"host time to issue one whole-buffer prefetch: {i['prefetch_h2d']:.0f} us host->device, "
-          f"{i['prefetch_d2h']:.0f} us device->host")
-    print(f"kernel: faults {k['fault_s'] * 1e3:.1f} ms, prefetch+kernel {k['prefetch_plus_kernel_s'] * 1e3:.1f} ms, "
-          f"values {'ok' if k['values_ok'] else 'WRONG'}")
-    print(f"plan: {'one batched call' if p['batched_driver_call'] else 'single calls'}, host issue "
-          f"{p['issue_us_plan']:.0f} us vs {p['issue_us_singles']:.0f} us for {_PLAN_ENTRIES} calls")
+    print(
+        f"host time to issue one whole-buffer prefetch: {i['prefetch_h2d']:.0f} us host->device, "
+        f"{i['prefetch_d2h']:.0f} us device->host"
+    )
+    print(
+        f"kernel: faults {k['fault_s'] * 1e3:.1f} ms, prefetch+kernel {k['prefetch_plus_kernel_s'] * 1e3:.1f} ms, "
+        f"values {'ok' if k['values_ok'] else 'WRONG'}"
+    )
+    print(
+        f"plan: {'one batched call' if p['batched_driver_call'] else 'single calls'}, host issue "
+        f"{p['issue_us_plan']:.0f} us vs {p['issue_us_singles']:.0f} us for {_PLAN_ENTRIES} calls"
+    )
     for n in res["notes"]:
         print(f"note: {n}")
 

@@ -53,10 +53,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m umem_numba bench scale", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, default=None, metavar="N",
-                    help="GPUs for the N-GPU points (default: all, >= 2)")
+    ap = argparse.ArgumentParser(
+        prog="python -m umem_numba bench scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--gpus", type=int, default=None, metavar="N", help="GPUs for the N-GPU points (default: all, >= 2)"
+    )
     ap.add_argument("--size", type=int, default=16384, metavar="N", help="plate width; strong-scaling side (16384)")
     ap.add_argument("--weak-rows", type=int, default=None, metavar="N", help="rows per GPU for weak scaling (= --size)")
     ap.add_argument("--steps", type=int, default=100, metavar="N", help="timed steps per trial (100)")
@@ -64,10 +68,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPI path")
     ap.add_argument("--no-peer", action="store_true", help="skip the single-process peer path")
-    ap.add_argument("--halos", default="copy,vmm", metavar="LIST",
-                    help="peer path halo modes to measure, from copy,vmm (default both)")
-    ap.add_argument("--mpi-halos", default="pinned,ipc", metavar="LIST",
-                    help="MPI path halo modes (examples/heat2d_mpi.py --halo), from pinned,ipc (default both)")
+    ap.add_argument(
+        "--halos",
+        default="copy,vmm",
+        metavar="LIST",
+        help="peer path halo modes to measure, from copy,vmm (default both)",
+    )
+    ap.add_argument(
+        "--mpi-halos",
+        default="pinned,ipc",
+        metavar="LIST",
+        help="MPI path halo modes (examples/heat2d_mpi.py --halo), from pinned,ipc (default both)",
+    )
     ap.add_argument("--quick", action="store_true", help="8192 wide, 30 steps (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--png", metavar="PATH", help="write a chart (matplotlib)")
@@ -91,12 +103,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _plate(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
     u = np.zeros(shape, dtype)
     u[:, 0] = 1.0
-    u[shape[0] // 3: shape[0] // 2, shape[1] // 3: shape[1] // 2] = 1.0
+    u[shape[0] // 3 : shape[0] // 2, shape[1] // 3 : shape[1] // 2] = 1.0
     return u
 
 
-def _peer_point(u0: np.ndarray, devices: list[int], args: argparse.Namespace,
-                halo: str = "copy") -> tuple[dict, np.ndarray]:
+def _peer_point(
+    u0: np.ndarray, devices: list[int], args: argparse.Namespace, halo: str = "copy"
+) -> tuple[dict, np.ndarray]:
     import warnings
 
     from umem_numba.kernels.multigpu import MultiGPUHeat
@@ -109,10 +122,18 @@ def _peer_point(u0: np.ndarray, devices: list[int], args: argparse.Namespace,
         with_ex = [run.timed(args.steps) for _ in range(args.trials)]
         without = [run.timed(args.steps, exchange=False) for _ in range(args.trials)] if len(devices) > 1 else with_ex
         t, t0 = statistics.median(with_ex), statistics.median(without)
-        point = {"gpus": len(devices), "devices": devices, "shape": list(u0.shape), "transports": run.transports,
-                 "halo": run.halo, "halo_fallback": run.fallback,
-                 "ms_per_step": t / args.steps * 1e3, "compute_ms_per_step": t0 / args.steps * 1e3,
-                 "halo_us_per_step": max(t - t0, 0.0) / args.steps * 1e6, "trials_s": with_ex}
+        point = {
+            "gpus": len(devices),
+            "devices": devices,
+            "shape": list(u0.shape),
+            "transports": run.transports,
+            "halo": run.halo,
+            "halo_fallback": run.fallback,
+            "ms_per_step": t / args.steps * 1e3,
+            "compute_ms_per_step": t0 / args.steps * 1e3,
+            "halo_us_per_step": max(t - t0, 0.0) / args.steps * 1e6,
+            "trials_s": with_ex,
+        }
         # A fixed number of steps from the start for the bitwise comparison.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -145,8 +166,27 @@ def _mpirun() -> tuple[list[str] | None, str]:
 def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace, halo: str = "pinned") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), "--size", str(args.size), "--rows", str(rows),
-               "--steps", str(args.steps + 3), "--warmup", "3", "--dtype", args.dtype, "--out", "", "--json", out]
+        cmd = [
+            *mpirun,
+            "-np",
+            str(ranks),
+            sys.executable,
+            str(EXAMPLE),
+            "--size",
+            str(args.size),
+            "--rows",
+            str(rows),
+            "--steps",
+            str(args.steps + 3),
+            "--warmup",
+            "3",
+            "--dtype",
+            args.dtype,
+            "--out",
+            "",
+            "--json",
+            out,
+        ]
         cmd += ["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
@@ -154,10 +194,15 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             return {"ranks": ranks, "error": f"exit {r.returncode}: {(r.stderr or r.stdout)[-800:]}"}
         with open(out) as fh:
             data = json.load(fh)
-    return {"ranks": ranks, "shape": data["shape"], "ms_per_step": data["ms_per_step"],
-            "halo_us_per_step": data["halo_us_per_step"], "device_buffers": data["device_buffers"],
-            "halo": data.get("halo", "mpi"),
-            "transport_how": data["transport_how"]}
+    return {
+        "ranks": ranks,
+        "shape": data["shape"],
+        "ms_per_step": data["ms_per_step"],
+        "halo_us_per_step": data["halo_us_per_step"],
+        "device_buffers": data["device_buffers"],
+        "halo": data.get("halo", "mpi"),
+        "transport_how": data["transport_how"],
+    }
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -211,20 +256,33 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     devices = [i % count for i in range(n)]
     simulated = n > count
     dtype = np.dtype(args.dtype)
-    print(f"bench scale: heat2d {dtype} on {device_name()} x{count}; N = {n} "
-          f"{'(SIMULATED: slabs share GPUs, no speed-up expected)' if simulated else 'GPUs'}; "
-          f"weak {args.weak_rows} x {args.size} per GPU, strong {args.size}^2; {args.steps} steps x {args.trials}")
-    result: dict[str, Any] = {"benchmark": "scale", "device": device_name(), "gpus_visible": count, "n": n,
-                              "simulated": simulated, "dtype": str(dtype), "size": args.size,
-                              "weak_rows": args.weak_rows, "steps": args.steps, "trials": args.trials}
+    print(
+        f"bench scale: heat2d {dtype} on {device_name()} x{count}; N = {n} "
+        f"{'(SIMULATED: slabs share GPUs, no speed-up expected)' if simulated else 'GPUs'}; "
+        f"weak {args.weak_rows} x {args.size} per GPU, strong {args.size}^2; {args.steps} steps x {args.trials}"
+    )
+    result: dict[str, Any] = {
+        "benchmark": "scale",
+        "device": device_name(),
+        "gpus_visible": count,
+        "n": n,
+        "simulated": simulated,
+        "dtype": str(dtype),
+        "size": args.size,
+        "weak_rows": args.weak_rows,
+        "steps": args.steps,
+        "trials": args.trials,
+    }
     rows, goals = [], {}
     status = 0
     if not args.no_peer:
         for halo in args.halos:
             key = "peer" if halo == "copy" else f"peer-{halo}"
             peer: dict[str, Any] = {}
-            for mode, shapes in (("weak", [(args.weak_rows, args.size), (n * args.weak_rows, args.size)]),
-                                 ("strong", [(args.size, args.size)] * 2)):
+            for mode, shapes in (
+                ("weak", [(args.weak_rows, args.size), (n * args.weak_rows, args.size)]),
+                ("strong", [(args.size, args.size)] * 2),
+            ):
                 p1, f1 = _peer_point(_plate(shapes[0], dtype), [0], args, halo)
                 pn, fn = _peer_point(_plate(shapes[1], dtype), devices, args, halo)
                 ratio = p1["ms_per_step"] / pn["ms_per_step"]
@@ -239,12 +297,23 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                     how = ",".join(sorted(set(p["transports"]))) or "-"
                     if p["halo_fallback"]:
                         how += " (vmm fell back)"
-                    rows.append((key, mode, p["gpus"], "x".join(map(str, p["shape"])), f"{p['ms_per_step']:.3f}",
-                                 f"{p['halo_us_per_step']:.1f}", how))
+                    rows.append(
+                        (
+                            key,
+                            mode,
+                            p["gpus"],
+                            "x".join(map(str, p["shape"])),
+                            f"{p['ms_per_step']:.3f}",
+                            f"{p['halo_us_per_step']:.1f}",
+                            how,
+                        )
+                    )
             result[key] = peer
             goals[f"{key} weak efficiency"] = (peer["weak"]["efficiency"], GOAL_WEAK)
-            goals[f"{key} strong speedup ({n} GPUs)"] = (peer["strong"]["speedup"],
-                                                        GOAL_STRONG_PEER if n == 2 else None)
+            goals[f"{key} strong speedup ({n} GPUs)"] = (
+                peer["strong"]["speedup"],
+                GOAL_STRONG_PEER if n == 2 else None,
+            )
     if not args.no_mpi:
         mpirun, why = _mpirun()
         if mpirun is None:
@@ -254,18 +323,34 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             for halo in args.mpi_halos:
                 key = "mpi" if halo == "pinned" else f"mpi-{halo}"
                 mpi: dict[str, Any] = {}
-                for mode, pts in (("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
-                                  ("strong", [(1, args.size), (n, args.size)])):
+                for mode, pts in (
+                    ("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
+                    ("strong", [(1, args.size), (n, args.size)]),
+                ):
                     p1, pn = (_mpi_point(mpirun, r, h, args, halo) for r, h in pts)
                     mpi[mode] = {"one": p1, "n": pn}
                     for p in (p1, pn):
                         if "error" in p:
                             rows.append((key, mode, p["ranks"], "", "error", "", p["error"][-120:]))
                         else:
-                            how = "ipc (VMM, in place)" if p["halo"] == "ipc" else \
-                                "device bufs" if p["device_buffers"] else "pinned"
-                            rows.append((key, mode, p["ranks"], "x".join(map(str, p["shape"])),
-                                         f"{p['ms_per_step']:.3f}", f"{p['halo_us_per_step']:.1f}", how))
+                            how = (
+                                "ipc (VMM, in place)"
+                                if p["halo"] == "ipc"
+                                else "device bufs"
+                                if p["device_buffers"]
+                                else "pinned"
+                            )
+                            rows.append(
+                                (
+                                    key,
+                                    mode,
+                                    p["ranks"],
+                                    "x".join(map(str, p["shape"])),
+                                    f"{p['ms_per_step']:.3f}",
+                                    f"{p['halo_us_per_step']:.1f}",
+                                    how,
+                                )
+                            )
                     if "error" not in p1 and "error" not in pn:
                         mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
                     else:
@@ -274,21 +359,29 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 if "efficiency" in mpi["weak"]:
                     goals[f"{key} weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
                 if "speedup" in mpi["strong"]:
-                    goals[f"{key} strong speedup ({n} ranks)"] = (mpi["strong"]["speedup"],
-                                                                 GOAL_STRONG_MPI if n == 2 else None)
+                    goals[f"{key} strong speedup ({n} ranks)"] = (
+                        mpi["strong"]["speedup"],
+                        GOAL_STRONG_MPI if n == 2 else None,
+                    )
             if {"mpi", "mpi-ipc"} <= set(result):
                 cmp = {}
                 for mode in ("weak", "strong"):
                     a, b = result["mpi"][mode]["n"], result["mpi-ipc"][mode]["n"]
                     if "error" not in a and "error" not in b:
-                        cmp[mode] = {"pinned_ms": a["ms_per_step"], "ipc_ms": b["ms_per_step"],
-                                     "ipc_over_pinned_speed": a["ms_per_step"] / b["ms_per_step"],
-                                     "pinned_halo_us": a["halo_us_per_step"], "ipc_halo_us": b["halo_us_per_step"]}
+                        cmp[mode] = {
+                            "pinned_ms": a["ms_per_step"],
+                            "ipc_ms": b["ms_per_step"],
+                            "ipc_over_pinned_speed": a["ms_per_step"] / b["ms_per_step"],
+                            "pinned_halo_us": a["halo_us_per_step"],
+                            "ipc_halo_us": b["halo_us_per_step"],
+                        }
                 result["ipc_vs_pinned"] = cmp
                 for mode, c in cmp.items():
-                    print(f"MPI {mode}, {n} ranks: ipc {c['ipc_ms']:.3f} ms/step vs pinned {c['pinned_ms']:.3f} "
-                          f"({c['ipc_over_pinned_speed']:.3f}x); halo wait {c['ipc_halo_us']:.1f} vs "
-                          f"{c['pinned_halo_us']:.1f} us/step")
+                    print(
+                        f"MPI {mode}, {n} ranks: ipc {c['ipc_ms']:.3f} ms/step vs pinned {c['pinned_ms']:.3f} "
+                        f"({c['ipc_over_pinned_speed']:.3f}x); halo wait {c['ipc_halo_us']:.1f} vs "
+                        f"{c['pinned_halo_us']:.1f} us/step"
+                    )
     print()
     print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
     print()
@@ -311,6 +404,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 def _chart(path: str, result: dict) -> None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -318,8 +412,10 @@ def _chart(path: str, result: dict) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     n = result["n"]
-    for ax, mode, key, goal_peer, goal_mpi in ((axes[0], "weak", "efficiency", GOAL_WEAK, GOAL_WEAK),
-                                              (axes[1], "strong", "speedup", GOAL_STRONG_PEER, GOAL_STRONG_MPI)):
+    for ax, mode, key, goal_peer, goal_mpi in (
+        (axes[0], "weak", "efficiency", GOAL_WEAK, GOAL_WEAK),
+        (axes[1], "strong", "speedup", GOAL_STRONG_PEER, GOAL_STRONG_MPI),
+    ):
         labels, values, goals = [], [], []
         for path_name, goal in (("peer", goal_peer), ("mpi", goal_mpi)):
             value = result.get(path_name, {}).get(mode, {}).get(key)
@@ -327,7 +423,7 @@ def _chart(path: str, result: dict) -> None:
                 labels.append(path_name)
                 values.append(value)
                 goals.append(goal)
-        ax.bar(labels, values, color=["C0", "C1"][:len(labels)])
+        ax.bar(labels, values, color=["C0", "C1"][: len(labels)])
         for i, (v, g) in enumerate(zip(values, goals, strict=True)):
             ax.text(i, v, f"{v:.3f}", ha="center", va="bottom")
             ax.hlines(g, i - 0.4, i + 0.4, colors="k", linestyles="--")

@@ -71,29 +71,50 @@ VARIANT_SWEEP_3D = [
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m umem_numba bench stencil", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", type=int, default=None, metavar="N",
-                    help="grid side N (default 16384; 8192 with --quick)")
-    ap.add_argument("--steps", type=int, default=None, metavar="N",
-                    help="timed steps per trial (default 50; 10 with --quick)")
-    ap.add_argument("--trials", type=int, default=None, metavar="N",
-                    help="timed trials per kind; the median is reported (default 5; 3 with --quick)")
+    ap = argparse.ArgumentParser(
+        prog="python -m umem_numba bench stencil",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--size", type=int, default=None, metavar="N", help="grid side N (default 16384; 8192 with --quick)"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, metavar="N", help="timed steps per trial (default 50; 10 with --quick)"
+    )
+    ap.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed trials per kind; the median is reported (default 5; 3 with --quick)",
+    )
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
     ap.add_argument("--quick", action="store_true", help="smaller grid and fewer steps (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--png", metavar="PATH", help="write a bar chart of the results as PNG")
-    ap.add_argument("--kinds", default=",".join(KINDS),
-                    help=f"comma-separated subset of {','.join(KINDS)} (default: all)")
-    ap.add_argument("--rows-per-thread", type=int, default=None, metavar="K",
-                    help="override the kernel's tuned register-blocking factor")
+    ap.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)} (default: all)"
+    )
+    ap.add_argument(
+        "--rows-per-thread",
+        type=int,
+        default=None,
+        metavar="K",
+        help="override the kernel's tuned register-blocking factor",
+    )
     ap.add_argument("--block", default=None, metavar="BX,BY", help="override the tuned block shape")
-    ap.add_argument("--variants", action="store_true",
-                    help="time every 3-D kernel variant against the copy instead (see above)")
-    ap.add_argument("--size3d", type=int, default=None, metavar="N",
-                    help="--variants: cube side (default 512; 256 with --quick)")
-    ap.add_argument("--allow-oversubscribe", action="store_true",
-                    help="run even if the grids do not fit in free GPU memory (may take very long)")
+    ap.add_argument(
+        "--variants", action="store_true", help="time every 3-D kernel variant against the copy instead (see above)"
+    )
+    ap.add_argument(
+        "--size3d", type=int, default=None, metavar="N", help="--variants: cube side (default 512; 256 with --quick)"
+    )
+    ap.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="run even if the grids do not fit in free GPU memory (may take very long)",
+    )
     args = ap.parse_args(argv)
     args.size = args.size if args.size is not None else (8192 if args.quick else 16384)
     args.steps = args.steps if args.steps is not None else (10 if args.quick else 50)
@@ -200,8 +221,12 @@ def _copy_bandwidth(runner: _Runner, u0: np.ndarray) -> dict:
         ms = runner.timed_ms(copy, runner.args.steps)
         rates.append(runner.bytes_per_step * runner.args.steps / (ms * 1e-3) / 1e9)
     del a, b
-    return {"gbps": statistics.median(rates), "gbps_best": max(rates), "gbps_trials": rates,
-            "what": "cuMemcpyDtoDAsync via numba copy_to_device, 2 x nbytes per copy"}
+    return {
+        "gbps": statistics.median(rates),
+        "gbps_best": max(rates),
+        "gbps_trials": rates,
+        "what": "cuMemcpyDtoDAsync via numba copy_to_device, 2 x nbytes per copy",
+    }
 
 
 def _allocate(kind: str, u0: np.ndarray, device_id: int, stream: Any) -> tuple[list, dict, Callable[[Any], np.ndarray]]:
@@ -272,15 +297,21 @@ def _chart(path: str, title: str, rows: list[dict], copy_gbps: float) -> None:
             continue
         labels.append(r["kind"])
         values.append(r["gbps"])
-        texts.append(f"{r['gbps']:.0f} GB/s, {r['vs_device_array']:.3f}x device_array, "
-                     f"{r['vs_copy']:.3f}x copy")
+        texts.append(f"{r['gbps']:.0f} GB/s, {r['vs_device_array']:.3f}x device_array, {r['vs_copy']:.3f}x copy")
         if "first_sweep_gbps" in r:
             labels.append(f"{r['kind']}, 1st sweep")
             values.append(r["first_sweep_gbps"])
             texts.append(f"{r['first_sweep_gbps']:.1f} GB/s (page faults)")
-    save_bar_chart(path, labels, values, texts=texts, reference=copy_gbps,
-                   reference_label=f"device-to-device copy {copy_gbps:.0f} GB/s",
-                   xlabel="GB/s (read + write)", title=title)
+    save_bar_chart(
+        path,
+        labels,
+        values,
+        texts=texts,
+        reference=copy_gbps,
+        reference_label=f"device-to-device copy {copy_gbps:.0f} GB/s",
+        xlabel="GB/s (read + write)",
+        title=title,
+    )
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -323,8 +354,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     grid_bytes = n * n * dtype.itemsize
     try:
         # One kind at a time holds two grids (the copy reference too).
-        free, total = require_free_memory(2 * grid_bytes, f"2 grids of {n}x{n} {dtype}",
-                                          allow_oversubscribe=args.allow_oversubscribe)
+        free, total = require_free_memory(
+            2 * grid_bytes, f"2 grids of {n}x{n} {dtype}", allow_oversubscribe=args.allow_oversubscribe
+        )
     except MemoryBudgetError as exc:
         raise BenchSkipped(str(exc)) from exc
 
@@ -332,9 +364,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     stream = cuda.stream()
     runner = _Runner(args, dtype, stream)
     u0 = _initial_field(n, dtype)
-    print(f"heat2d step on {n}x{n} {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
-          f"kernel rows_per_thread={runner.rows} block={runner.block} grid={runner.grid}; "
-          f"{args.trials} trials x {args.steps} steps, median")
+    print(
+        f"heat2d step on {n}x{n} {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
+        f"kernel rows_per_thread={runner.rows} block={runner.block} grid={runner.grid}; "
+        f"{args.trials} trials x {args.steps} steps, median"
+    )
 
     copy = _copy_bandwidth(runner, u0)
     rows: list[dict] = []
@@ -380,8 +414,16 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             notes.append(f"prefetch {r['prefetch_gbps']:.1f} GB/s")
         if not r["identical_to_first_kind"]:
             notes.append("RESULT DIFFERS from the first kind")
-        table.append((r["kind"], f"{r['gbps']:.1f}", f"{r['gbps_best']:.1f}", f"{r['vs_device_array']:.3f}",
-                      f"{r['vs_copy']:.3f}", "; ".join(notes)))
+        table.append(
+            (
+                r["kind"],
+                f"{r['gbps']:.1f}",
+                f"{r['gbps_best']:.1f}",
+                f"{r['vs_device_array']:.3f}",
+                f"{r['vs_copy']:.3f}",
+                "; ".join(notes),
+            )
+        )
     print()
     print_table(table, ["memory", "GB/s", "best", "vs device_array", "vs copy", "notes"])
 
@@ -390,22 +432,32 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     by_kind = {r["kind"]: r for r in rows if "gbps" in r}
     if base:
         v = base / copy["gbps"]
-        goals["stencil (device_array) / DtoD copy"] = {"value": v, "goal": GOAL_STENCIL_VS_COPY,
-                                                       "status": "met" if v >= GOAL_STENCIL_VS_COPY else "MISSED"}
-        figures.append(goal_row(f"stencil on device_array / device-to-device copy ({dtype})", v,
-                                GOAL_STENCIL_VS_COPY))
+        goals["stencil (device_array) / DtoD copy"] = {
+            "value": v,
+            "goal": GOAL_STENCIL_VS_COPY,
+            "status": "met" if v >= GOAL_STENCIL_VS_COPY else "MISSED",
+        }
+        figures.append(goal_row(f"stencil on device_array / device-to-device copy ({dtype})", v, GOAL_STENCIL_VS_COPY))
     if "managed+prefetch" in by_kind and base:
         v = by_kind["managed+prefetch"]["vs_device_array"]
-        goals["managed+prefetch / device_array"] = {"value": v, "goal": GOAL_PREFETCH_VS_DEVICE,
-                                                    "status": "met" if v >= GOAL_PREFETCH_VS_DEVICE else "MISSED"}
+        goals["managed+prefetch / device_array"] = {
+            "value": v,
+            "goal": GOAL_PREFETCH_VS_DEVICE,
+            "status": "met" if v >= GOAL_PREFETCH_VS_DEVICE else "MISSED",
+        }
         figures.append(goal_row("stencil on managed+prefetch / device_array", v, GOAL_PREFETCH_VS_DEVICE))
     if base:
         for kind in ("managed", "managed+prefetch+advice", "vmm"):
             if kind in by_kind:
                 figures.append(goal_row(f"stencil on {kind} / device_array", by_kind[kind]["vs_device_array"]))
         if "managed" in by_kind:
-            figures.append(goal_row("first sweep of managed memory without hints (page faults)",
-                                    by_kind["managed"]["first_sweep_gbps"], unit="GB/s"))
+            figures.append(
+                goal_row(
+                    "first sweep of managed memory without hints (page faults)",
+                    by_kind["managed"]["first_sweep_gbps"],
+                    unit="GB/s",
+                )
+            )
     if figures:
         print()
         print_figures(figures)
@@ -414,8 +466,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if ms_per_step < 0.1:
         # At 4096^2 float32 (32 us per copy) numba's copy_to_device and the
         # kernel launches are host-bound, so the ratios mean little.
-        warnings.append(f"a step moves only {runner.bytes_per_step / 2**20:.0f} MiB ({ms_per_step * 1e3:.0f} us "
-                        "at copy speed): launch overhead and L2 hits skew these numbers; use --size 8192 or more")
+        warnings.append(
+            f"a step moves only {runner.bytes_per_step / 2**20:.0f} MiB ({ms_per_step * 1e3:.0f} us "
+            "at copy speed): launch overhead and L2 hits skew these numbers; use --size 8192 or more"
+        )
     for w in warnings:
         print(f"\nnote: {w}")
     identical = all(r.get("identical_to_first_kind", True) for r in rows)
@@ -426,12 +480,24 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "stencil",
         "device": device_name(),
         "device_memory": {"free_bytes": free, "total_bytes": total},
-        "size": n, "dtype": str(dtype), "steps_per_trial": args.steps, "trials": args.trials,
+        "size": n,
+        "dtype": str(dtype),
+        "steps_per_trial": args.steps,
+        "trials": args.trials,
         "bytes_per_step": runner.bytes_per_step,
-        "kernel": {"name": "heat2d", "rows_per_thread": runner.rows,
-                   "block": list(runner.block), "grid": list(runner.grid)},
-        "copy": copy, "results": rows, "goals": goals, "figures": figures,
-        "all_kinds_identical": identical, "ok": identical, "warnings": warnings,
+        "kernel": {
+            "name": "heat2d",
+            "rows_per_thread": runner.rows,
+            "block": list(runner.block),
+            "grid": list(runner.grid),
+        },
+        "copy": copy,
+        "results": rows,
+        "goals": goals,
+        "figures": figures,
+        "all_kinds_identical": identical,
+        "ok": identical,
+        "warnings": warnings,
     }
     if args.png:
         _chart(args.png, f"heat2d {n}^2 {dtype} on {device_name()}", rows, copy["gbps"])
@@ -480,9 +546,14 @@ def charts(result: dict[str, Any], out_dir: str) -> list[str]:
     import os
 
     path = os.path.join(out_dir, "stencil-bandwidth.png")
-    _chart(path, f"heat2d {result['size']}^2 {result['dtype']} on {result['device']}", result["results"],
-           result["copy"]["gbps"])
+    _chart(
+        path,
+        f"heat2d {result['size']}^2 {result['dtype']} on {result['device']}",
+        result["results"],
+        result["copy"]["gbps"],
+    )
     return [path]
+
 
 # -- 3-D kernel variants ------------------------------------------------------------------------
 
@@ -510,8 +581,9 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.size3d
     grid_bytes = n * n * n * dtype.itemsize
     try:
-        free, total = require_free_memory(2 * grid_bytes, f"2 grids of {n}^3 {dtype}",
-                                          allow_oversubscribe=args.allow_oversubscribe)
+        free, total = require_free_memory(
+            2 * grid_bytes, f"2 grids of {n}^3 {dtype}", allow_oversubscribe=args.allow_oversubscribe
+        )
     except MemoryBudgetError as exc:
         raise BenchSkipped(str(exc)) from exc
     _driver.ensure_context()
@@ -523,8 +595,10 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
     default_planes, default_block = kernels.TUNED_3D[dtype]
     default = (kernels.DEFAULT_VARIANT_3D[dtype], default_planes, tuple(default_block))
     sweep = [default] + [v for v in VARIANT_SWEEP_3D if v != default]
-    print(f"heat3d variants on {n}^3 {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
-          f"{args.trials} trials x {args.steps} steps, median; default {default}")
+    print(
+        f"heat3d variants on {n}^3 {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
+        f"{args.trials} trials x {args.steps} steps, median; default {default}"
+    )
 
     a = cuda.to_device(u0, stream=stream)
     b = cuda.to_device(u0, stream=stream)
@@ -579,10 +653,14 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
         if reference is None:
             reference = final
         scale = float(np.max(np.abs(reference))) or 1.0
-        row.update(gbps=statistics.median(rates), gbps_best=max(rates), gbps_trials=rates,
-                   vs_copy=statistics.median(rates) / copy_gbps,
-                   bitwise_equal_to_default=bool(np.array_equal(final, reference)),
-                   max_rel_diff_to_default=float(np.max(np.abs(final - reference))) / scale)
+        row.update(
+            gbps=statistics.median(rates),
+            gbps_best=max(rates),
+            gbps_trials=rates,
+            vs_copy=statistics.median(rates) / copy_gbps,
+            bitwise_equal_to_default=bool(np.array_equal(final, reference)),
+            max_rel_diff_to_default=float(np.max(np.abs(final - reference))) / scale,
+        )
         rows.append(row)
         del final
     del a, b
@@ -594,36 +672,56 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
         note = "" if r["bitwise_equal_to_default"] else f"rel diff {r['max_rel_diff_to_default']:.1e}"
         if r["max_rel_diff_to_default"] > 1e-5:
             note = "RESULT DIFFERS " + note
-        table.append((r["variant"], r["planes_per_thread"], "x".join(map(str, r["block"])), f"{r['gbps']:.1f}",
-                      f"{r['vs_copy']:.3f}", note))
+        table.append(
+            (
+                r["variant"],
+                r["planes_per_thread"],
+                "x".join(map(str, r["block"])),
+                f"{r['gbps']:.1f}",
+                f"{r['vs_copy']:.3f}",
+                note,
+            )
+        )
     for r in rows:
         if "error" in r:
-            table.append((r["variant"], r["planes_per_thread"], "x".join(map(str, r["block"])), "error", "",
-                          r["error"][:80]))
+            table.append(
+                (r["variant"], r["planes_per_thread"], "x".join(map(str, r["block"])), "error", "", r["error"][:80])
+            )
     print()
     print_table(table, ["variant", "planes", "block", "GB/s", "vs copy", "notes"])
     winner = ok_sorted[0] if ok_sorted else None
     default_row = next((r for r in ok if (r["variant"], r["planes_per_thread"], tuple(r["block"])) == default), None)
     goals = {}
     if winner is not None:
-        print(f"\nwinner: variant={winner['variant']!r} planes_per_thread={winner['planes_per_thread']} "
-              f"block={tuple(winner['block'])}: {winner['gbps']:.1f} GB/s = {winner['vs_copy']:.3f}x the copy")
+        print(
+            f"\nwinner: variant={winner['variant']!r} planes_per_thread={winner['planes_per_thread']} "
+            f"block={tuple(winner['block'])}: {winner['gbps']:.1f} GB/s = {winner['vs_copy']:.3f}x the copy"
+        )
         if default_row is not None:
             print(f"default: {default}: {default_row['gbps']:.1f} GB/s = {default_row['vs_copy']:.3f}x the copy")
-        goals["heat3d best variant / DtoD copy"] = {"value": winner["vs_copy"], "goal": GOAL_3D_VS_COPY,
-                                                   "status": goal_text(winner["vs_copy"], GOAL_3D_VS_COPY)}
+        goals["heat3d best variant / DtoD copy"] = {
+            "value": winner["vs_copy"],
+            "goal": GOAL_3D_VS_COPY,
+            "status": goal_text(winner["vs_copy"], GOAL_3D_VS_COPY),
+        }
         print(f"goal heat3d {dtype} >= {GOAL_3D_VS_COPY}x copy: {goals['heat3d best variant / DtoD copy']['status']}")
     differs = [r for r in ok if r["max_rel_diff_to_default"] > 1e-5]
     if differs:
         print("\nERROR: some variants' fields differ from the default's beyond rounding", file=sys.stderr)
     return {
-        "benchmark": "stencil-variants", "device": device_name(),
+        "benchmark": "stencil-variants",
+        "device": device_name(),
         "device_memory": {"free_bytes": free, "total_bytes": total},
-        "size": n, "dtype": str(dtype), "steps_per_trial": args.steps, "trials": args.trials,
+        "size": n,
+        "dtype": str(dtype),
+        "steps_per_trial": args.steps,
+        "trials": args.trials,
         "bytes_per_step": bytes_per_step,
         "copy": {"gbps": copy_gbps, "gbps_best": max(copy_rates), "gbps_trials": copy_rates},
         "default": {"variant": default[0], "planes_per_thread": default[1], "block": list(default[2])},
-        "winner": winner, "results": rows, "goals": goals,
+        "winner": winner,
+        "results": rows,
+        "goals": goals,
         "figures": [goal_row(name, g["value"], g["goal"]) for name, g in goals.items()],
         "ok": not differs and winner is not None,
     }

@@ -37,12 +37,14 @@ _HEADROOM = 1 * _GIB
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m umem_numba bench vmm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m umem_numba bench vmm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
-    p.add_argument("--repeats", type=int, default=None, metavar="N",
-                   help="timed repetitions per figure (default 7, quick 3)")
+    p.add_argument(
+        "--repeats", type=int, default=None, metavar="N", help="timed repetitions per figure (default 7, quick 3)"
+    )
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -117,8 +119,14 @@ def _bench_grow(size: int, warmup: int, repeats: int) -> dict:
     finally:
         _free(old)
     v, b = statistics.median(vmm), statistics.median(realloc)
-    return {"size_bytes": size, "vmm_grow_s": v, "realloc_copy_s": b, "speedup": b / v,
-            "vmm_all_s": vmm, "realloc_all_s": realloc}
+    return {
+        "size_bytes": size,
+        "vmm_grow_s": v,
+        "realloc_copy_s": b,
+        "speedup": b / v,
+        "vmm_all_s": vmm,
+        "realloc_all_s": realloc,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -177,9 +185,17 @@ def _bench_append(step: int, total: int, warmup: int, repeats: int) -> dict:
             vmm.append(tv)
             dbl.append(td)
     v, d = statistics.median(vmm), statistics.median(dbl)
-    return {"step_bytes": step, "total_bytes": total, "vmm_s": v, "doubling_s": d, "speedup": d / v,
-            "vmm_peak_bytes": peaks["vmm"], "doubling_peak_bytes": peaks["doubling"],
-            "vmm_all_s": vmm, "doubling_all_s": dbl}
+    return {
+        "step_bytes": step,
+        "total_bytes": total,
+        "vmm_s": v,
+        "doubling_s": d,
+        "speedup": d / v,
+        "vmm_peak_bytes": peaks["vmm"],
+        "doubling_peak_bytes": peaks["doubling"],
+        "vmm_all_s": vmm,
+        "doubling_all_s": dbl,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -245,8 +261,16 @@ def _bench_stream(nbytes: int, step: int, launches: int, rounds: int) -> dict:
             if isinstance(x, VMMBuffer):
                 x.close()
     bw = {name: statistics.median(v) for name, v in samples.items()}
-    return {"bytes_per_array": nbytes, "launches": launches, "rounds": rounds, "grid": [blocks, threads],
-            "bandwidth_Bps": bw, "chunks": chunks, "values_ok": check, "all_Bps": samples}
+    return {
+        "bytes_per_array": nbytes,
+        "launches": launches,
+        "rounds": rounds,
+        "grid": [blocks, threads],
+        "bandwidth_Bps": bw,
+        "chunks": chunks,
+        "values_ok": check,
+        "all_Bps": samples,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -316,46 +340,89 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     ref = stream["bandwidth_Bps"]["DeviceNDArray"]
     g, a = grow["size_bytes"], append
     rows = [
-        (f"grow {g / _GIB:g} GiB -> {2 * g / _GIB:g} GiB", _fmt_time(grow["vmm_grow_s"]),
-         f"alloc+copy+free {_fmt_time(grow['realloc_copy_s'])}", f"{grow['speedup']:.1f}x", ">= 10x",
-         goal_text(grow["speedup"], 10.0)),
-        (f"append {a['step_bytes'] // _MIB} MiB steps to {a['total_bytes'] / _GIB:g} GiB", _fmt_time(a["vmm_s"]),
-         f"doubling {_fmt_time(a['doubling_s'])}", f"{a['speedup']:.2f}x", "-", "-"),
-        ("  peak device memory", f"{a['vmm_peak_bytes'] / _GIB:.2f} GiB",
-         f"{a['doubling_peak_bytes'] / _GIB:.2f} GiB",
-         f"{a['doubling_peak_bytes'] / a['vmm_peak_bytes']:.2f}x less", "-", "-"),
+        (
+            f"grow {g / _GIB:g} GiB -> {2 * g / _GIB:g} GiB",
+            _fmt_time(grow["vmm_grow_s"]),
+            f"alloc+copy+free {_fmt_time(grow['realloc_copy_s'])}",
+            f"{grow['speedup']:.1f}x",
+            ">= 10x",
+            goal_text(grow["speedup"], 10.0),
+        ),
+        (
+            f"append {a['step_bytes'] // _MIB} MiB steps to {a['total_bytes'] / _GIB:g} GiB",
+            _fmt_time(a["vmm_s"]),
+            f"doubling {_fmt_time(a['doubling_s'])}",
+            f"{a['speedup']:.2f}x",
+            "-",
+            "-",
+        ),
+        (
+            "  peak device memory",
+            f"{a['vmm_peak_bytes'] / _GIB:.2f} GiB",
+            f"{a['doubling_peak_bytes'] / _GIB:.2f} GiB",
+            f"{a['doubling_peak_bytes'] / a['vmm_peak_bytes']:.2f}x less",
+            "-",
+            "-",
+        ),
     ]
     figures = [
-        goal_row(f"grow {g / _GIB:g} -> {2 * g / _GIB:g} GiB in place: alloc+copy+free time / grow time",
-                 grow["speedup"], 10.0),
-        goal_row(f"append {a['step_bytes'] // _MIB} MiB steps to {a['total_bytes'] / _GIB:g} GiB: "
-                 "doubling time / VMM time", a["speedup"]),
-        goal_row("append: doubling peak memory / VMM peak memory",
-                 a["doubling_peak_bytes"] / a["vmm_peak_bytes"]),
+        goal_row(
+            f"grow {g / _GIB:g} -> {2 * g / _GIB:g} GiB in place: alloc+copy+free time / grow time",
+            grow["speedup"],
+            10.0,
+        ),
+        goal_row(
+            f"append {a['step_bytes'] // _MIB} MiB steps to {a['total_bytes'] / _GIB:g} GiB: doubling time / VMM time",
+            a["speedup"],
+        ),
+        goal_row("append: doubling peak memory / VMM peak memory", a["doubling_peak_bytes"] / a["vmm_peak_bytes"]),
     ]
     for name, bw in stream["bandwidth_Bps"].items():
         if name == "DeviceNDArray":
             continue
         ratio = bw / ref
-        rows.append((f"stream a=b*s, {name}", f"{bw / 1e12:.3f} TB/s", f"DeviceNDArray {ref / 1e12:.3f} TB/s",
-                     f"{ratio:.3f}x", ">= 0.98x", goal_text(ratio, 0.98)))
+        rows.append(
+            (
+                f"stream a=b*s, {name}",
+                f"{bw / 1e12:.3f} TB/s",
+                f"DeviceNDArray {ref / 1e12:.3f} TB/s",
+                f"{ratio:.3f}x",
+                ">= 0.98x",
+                goal_text(ratio, 0.98),
+            )
+        )
         figures.append(goal_row(f"streaming kernel on {name} / DeviceNDArray", ratio, 0.98))
     note = " (quick: small sizes, goals not meaningful)" if args.quick else ""
-    print(f"VMM benchmark on {device_name()}: granularity {gran // _MIB} MiB, "
-          f"{free / _GIB:.1f} of {total / _GIB:.1f} GiB free" + note
-          + (" (sizes halved to fit free memory)" if scaled else ""))
+    print(
+        f"VMM benchmark on {device_name()}: granularity {gran // _MIB} MiB, "
+        f"{free / _GIB:.1f} of {total / _GIB:.1f} GiB free"
+        + note
+        + (" (sizes halved to fit free memory)" if scaled else "")
+    )
     print_table(rows, ["figure", "VMM", "baseline", "ratio", "goal", ""])
     print()
     print_figures(figures)
     if not all(stream["values_ok"].values()):
         print(f"WARNING: wrong kernel results: {stream['values_ok']}")
     return {
-        "benchmark": "vmm", "device": device_name(), "quick": args.quick, "scaled": scaled,
-        "granularity": gran, "free_bytes": free, "total_bytes": total,
-        "grow": grow, "append": append, "stream": stream,
-        "goals": {"grow_speedup": {"value": grow["speedup"], "goal": 10.0},
-                  **{f"stream {k}": {"value": v / ref, "goal": 0.98}
-                     for k, v in stream["bandwidth_Bps"].items() if k != "DeviceNDArray"}},
+        "benchmark": "vmm",
+        "device": device_name(),
+        "quick": args.quick,
+        "scaled": scaled,
+        "granularity": gran,
+        "free_bytes": free,
+        "total_bytes": total,
+        "grow": grow,
+        "append": append,
+        "stream": stream,
+        "goals": {
+            "grow_speedup": {"value": grow["speedup"], "goal": 10.0},
+            **{
+                f"stream {k}": {"value": v / ref, "goal": 0.98}
+                for k, v in stream["bandwidth_Bps"].items()
+                if k != "DeviceNDArray"
+            },
+        },
         "figures": figures,
         "ok": all(stream["values_ok"].values()),
     }
