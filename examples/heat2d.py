@@ -94,8 +94,8 @@ def set_initial(u: np.ndarray) -> None:
     u[...] = 0.0
     u[:, 0] = 1.0
     radius = n / 12
-    for cy, cx in [(0.30, 0.35), (0.70, 0.35), (0.50, 0.60), (0.25, 0.80), (0.75, 0.80)]:
-        cy, cx = cy * n, cx * n
+    for fy, fx in [(0.30, 0.35), (0.70, 0.35), (0.50, 0.60), (0.25, 0.80), (0.75, 0.80)]:
+        cy, cx = fy * n, fx * n
         # Only the disc's bounding box, so no N x N temporaries are built.
         y0, y1 = int(cy - radius), int(cy + radius) + 1
         x0, x1 = int(cx - radius), int(cx + radius) + 1

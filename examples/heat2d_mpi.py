@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"heat2d_mpi: needs mpi4py and an MPI library (pip install -e '.[mpi]'): {exc}", file=sys.stderr)
         return 1
-    from umem_numba.kernels import decomp as D
+    from umem_numba.kernels.decomp import Decomposition
     from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, local_rank, mismatch
 
     comm = MPI.COMM_WORLD
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             error = f"no usable GPU on {socket.gethostname()}: {_driver.unavailable_reason()}"
     decomp = None
     try:
-        decomp = D.Decomposition(shape, nranks, align)
+        decomp = Decomposition(shape, nranks, align)
     except ValueError as exc:
         error = error or str(exc)
     # Collectives first, on every rank (a rank that already failed must still take part).

@@ -20,8 +20,9 @@ Importing this package compiles nothing and touches no GPU.
 
 from __future__ import annotations
 
-from ._common import MIN_BLOCKS, MemoryBudgetError, SUPPORTED_DTYPES, require_free_memory, stencil_weights
+from ._common import MIN_BLOCKS, SUPPORTED_DTYPES, MemoryBudgetError, require_free_memory, stencil_weights
 from ._report import MissingExtraError, human_bytes, progress, report_check, require_plot_extra, save_field
+from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
 from .reference import (
     heat2d_reference,
     heat2d_step_reference,
@@ -29,7 +30,6 @@ from .reference import (
     heat3d_step_reference,
     max_abs_diff_reference,
 )
-from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
 from .residual import max_abs_diff, max_abs_diff_kernel
 from .stencil2d import TUNED_2D, heat2d_compile, heat2d_kernel, heat2d_launch, heat2d_step, launch_config_2d
 from .stencil3d import (

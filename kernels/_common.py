@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "SUPPORTED_DTYPES",
     "MAX_GRID_Y_Z",
-    "stencil_weights",
-    "check_pair",
-    "ceil_div",
-    "require_free_memory",
-    "MemoryBudgetError",
     "MIN_BLOCKS",
-    "simulating",
+    "SUPPORTED_DTYPES",
+    "MemoryBudgetError",
+    "ceil_div",
+    "check_pair",
     "compile_for_arrays",
+    "require_free_memory",
+    "simulating",
+    "stencil_weights",
 ]
 
 #: Element types the stencils are written and tested for.

@@ -37,20 +37,22 @@ cell, so they are left as they are (see :attr:`Slab.halo_rows`).
 from __future__ import annotations
 
 import abc
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "Slab",
-    "HaloMove",
     "Decomposition",
-    "split_rows",
     "HaloExchange",
+    "HaloMove",
     "LocalExchange",
-    "run_slabs",
+    "Slab",
     "heat_slabs_reference",
+    "run_slabs",
+    "split_rows",
 ]
 
 
@@ -147,11 +149,11 @@ def split_rows(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
             f"a grid of {n} rows along the split axis cannot be cut into {parts} slabs "
             "of at least one row each: use fewer GPUs/ranks or a larger grid"
         )
-    cuts = [int(round(k * n / parts / align)) * align for k in range(1, parts)]
+    cuts = [round(k * n / parts / align) * align for k in range(1, parts)]
     bounds = [0, *cuts, n]
-    if any(b >= c for b, c in zip(bounds, bounds[1:])):
+    if any(b >= c for b, c in itertools.pairwise(bounds)):
         bounds = [k * n // parts for k in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 class Decomposition:
@@ -215,7 +217,7 @@ class Decomposition:
     def moves(self) -> list[HaloMove]:
         """The halo copies after a step: each slab's edge owned rows into its neighbours' halo rows."""
         out = []
-        for a, b in zip(self.slabs, self.slabs[1:]):
+        for a, b in itertools.pairwise(self.slabs):
             out.append(HaloMove(a.index, a.local(a.hi - 1), b.index, b.local(b.lo - 1)))  # down
             out.append(HaloMove(b.index, b.local(b.lo), a.index, a.local(a.hi)))  # up
         return out
@@ -252,8 +254,8 @@ class Decomposition:
             raise ValueError(f"gather needs {self.parts} slab fields, got {len(fields)}")
         first = np.asarray(fields[0])
         out = np.empty(self.shape, first.dtype) if out is None else out
-        for s, f in zip(self.slabs, fields):
-            f = np.asarray(f)
+        for s, field in zip(self.slabs, fields, strict=True):  # one field per slab: checked above
+            f = np.asarray(field)
             if f.shape != self.local_shape(s.index):
                 raise ValueError(f"slab {s.index} field has shape {f.shape}, expected {self.local_shape(s.index)}")
             out[s.lo : s.hi] = f[s.owned]
@@ -304,7 +306,7 @@ def run_slabs(step: Callable[[int, Any, Any], None], exchange: HaloExchange, a: 
     every slab has stepped, ``exchange`` refreshes the halos of the new fields.
     """
     for _ in range(int(steps)):
-        for k, (src, dst) in enumerate(zip(a, b)):
+        for k, (src, dst) in enumerate(zip(a, b, strict=True)):  # the two buffers of every slab
             step(k, src, dst)
         exchange.exchange(b)
         a, b = b, a

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,14 +33,14 @@ from ._common import _as_float_dtype, stencil_weights
 from .decomp import Decomposition
 
 __all__ = [
-    "cuda_aware_mpi",
-    "collective_errors",
-    "local_rank",
-    "RankHeat",
     "HALOS",
-    "send_handles",
-    "recv_handles",
+    "RankHeat",
+    "collective_errors",
+    "cuda_aware_mpi",
     "exchange_handles",
+    "local_rank",
+    "recv_handles",
+    "send_handles",
 ]
 
 #: How the GPU ranks move halo rows: ``mpi`` (MPI messages: pinned staging or device buffers) or
@@ -93,7 +94,7 @@ def recv_handles(sock: Any) -> tuple[list[tuple[int, int]], dict[str, Any]]:
         for fd in fds:
             os.close(fd)
         raise ConnectionError(f"expected {len(sizes)} descriptors, received {len(fds)}")
-    return list(zip(fds, sizes)), data["meta"]
+    return list(zip(fds, sizes, strict=True)), data["meta"]  # lengths checked above
 
 
 def exchange_handles(
@@ -351,15 +352,20 @@ class RankHeat:
 
     # -- GPU --------------------------------------------------------------------------
     def _setup_gpu(self, local: np.ndarray, rows_per_thread: int | None) -> None:
-        import umem_numba as um
         from numba import cuda
+
+        import umem_numba as um
 
         d = self.decomp
         if d.ndim == 2:
-            from .stencil2d import TUNED_2D as tuned, heat2d_kernel as make, launch_config_2d as config
+            from .stencil2d import TUNED_2D as TUNED
+            from .stencil2d import heat2d_kernel as make
+            from .stencil2d import launch_config_2d as config
         else:
-            from .stencil3d import TUNED_3D as tuned, heat3d_kernel as make, launch_config_3d as config
-        rows, blk = tuned[self.dtype]
+            from .stencil3d import TUNED_3D as TUNED
+            from .stencil3d import heat3d_kernel as make
+            from .stencil3d import launch_config_3d as config
+        rows, blk = TUNED[self.dtype]
         rows = rows if rows_per_thread is None else int(rows_per_thread)
         if rows != d.align:
             raise ValueError(f"the decomposition is aligned to {d.align} rows but the kernel's strips are {rows}")
@@ -439,7 +445,7 @@ class RankHeat:
         if exchange:
             h = int(self.cs.handle)
             out = int(self._ipc_out.ptr)
-            for (b0, b1, r, scratch, bgrid, bblock), link in zip(self.bands, self.links):
+            for (b0, b1, r, scratch, bgrid, bblock), link in zip(self.bands, self.links, strict=True):
                 self.kernel[bgrid, bblock, self.cs](self.a[b0:b1], scratch, wc, wn)
                 slot = 0 if link[0] < self.rank else 1
                 src = int(scratch.__cuda_array_interface__["data"][0]) + r * rb
@@ -451,7 +457,7 @@ class RankHeat:
             self._token[0] = self._steps
             reqs = [
                 self.comm.Irecv(buf, source=peer, tag=tag_in)
-                for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)
+                for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True)
             ]
             reqs += [self.comm.Isend(self._token, dest=peer, tag=tag_out) for peer, _, _, tag_out, _ in self.links]
             MPI.Request.Waitall(reqs)
@@ -473,7 +479,7 @@ class RankHeat:
         self.halo_done.wait(self.cs)  # the bands read the field the last exchange completed
         send_views = []
         if exchange:
-            for (b0, b1, r, scratch, bgrid, bblock), buf in zip(self.bands, self._send):
+            for (b0, b1, r, scratch, bgrid, bblock), buf in zip(self.bands, self._send, strict=True):
                 self.kernel[bgrid, bblock, self.cs](self.a[b0:b1], scratch, wc, wn)
                 if buf is None:
                     send_views.append(scratch[r])
@@ -484,13 +490,13 @@ class RankHeat:
             t0 = time.perf_counter()
             self.cs.synchronize()
             reqs = []
-            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv):
+            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True):
                 reqs.append(self.comm.Irecv(buf if self.device_buffers else buf.host, source=peer, tag=tag_in))
-            for i, ((peer, _, _, tag_out, _), buf) in enumerate(zip(self.links, self._send)):
+            for i, ((peer, _, _, tag_out, _), buf) in enumerate(zip(self.links, self._send, strict=True)):
                 reqs.append(self.comm.Isend(send_views[i] if buf is None else buf.host, dest=peer, tag=tag_out))
             MPI.Request.Waitall(reqs)
             self.halo_seconds += time.perf_counter() - t0
-            for (_, _, halo, _, _), buf in zip(self.links, self._recv):
+            for (_, _, halo, _, _), buf in zip(self.links, self._recv, strict=True):
                 if self.device_buffers:
                     self.b[halo].copy_to_device(buf, stream=self.ks)
                 else:
@@ -521,14 +527,15 @@ class RankHeat:
         t0 = time.perf_counter()
         reqs = [
             self.comm.Irecv(buf, source=peer, tag=tag_in)
-            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv)
+            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True)
         ]
         sends = [np.ascontiguousarray(self.b[self.slab.local(row)]) for _, row, _, _, _ in self.links]
         reqs += [
-            self.comm.Isend(buf, dest=peer, tag=tag_out) for (peer, _, _, tag_out, _), buf in zip(self.links, sends)
+            self.comm.Isend(buf, dest=peer, tag=tag_out)
+            for (peer, _, _, tag_out, _), buf in zip(self.links, sends, strict=True)
         ]
         MPI.Request.Waitall(reqs)
-        for (_, _, halo, _, _), buf in zip(self.links, self._recv):
+        for (_, _, halo, _, _), buf in zip(self.links, self._recv, strict=True):
             self.b[halo] = buf
         self.halo_seconds += time.perf_counter() - t0
 

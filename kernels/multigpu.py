@@ -59,15 +59,16 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ._common import _as_float_dtype, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
-__all__ = ["MultiGPUHeat", "PeerExchange", "heat_multi", "heat2d_multi", "heat3d_multi", "TRANSPORTS", "HALOS"]
+__all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi", "heat3d_multi", "heat_multi"]
 
 #: Halo transports: ``auto`` picks per pair (same GPU: device copy; peer access: peer copy;
 #: otherwise pinned staging); ``pinned`` stages every halo through pinned host memory.
@@ -147,8 +148,9 @@ class PeerExchange(HaloExchange):
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if halo not in HALOS:
             raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
-        import umem_numba as um
         from numba import cuda
+
+        import umem_numba as um
         from umem_numba import _driver
 
         self._slabs = slabs
@@ -208,7 +210,7 @@ class PeerExchange(HaloExchange):
         """On slab ``k``'s main stream: put the rows sent to it last step into its ``src`` halo rows."""
         s = self._slabs[k]
         h = int(s.stream.handle)
-        for m, link in zip(self.moves, self.links):
+        for m, link in zip(self.moves, self.links, strict=True):
             if m.dst != k:
                 continue
             link.sent.wait(s.stream)
@@ -225,7 +227,7 @@ class PeerExchange(HaloExchange):
         """On slab ``k``'s edge stream: the bands of this step, then the rows towards the neighbours."""
         s = self._slabs[k]
         s.ready.wait(s.edge)
-        mine = [(m, link) for m, link in zip(self.moves, self.links) if m.src == k]
+        mine = [(m, link) for m, link in zip(self.moves, self.links, strict=True) if m.src == k]
         for _, link in mine:
             view = link.views.get(id(s.src))
             if view is None:  # slicing a device array costs host time: once per field
@@ -285,6 +287,7 @@ def _vmm_unavailable(decomp: Decomposition, slabs: list[_SlabState], transport: 
 def _enable_peer(a: _SlabState, b: _SlabState) -> bool:
     """Let ``b``'s context access ``a``'s memory; False if the GPUs cannot."""
     from numba import cuda
+
     from umem_numba import CudaError, _driver
 
     if not int(_driver.call("cuDeviceCanAccessPeer", b.device, a.device)):
@@ -366,15 +369,20 @@ class MultiGPUHeat:
         self.weights = stencil_weights(alpha, ndim, dtype)
         self.alpha = alpha
         if ndim == 2:
-            from .stencil2d import TUNED_2D as tuned, heat2d_kernel as make, launch_config_2d as config
+            from .stencil2d import TUNED_2D as TUNED
+            from .stencil2d import heat2d_kernel as make
+            from .stencil2d import launch_config_2d as config
         else:
-            from .stencil3d import TUNED_3D as tuned, heat3d_kernel as make, launch_config_3d as config
-        rows, blk = tuned[dtype]
+            from .stencil3d import TUNED_3D as TUNED
+            from .stencil3d import heat3d_kernel as make
+            from .stencil3d import launch_config_3d as config
+        rows, blk = TUNED[dtype]
         rows = rows if rows_per_thread is None else int(rows_per_thread)
         blk = blk if block is None else tuple(block)
         self.decomp = Decomposition(u0.shape, len(devices), align=rows)  # ValueError before any driver call
 
         from numba import cuda
+
         from umem_numba import _driver
 
         count = _driver.device_count()  # CudaUnavailableError without a GPU
@@ -402,7 +410,7 @@ class MultiGPUHeat:
         row_bytes = self.decomp.halo_cells() * dtype.itemsize
         parts = self.decomp.scatter(u0)
         self.slabs: list[_SlabState] = []
-        for k, (d, local) in enumerate(zip(devices, parts)):
+        for d, local in zip(devices, parts, strict=True):  # one slab per device
             with cuda.gpus[d]:
                 ctx = _driver.call("cuCtxGetCurrent")
                 stream = cuda.stream()
@@ -434,7 +442,10 @@ class MultiGPUHeat:
 
     @property
     def transports(self) -> list[str]:
-        """How each halo move travels (``device``, ``peer``, ``pinned`` or ``vmm``), in :meth:`Decomposition.moves` order."""
+        """How each halo move travels (``device``, ``peer``, ``pinned`` or ``vmm``).
+
+        In :meth:`Decomposition.moves` order.
+        """
         return list(self.exchanger.kinds)
 
     @property
@@ -508,7 +519,7 @@ class MultiGPUHeat:
             s.src = s.dst = None
         self.slabs = []
 
-    def __enter__(self) -> "MultiGPUHeat":
+    def __enter__(self) -> MultiGPUHeat:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,10 +14,10 @@ import numpy as np
 from ._common import stencil_weights
 
 __all__ = [
-    "heat2d_step_reference",
     "heat2d_reference",
-    "heat3d_step_reference",
+    "heat2d_step_reference",
     "heat3d_reference",
+    "heat3d_step_reference",
     "max_abs_diff_reference",
 ]
 

@@ -13,7 +13,7 @@ from numba import cuda
 
 from ._common import MIN_BLOCKS, ceil_div, check_pair, simulating
 
-__all__ = ["REDUCE_BLOCK", "max_abs_diff_kernel", "reset_kernel", "max_abs_diff"]
+__all__ = ["REDUCE_BLOCK", "max_abs_diff", "max_abs_diff_kernel", "reset_kernel"]
 
 #: Threads per block of the reduction (a power of two: the tree halves it).
 REDUCE_BLOCK = 256
@@ -77,7 +77,9 @@ def max_abs_diff_kernel(a, b, out):
     if j < m:
         for i in range(cuda.blockIdx.y, n, cuda.gridDim.y):
             d = abs(a[i, j] - b[i, j])
-            if d > acc:
+            # the same comparison as the tree reduction below (a NaN never replaces acc),
+            # not max(), whose lowering on the device is numba-cuda's to choose
+            if d > acc:  # noqa: PLR1730
                 acc = d
     # Tree reduction in shared memory, then one atomic per block.
     partial = cuda.shared.array(REDUCE_BLOCK, a.dtype)

@@ -57,11 +57,11 @@ from ._common import (
 
 __all__ = [
     "TUNED_2D",
+    "heat2d_compile",
     "heat2d_kernel",
-    "launch_config_2d",
     "heat2d_launch",
     "heat2d_step",
-    "heat2d_compile",
+    "launch_config_2d",
 ]
 
 #: Rows per thread and block shape per dtype, tuned on an H200 (docs/stencil-performance.md).
@@ -72,7 +72,7 @@ TUNED_2D = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def heat2d_kernel(rows_per_thread: int = 16) -> Any:
     """The ``@cuda.jit`` five-point kernel for one register-blocking factor.
 
@@ -104,7 +104,7 @@ def heat2d_kernel(rows_per_thread: int = 16) -> Any:
         if j >= m or i0 >= n:
             return
         edge_col = j == 0 or j == m - 1
-        if 0 < i0 and i0 + rows < n:
+        if i0 > 0 and i0 + rows < n:
             # Hot path: the strip and its halo rows are all inside the grid.
             # Edge columns read themselves as west/east (always in bounds) and keep u.
             ju = uint64(j)

@@ -63,14 +63,14 @@ from ._common import (
 )
 
 __all__ = [
+    "DEFAULT_VARIANT_3D",
     "TUNED_3D",
     "VARIANTS_3D",
-    "DEFAULT_VARIANT_3D",
+    "heat3d_compile",
     "heat3d_kernel",
-    "launch_config_3d",
     "heat3d_launch",
     "heat3d_step",
-    "heat3d_compile",
+    "launch_config_3d",
 ]
 
 #: Planes per thread (the register-blocking factor along z) and (x, y) block
@@ -146,7 +146,7 @@ def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tu
     return _tile_kernel(planes, bx, by)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _column_kernel(planes: int) -> Any:
     halo = planes + 2
 
@@ -159,7 +159,7 @@ def _column_kernel(planes: int) -> Any:
         if x >= nx or y >= ny or z0 >= nz:
             return
         edge = x == 0 or x == nx - 1 or y == 0 or y == ny - 1
-        if 0 < z0 and z0 + planes < nz:
+        if z0 > 0 and z0 + planes < nz:
             # Hot path: the strip and its halo planes are inside the grid.
             # Edge points read themselves as neighbours (in bounds) and keep u.
             xu = uint64(x)
@@ -200,7 +200,7 @@ def _column_kernel(planes: int) -> Any:
     return heat3d
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tile_kernel(planes: int, bx: int, by: int) -> Any:
     halo = planes + 2
     tile_shape = (planes, by + 2, bx + 2)
@@ -217,7 +217,7 @@ def _tile_kernel(planes: int, bx: int, by: int) -> Any:
         z0 = cuda.blockIdx.z * planes
         if z0 >= nz:
             return  # the whole block (z0 is the block's)
-        if 0 < z0 and z0 + planes < nz:
+        if z0 > 0 and z0 + planes < nz:
             # Hot path, taken by the whole block (it has a barrier): threads past the
             # grid's x/y end load clamped cells into the tile and store nothing.
             inside = x < nx and y < ny

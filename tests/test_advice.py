@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import random_array
 
 import umem_numba as um
-from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan
-from umem_numba import _driver
+from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan, _driver
 from umem_numba._errors import CudaError, UnsupportedError
-from helpers import random_array
 
 #: 64 KiB of float32: a whole number of CPU pages on x86-64 (4 KiB) and arm64 (up to 64 KiB),
 #: so ranges built from it never share a page with their neighbours.
@@ -42,7 +41,7 @@ def test_policy_constants_equality_hash_repr():
     P = MigrationPolicy
     assert P.PREFER_DEVICE(1) == P("prefer_device", 1) == P("prefer_device", device=1)
     assert P.PREFER_DEVICE(1) != P.PREFER_DEVICE(0)
-    assert P.HOST_MAPPED != P("host_mapped", device=0)
+    assert P("host_mapped", device=0) != P.HOST_MAPPED
     assert (
         len(
             {
@@ -396,6 +395,7 @@ def test_empty_and_closed_buffers():
 @pytest.mark.gpu
 def test_memory_that_is_not_managed_is_refused(rng):
     from numba import cuda
+
     from umem_numba import UnsupportedError
 
     data = random_array(rng, PAGE, np.float32)
@@ -547,6 +547,7 @@ def test_kernels_and_host_see_right_values_under_each_policy(rng, affine, policy
 @pytest.mark.parametrize("own_stream", [False, True], ids=["default-stream", "own-stream"])
 def test_plan_prefetches_every_entry_where_it_says(rng, own_stream):
     from numba import cuda
+
     from umem_numba import _prefetch
 
     (a, da), (b, db), (c, dc) = (_buffer(rng, pages=4) for _ in range(3))
@@ -580,6 +581,7 @@ def test_plan_prefetches_every_entry_where_it_says(rng, own_stream):
 @pytest.mark.gpu
 def test_plan_with_one_bad_entry_issues_nothing(rng):
     from numba import cuda
+
     from umem_numba import BufferClosedError
 
     (a, _), (b, _), (c, _) = (_buffer(rng, pages=2) for _ in range(3))

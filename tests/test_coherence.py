@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import random_array
 from numba import cuda
 
 import umem_numba as um
-from helpers import random_array
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +48,7 @@ def _sentinel(buf):
 
 
 def test_the_race_is_real_without_checks(k, rng):
-    raw, coh, _ = k
+    _raw, coh, _ = k
     from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
@@ -148,7 +148,7 @@ def test_raw_numba_launch_is_noticed(k, rng):
 
 
 def test_host_hold_blocks_launches(k, rng):
-    raw, coh, scale = k
+    _raw, _coh, scale = k
     data = random_array(rng, N, np.float32)
     buf = um.managed_from(data)
     with buf.on_host() as h:
@@ -187,9 +187,8 @@ def test_close_waits_for_pending_work(k, rng):
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
     coh[1, N](dst, src, 50)
-    with um.coherence_policy("raise"):
-        with pytest.raises(um.CoherenceError):
-            dst.close()
+    with um.coherence_policy("raise"), pytest.raises(um.CoherenceError):
+        dst.close()
     assert not dst.closed  # a refused close leaves the buffer usable
     coh[1, N](dst, src, 50)
     t0 = time.perf_counter()
@@ -262,7 +261,7 @@ def test_eight_threads(rng):
 
 
 def test_coherent_wrapper_validation():
-    with pytest.raises(TypeError, match="numba @cuda.jit kernel"):
+    with pytest.raises(TypeError, match=r"numba @cuda.jit kernel"):
         um.coherent(lambda x: x)
     from numba import cuda
 
@@ -294,7 +293,7 @@ def test_launch_on_another_device_is_tracked(rng):
         assert other.device_id == 1
         plus_two[32, 128](buf)
         plus_two[32, 128](other)
-        ((stream, event),) = buf._coherence_tracker.pending.items()
+        ((_stream, event),) = buf._coherence_tracker.pending.items()
         assert event.device_id == 1
     np.testing.assert_array_equal(buf.host, data + 2)
     np.testing.assert_array_equal(other.host, data + 2)

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import random_array
 from numba import cuda
 
 import umem_numba as um
-from helpers import random_array
 from umem_numba import _driver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -161,10 +161,9 @@ def test_lend_waits_for_exactly_the_lent_work(sleep_write, rng):
     busy, lent = _NonBlocking(), _NonBlocking()
     try:
         values = random_array(rng, N, np.float64)
-        with buf.lend(lent.handle) as view:
-            with cupy.cuda.ExternalStream(lent.handle):
-                src = cupy.asarray(values)
-                cupy.asarray(view)[...] = src
+        with buf.lend(lent.handle) as view, cupy.cuda.ExternalStream(lent.handle):
+            src = cupy.asarray(values)
+            cupy.asarray(view)[...] = src
         assert not buf._coherence_tracker.escaped
         # a 400 ms kernel on another buffer, another stream: not waited for
         slow_src = cuda.to_device(np.zeros(N))
@@ -174,7 +173,7 @@ def test_lend_waits_for_exactly_the_lent_work(sleep_write, rng):
         waited = time.perf_counter() - t0
         np.testing.assert_array_equal(got, values)
         assert waited < 0.2, f"host access waited {waited:.3f} s: it waited for unrelated work"
-        with pytest.raises(um.BufferClosedError, match="after its `with buf.lend"):
+        with pytest.raises(um.BufferClosedError, match=r"after its `with buf.lend"):
             view.__cuda_array_interface__
     finally:
         busy.close()

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import random_array
 from numba import cuda
 
 import umem_numba as um
-from helpers import random_array
 from umem_numba import _driver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -80,7 +80,7 @@ def test_read_after_write_across_streams(kernels, rng):
 
 
 def test_write_after_read_across_streams(kernels, rng):
-    _, copy_then_sleep, fill = kernels
+    _, _copy_then_sleep, fill = kernels
     sleep_then_copy = kernels[0]
     a, b = um.managed_zeros(N, np.float64), um.managed_zeros(N, np.float64)
     s1, s2 = cuda.stream(), cuda.stream()
@@ -155,7 +155,8 @@ def test_per_thread_default_streams_are_told_apart(kernels, rng):
         values = random_array(rng, N, np.float64)
         started = threading.Event()
 
-        def slow_writer() -> None:
+        # bound now: this round's values and event
+        def slow_writer(values: np.ndarray = values, started: threading.Event = started) -> None:
             s = cuda.per_thread_default_stream()
             sleep_then_copy[N // 128, 128, s](a, cuda.to_device(values, stream=s), 60)
             started.set()

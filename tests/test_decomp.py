@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import random_array
-from umem_numba import kernels as K
-from umem_numba.kernels import decomp as D
+
+from umem_numba import kernels
+from umem_numba.kernels import decomp
 
 
 def _path(i: int, n: int, r: int) -> str:
     """Which code path of heat2d_kernel/heat3d_kernel computes row i of an n-row launch with strips of r rows."""
     i0 = (i // r) * r
-    if 0 < i0 and i0 + r < n:
+    if i0 > 0 and i0 + r < n:
         return "hot"
     return "copy" if i in (0, n - 1) else "edge"
 
@@ -24,9 +24,9 @@ def _path(i: int, n: int, r: int) -> str:
 def test_layout_covers_and_matches_kernel_paths(n: int, parts: int, align: int) -> None:
     if n < parts:
         with pytest.raises(ValueError, match="cannot be cut into"):
-            D.Decomposition((n, 8), parts, align)
+            decomp.Decomposition((n, 8), parts, align)
         return
-    d = D.Decomposition((n, 8), parts, align)
+    d = decomp.Decomposition((n, 8), parts, align)
     owned = np.zeros(n, int)
     for s in d.slabs:
         assert 0 <= s.start <= s.lo < s.hi <= s.stop <= n
@@ -46,25 +46,25 @@ def test_layout_covers_and_matches_kernel_paths(n: int, parts: int, align: int) 
 
 
 def test_split_prefers_aligned_cuts() -> None:
-    assert D.split_rows(1024, 4, 16) == [(0, 256), (256, 512), (512, 768), (768, 1024)]
-    cuts = D.split_rows(1000, 3, 16)
+    assert decomp.split_rows(1024, 4, 16) == [(0, 256), (256, 512), (512, 768), (768, 1024)]
+    cuts = decomp.split_rows(1000, 3, 16)
     assert [lo % 16 for lo, _ in cuts] == [0, 0, 0]
-    assert D.split_rows(5, 4, 16) == [(0, 1), (1, 2), (2, 3), (3, 5)]  # aligning would empty a slab
+    assert decomp.split_rows(5, 4, 16) == [(0, 1), (1, 2), (2, 3), (3, 5)]  # aligning would empty a slab
 
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        D.split_rows(10, 0)
+        decomp.split_rows(10, 0)
     with pytest.raises(ValueError, match="2-D or 3-D"):
-        D.Decomposition((10,), 2)
+        decomp.Decomposition((10,), 2)
     with pytest.raises(ValueError, match="cannot be cut into 4 slabs"):
-        D.Decomposition((3, 100), 4)
+        decomp.Decomposition((3, 100), 4)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 def test_scatter_gather_roundtrip(rng: np.random.Generator, parts: int) -> None:
     u = random_array(rng, (37, 11), np.float32)
-    d = D.Decomposition(u.shape, parts, align=8)
+    d = decomp.Decomposition(u.shape, parts, align=8)
     fields = d.scatter(u)
     assert [f.shape for f in fields] == [d.local_shape(k) for k in range(parts)]
     np.testing.assert_array_equal(d.gather(fields), u)
@@ -72,12 +72,12 @@ def test_scatter_gather_roundtrip(rng: np.random.Generator, parts: int) -> None:
 
 def test_moves_fill_halos_from_neighbours(rng: np.random.Generator) -> None:
     u = random_array(rng, (40, 6), np.float64)
-    d = D.Decomposition(u.shape, 3, align=4)
+    d = decomp.Decomposition(u.shape, 3, align=4)
     fields = [np.full(d.local_shape(k), np.nan) for k in range(3)]
-    for s, f in zip(d.slabs, fields):
+    for s, f in zip(d.slabs, fields, strict=True):
         f[s.owned] = u[s.lo : s.hi]
-    D.LocalExchange(d).exchange(fields)
-    for s, f in zip(d.slabs, fields):
+    decomp.LocalExchange(d).exchange(fields)
+    for s, f in zip(d.slabs, fields, strict=True):
         for r in s.halo_rows:
             np.testing.assert_array_equal(f[r], u[s.start + r])
 
@@ -88,8 +88,8 @@ def test_moves_fill_halos_from_neighbours(rng: np.random.Generator) -> None:
 def test_slab_run_bitwise_2d(rng: np.random.Generator, dtype, parts: int, align: int) -> None:
     u0 = random_array(rng, (71, 29), dtype)
     alpha = float(rng.uniform(0.05, 0.25))
-    expected = K.heat2d_reference(u0, 23, alpha)
-    got = D.heat_slabs_reference(u0, 23, parts, alpha, align=align)
+    expected = kernels.heat2d_reference(u0, 23, alpha)
+    got = decomp.heat_slabs_reference(u0, 23, parts, alpha, align=align)
     assert got.dtype == expected.dtype
     assert np.array_equal(got, expected)
     assert not np.array_equal(got, u0)
@@ -99,14 +99,14 @@ def test_slab_run_bitwise_2d(rng: np.random.Generator, dtype, parts: int, align:
 @pytest.mark.parametrize("align", [1, 8])
 def test_slab_run_bitwise_3d(rng: np.random.Generator, parts: int, align: int) -> None:
     u0 = random_array(rng, (30, 9, 12), np.float32)
-    expected = K.heat3d_reference(u0, 11)
-    got = D.heat_slabs_reference(u0, 11, parts, align=align)
+    expected = kernels.heat3d_reference(u0, 11)
+    got = decomp.heat_slabs_reference(u0, 11, parts, align=align)
     assert np.array_equal(got, expected)
     assert not np.array_equal(got, u0)
 
 
 def test_slab_run_keeps_global_boundary(rng: np.random.Generator) -> None:
     u0 = random_array(rng, (20, 10), np.float64)
-    got = D.heat_slabs_reference(u0, 7, 4)
+    got = decomp.heat_slabs_reference(u0, 7, 4)
     for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
         np.testing.assert_array_equal(got[edge], u0[edge])

@@ -20,7 +20,7 @@ def test_public_enums_carry_the_drivers_values():
         )
     for advice in um.MemAdvice:
         assert int(advice) == int(getattr(drv.CUmem_advise, f"CU_MEM_ADVISE_{advice.name}"))
-    assert _location._CU_DEVICE_CPU == int(drv.CU_DEVICE_CPU)
+    assert int(drv.CU_DEVICE_CPU) == _location._CU_DEVICE_CPU
 
 
 def test_constants_resolve_from_the_binding_without_a_gpu():

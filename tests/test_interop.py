@@ -169,6 +169,7 @@ def test_jax_through_dlpack(rng, kind):
     if not gpus:
         pytest.skip("this JAX build has no GPU backend")
     import jax.numpy as jnp
+    from numba import cuda
 
     host, src, dst = _pair(kind, rng)
     a, b = float(rng.uniform(1, 3)), float(rng.uniform(-1, 1))

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import random_array
-from umem_numba import kernels as K
+
+from umem_numba import kernels
 
 
 def _loop_step_2d(u: np.ndarray, alpha: float) -> np.ndarray:
     """The five-point step written the obvious way, element by element (checks the vectorised reference)."""
-    wc, wn = K.stencil_weights(alpha, 2, u.dtype)
+    wc, wn = kernels.stencil_weights(alpha, 2, u.dtype)
     out = u.copy()
     n, m = u.shape
     for i in range(1, n - 1):
@@ -24,7 +24,7 @@ def _loop_step_2d(u: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def _loop_step_3d(u: np.ndarray, alpha: float) -> np.ndarray:
-    wc, wn = K.stencil_weights(alpha, 3, u.dtype)
+    wc, wn = kernels.stencil_weights(alpha, 3, u.dtype)
     out = u.copy()
     nz, ny, nx = u.shape
     for z in range(1, nz - 1):
@@ -42,7 +42,7 @@ def _loop_step_3d(u: np.ndarray, alpha: float) -> np.ndarray:
 def test_reference_2d_matches_element_loop(rng, dtype, shape):
     u = random_array(rng, shape, dtype)
     alpha = float(rng.uniform(0, 0.25))
-    got = K.heat2d_step_reference(u, alpha)
+    got = kernels.heat2d_step_reference(u, alpha)
     expected = _loop_step_2d(u, alpha)
     assert got.dtype == u.dtype
     np.testing.assert_array_equal(got, expected)
@@ -53,13 +53,13 @@ def test_reference_2d_matches_element_loop(rng, dtype, shape):
 def test_reference_3d_matches_element_loop(rng, dtype, shape):
     u = random_array(rng, shape, dtype)
     alpha = float(rng.uniform(0, 1 / 6))
-    np.testing.assert_array_equal(K.heat3d_step_reference(u, alpha), _loop_step_3d(u, alpha))
+    np.testing.assert_array_equal(kernels.heat3d_step_reference(u, alpha), _loop_step_3d(u, alpha))
 
 
 def test_reference_keeps_boundary_and_input(rng):
     u0 = random_array(rng, (12, 9), np.float64)
     keep = u0.copy()
-    out = K.heat2d_reference(u0, 5, 0.25)
+    out = kernels.heat2d_reference(u0, 5, 0.25)
     np.testing.assert_array_equal(u0, keep)  # the input is not modified
     for edge in (np.s_[0, :], np.s_[-1, :], np.s_[:, 0], np.s_[:, -1]):
         np.testing.assert_array_equal(out[edge], u0[edge])
@@ -68,38 +68,38 @@ def test_reference_keeps_boundary_and_input(rng):
 
 def test_reference_jacobi_is_the_neighbour_mean(rng):
     u = random_array(rng, (6, 7), np.float64)
-    out = K.heat2d_step_reference(u, 0.25)
+    out = kernels.heat2d_step_reference(u, 0.25)
     mean = 0.25 * ((u[:-2, 1:-1] + u[2:, 1:-1]) + (u[1:-1, :-2] + u[1:-1, 2:]))
     np.testing.assert_array_equal(out[1:-1, 1:-1], mean)
 
 
 def test_max_abs_diff_reference(rng):
     a, b = random_array(rng, (5, 6), np.float32), random_array(rng, (5, 6), np.float32)
-    assert K.max_abs_diff_reference(a, b) == np.float32(np.abs(a - b).max())
-    assert K.max_abs_diff_reference(np.empty((0, 3), np.float32), np.empty((0, 3), np.float32)) == 0
+    assert kernels.max_abs_diff_reference(a, b) == np.float32(np.abs(a - b).max())
+    assert kernels.max_abs_diff_reference(np.empty((0, 3), np.float32), np.empty((0, 3), np.float32)) == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_stencil_weights(dtype):
-    wc, wn = K.stencil_weights(0.1, 2, dtype)
+    wc, wn = kernels.stencil_weights(0.1, 2, dtype)
     assert type(wc) is np.dtype(dtype).type and type(wn) is np.dtype(dtype).type
     assert wc == np.dtype(dtype).type(1 - 4 * 0.1) and wn == np.dtype(dtype).type(0.1)
     # The Jacobi limits give an exact zero centre weight.
-    assert K.stencil_weights(0.25, 2, dtype)[0] == 0
-    assert K.stencil_weights(1 / 6, 3, dtype)[0] == 0
+    assert kernels.stencil_weights(0.25, 2, dtype)[0] == 0
+    assert kernels.stencil_weights(1 / 6, 3, dtype)[0] == 0
 
 
 @pytest.mark.parametrize("alpha, ndim", [(-0.01, 2), (0.26, 2), (0.2, 3), (float("nan"), 2)])
 def test_stencil_weights_refuses_unstable_alpha(alpha, ndim):
     with pytest.raises(ValueError, match="alpha must be in"):
-        K.stencil_weights(alpha, ndim, np.float32)
+        kernels.stencil_weights(alpha, ndim, np.float32)
 
 
 def test_stencil_weights_refuses_other_dtypes():
     with pytest.raises(TypeError, match="float32 and float64"):
-        K.stencil_weights(0.1, 2, np.int32)
+        kernels.stencil_weights(0.1, 2, np.int32)
     with pytest.raises(ValueError, match="ndim"):
-        K.stencil_weights(0.1, 4, np.float32)
+        kernels.stencil_weights(0.1, 4, np.float32)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_stencil_weights_refuses_other_dtypes():
     [((1, 1), 16, (256, 1)), ((100, 300), 7, (32, 4)), ((16384, 16384), 16, (256, 1)), ((5, 1000), 3, (128, 2))],
 )
 def test_launch_config_2d_covers_the_grid(shape, rows, block):
-    grid, blk = K.launch_config_2d(shape, rows, block)
+    grid, blk = kernels.launch_config_2d(shape, rows, block)
     assert blk == block
     assert grid[0] * block[0] >= shape[1] > (grid[0] - 1) * block[0]
     assert grid[1] * block[1] * rows >= shape[0] > (grid[1] - 1) * block[1] * rows or shape[0] <= rows
@@ -115,87 +115,87 @@ def test_launch_config_2d_covers_the_grid(shape, rows, block):
 
 def test_launch_config_refuses_bad_shapes():
     with pytest.raises(ValueError, match="65535"):
-        K.launch_config_2d((65536 * 2 + 1, 8), 1, (32, 2))
+        kernels.launch_config_2d((65536 * 2 + 1, 8), 1, (32, 2))
     with pytest.raises(ValueError, match="1024 threads"):
-        K.launch_config_2d((8, 8), 4, (64, 32))
+        kernels.launch_config_2d((8, 8), 4, (64, 32))
     with pytest.raises(ValueError, match="rows_per_thread"):
-        K.launch_config_2d((8, 8), 0, (32, 1))
+        kernels.launch_config_2d((8, 8), 0, (32, 1))
     with pytest.raises(ValueError, match="65535"):
-        K.launch_config_3d((8, 70000, 8), 4, (8, 1))
+        kernels.launch_config_3d((8, 70000, 8), 4, (8, 1))
     with pytest.raises(ValueError, match="planes_per_thread"):
-        K.launch_config_3d((8, 8, 8), 0, (8, 1))
+        kernels.launch_config_3d((8, 8, 8), 0, (8, 1))
 
 
 def test_launch_config_3d_covers_the_grid():
-    grid, blk = K.launch_config_3d((37, 45, 130), 8, (64, 2))
+    grid, blk = kernels.launch_config_3d((37, 45, 130), 8, (64, 2))
     assert blk == (64, 2, 1)
     assert grid == (3, 23, 5)
 
 
 def test_tuned_launches_exist_for_both_dtypes():
     for dtype in (np.float32, np.float64):
-        _, grid, block = K.heat2d_launch((1000, 1000), dtype)
-        rows, tuned_block = K.TUNED_2D[np.dtype(dtype)]
-        assert block == tuned_block and grid == K.launch_config_2d((1000, 1000), rows, tuned_block)[0]
-        _, grid3, block3 = K.heat3d_launch((50, 60, 70), dtype)
-        planes, tuned3 = K.TUNED_3D[np.dtype(dtype)]
-        assert block3 == (*tuned3, 1) and grid3 == K.launch_config_3d((50, 60, 70), planes, tuned3)[0]
+        _, grid, block = kernels.heat2d_launch((1000, 1000), dtype)
+        rows, tuned_block = kernels.TUNED_2D[np.dtype(dtype)]
+        assert block == tuned_block and grid == kernels.launch_config_2d((1000, 1000), rows, tuned_block)[0]
+        _, grid3, block3 = kernels.heat3d_launch((50, 60, 70), dtype)
+        planes, tuned3 = kernels.TUNED_3D[np.dtype(dtype)]
+        assert block3 == (*tuned3, 1) and grid3 == kernels.launch_config_3d((50, 60, 70), planes, tuned3)[0]
 
 
 def test_heat3d_variants_are_checked_before_compiling():
     with pytest.raises(ValueError, match="variant must be one of"):
-        K.heat3d_kernel(4, "shuffle")
+        kernels.heat3d_kernel(4, "shuffle")
     with pytest.raises(ValueError, match="needs the block shape"):
-        K.heat3d_kernel(4, "tile")
+        kernels.heat3d_kernel(4, "tile")
     with pytest.raises(ValueError, match="1024 threads"):
-        K.heat3d_kernel(4, "tile", (64, 32))
+        kernels.heat3d_kernel(4, "tile", (64, 32))
     # 16 planes of a (64, 8) float64 tile with its ring: 16 * 10 * 66 * 8 bytes > 48 KiB.
     with pytest.raises(ValueError, match="shared memory"):
-        K.heat3d_launch((64, 64, 64), np.float64, 16, (64, 8), "tile")
-    _, grid, block = K.heat3d_launch((64, 64, 64), np.float32, 16, (64, 8), "tile")
+        kernels.heat3d_launch((64, 64, 64), np.float64, 16, (64, 8), "tile")
+    _, grid, block = kernels.heat3d_launch((64, 64, 64), np.float32, 16, (64, 8), "tile")
     assert block == (64, 8, 1) and grid == (1, 8, 4)
-    assert K.heat3d_kernel(4, "tile", (32, 4)) is K.heat3d_kernel(4, "tile", (32, 4))  # cached per shape
-    assert set(K.DEFAULT_VARIANT_3D.values()) <= set(K.VARIANTS_3D)
+    assert kernels.heat3d_kernel(4, "tile", (32, 4)) is kernels.heat3d_kernel(4, "tile", (32, 4))  # cached per shape
+    assert set(kernels.DEFAULT_VARIANT_3D.values()) <= set(kernels.VARIANTS_3D)
 
 
 def test_step_validates_before_launching(rng):
     a = random_array(rng, (8, 8), np.float32)
     with pytest.raises(ValueError, match="shapes differ"):
-        K.heat2d_step(a, np.empty((8, 9), np.float32))
+        kernels.heat2d_step(a, np.empty((8, 9), np.float32))
     with pytest.raises(TypeError, match="dtypes differ"):
-        K.heat2d_step(a, np.empty((8, 8), np.float64))
+        kernels.heat2d_step(a, np.empty((8, 8), np.float64))
     with pytest.raises(ValueError, match="different arrays"):
-        K.heat2d_step(a, a)
+        kernels.heat2d_step(a, a)
     with pytest.raises(ValueError, match="different arrays"):
-        K.heat2d_step(a, a[:, :])  # a view of the same memory
+        kernels.heat2d_step(a, a[:, :])  # a view of the same memory
     with pytest.raises(ValueError, match="must be 2-D"):
-        K.heat2d_step(a.reshape(2, 4, 8), a.reshape(2, 4, 8).copy())
+        kernels.heat2d_step(a.reshape(2, 4, 8), a.reshape(2, 4, 8).copy())
     with pytest.raises(TypeError, match="float32 and float64"):
-        K.heat2d_step(np.ones((4, 4), np.int32), np.ones((4, 4), np.int32))
+        kernels.heat2d_step(np.ones((4, 4), np.int32), np.ones((4, 4), np.int32))
     with pytest.raises(TypeError, match="must be an array"):
-        K.heat2d_step([[1.0]], [[1.0]])
+        kernels.heat2d_step([[1.0]], [[1.0]])
     with pytest.raises(ValueError, match="alpha"):
-        K.heat2d_step(a, a.copy(), alpha=0.3)
+        kernels.heat2d_step(a, a.copy(), alpha=0.3)
     with pytest.raises(ValueError, match="must be 3-D"):
-        K.heat3d_step(a, a.copy())
+        kernels.heat3d_step(a, a.copy())
     with pytest.raises(ValueError, match="1-element"):
-        K.max_abs_diff(a, a.copy(), np.zeros(2, np.float32))
+        kernels.max_abs_diff(a, a.copy(), np.zeros(2, np.float32))
 
 
 def test_require_free_memory_refuses_with_a_clear_message():
     gib = 1 << 30
-    with pytest.raises(K.MemoryBudgetError) as err:
-        K.require_free_memory(10 * gib, "2 grids of 40000x40000 float32", free=8 * gib, total=16 * gib)
+    with pytest.raises(kernels.MemoryBudgetError) as err:
+        kernels.require_free_memory(10 * gib, "2 grids of 40000x40000 float32", free=8 * gib, total=16 * gib)
     text = str(err.value)
     assert "2 grids of 40000x40000 float32" in text and "8.00 GiB free" in text and "--allow-oversubscribe" in text
     # The reserve counts: exactly `free` bytes is refused too.
-    with pytest.raises(K.MemoryBudgetError):
-        K.require_free_memory(8 * gib, "x", free=8 * gib, total=16 * gib)
-    assert K.require_free_memory(10 * gib, "x", allow_oversubscribe=True, free=8 * gib, total=16 * gib) == (
+    with pytest.raises(kernels.MemoryBudgetError):
+        kernels.require_free_memory(8 * gib, "x", free=8 * gib, total=16 * gib)
+    assert kernels.require_free_memory(10 * gib, "x", allow_oversubscribe=True, free=8 * gib, total=16 * gib) == (
         8 * gib,
         16 * gib,
     )
-    assert K.require_free_memory(7 * gib, "x", free=8 * gib, total=16 * gib) == (8 * gib, 16 * gib)
+    assert kernels.require_free_memory(7 * gib, "x", free=8 * gib, total=16 * gib) == (8 * gib, 16 * gib)
 
 
 def test_bench_cli_rejects_bad_arguments(capsys):

@@ -31,7 +31,7 @@ def _mpirun() -> list[str]:
         import mpi4py  # noqa: F401
     except ImportError:
         pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     cmd = [exe]
     if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
         cmd += ["--oversubscribe"]
@@ -54,7 +54,7 @@ def _env() -> dict[str, str]:
 
 def _run(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        return subprocess.run(args, check=False, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"mpirun hung (timeout {timeout} s): {' '.join(args)}\n{exc.stdout}\n{exc.stderr}")
 
@@ -97,7 +97,9 @@ def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     ompi_info = shutil.which("ompi_info")
     if ompi_info is None:
         pytest.skip("ompi_info is not installed (not Open MPI)")
-    out = subprocess.run([ompi_info, "--parsable", "--all"], capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [ompi_info, "--parsable", "--all"], check=False, capture_output=True, text=True, timeout=60
+    ).stdout
     built = [ln.rsplit(":", 1)[1] for ln in out.splitlines() if "built_with_cuda_support:value" in ln]
     if not built:
         pytest.skip("ompi_info does not report built_with_cuda_support")
@@ -107,7 +109,7 @@ def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     )
     env = _env()
     env.pop("UMEM_MPI_CUDA_AWARE", None)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     aware, how = r.stdout.splitlines()[:2]
     assert "MPIX_Query_cuda_support" in how
@@ -266,6 +268,7 @@ def test_bench_scale_cli_without_gpu_says_why() -> None:
         pytest.skip("this machine has a GPU: the benchmark would run")
     r = subprocess.run(
         [sys.executable, "-m", "umem_numba", "bench", "scale", "--quick"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -275,6 +278,7 @@ def test_bench_scale_cli_without_gpu_says_why() -> None:
     assert r.returncode == 2 and "bench scale: no usable GPU" in r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "umem_numba", "bench", "scale", "--steps", "0"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -305,7 +309,7 @@ def test_handles_pass_over_a_socketpair(tmp_path: Path) -> None:
     fds = [_file_fd(tmp_path, f"f{i}", p) for i, p in enumerate(payloads)]
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with a, b:
-        send_handles(a, [(fd, len(p)) for fd, p in zip(fds, payloads)], {"device": 3, "shape": [2, 2, 7]})
+        send_handles(a, [(fd, len(p)) for fd, p in zip(fds, payloads, strict=True)], {"device": 3, "shape": [2, 2, 7]})
         for fd in fds:
             os.close(fd)  # the sender's copies are gone; the receiver's must still work
         pairs, meta = recv_handles(b)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import random_array
-from umem_numba import kernels as K
-from umem_numba.kernels import multigpu as MG
+
+from umem_numba import kernels
+from umem_numba.kernels import multigpu
 
 
 def _one_gpu(u0: np.ndarray, steps: int, alpha: float) -> np.ndarray:
     from numba import cuda
 
-    step = K.heat2d_step if u0.ndim == 2 else K.heat3d_step
+    step = kernels.heat2d_step if u0.ndim == 2 else kernels.heat3d_step
     a, b = cuda.to_device(u0), cuda.device_array_like(u0)
     for _ in range(steps):
         step(a, b, alpha)
@@ -32,7 +32,7 @@ def _check(got: np.ndarray, u0: np.ndarray, steps: int, alpha: float) -> None:
     assert not np.array_equal(expected, u0)
     mism = np.argwhere(got != expected)
     assert mism.size == 0, f"{len(mism)} cells differ from the one-GPU run, first at {mism[:5].tolist()}"
-    ref = (K.heat2d_reference if u0.ndim == 2 else K.heat3d_reference)(u0, steps, alpha)
+    ref = (kernels.heat2d_reference if u0.ndim == 2 else kernels.heat3d_reference)(u0, steps, alpha)
     tol = 1e-5 if u0.dtype == np.float32 else 1e-12
     assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref))
 
@@ -43,7 +43,7 @@ def _check(got: np.ndarray, u0: np.ndarray, steps: int, alpha: float) -> None:
 def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int) -> None:
     u0 = random_array(rng, (rng.integers(300, 700), rng.integers(200, 600)), dtype)
     alpha = float(rng.uniform(0.1, 0.25))
-    got = MG.heat2d_multi(u0, 25, [0] * parts, alpha)
+    got = multigpu.heat2d_multi(u0, 25, [0] * parts, alpha)
     _check(got, u0, 25, alpha)
 
 
@@ -51,7 +51,7 @@ def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int) -> None:
 @pytest.mark.parametrize("parts", [2, 4])
 def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int) -> None:
     u0 = random_array(rng, (513, 257), np.float32)
-    with MG.MultiGPUHeat(u0, [0] * parts, 0.2, transport="pinned") as run:
+    with multigpu.MultiGPUHeat(u0, [0] * parts, 0.2, transport="pinned") as run:
         assert run.transports == ["pinned"] * (2 * (parts - 1))
         run.step(17)
         got = run.result()
@@ -63,7 +63,7 @@ def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int) -> None:
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 def test_simulated_slabs_3d_bitwise(rng, dtype, parts: int) -> None:
     u0 = random_array(rng, (int(rng.integers(60, 90)), 37, 70), dtype)
-    got = MG.heat3d_multi(u0, 9, [0] * parts)
+    got = multigpu.heat3d_multi(u0, 9, [0] * parts)
     _check(got, u0, 9, 1.0 / 6.0)
 
 
@@ -77,7 +77,7 @@ def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
     shape = (int(rng.integers(200, 400)), 211) if ndim == 2 else (int(rng.integers(50, 80)), 29, 67)
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.22 if ndim == 2 else 0.15
-    with MG.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm") as run:
+    with multigpu.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm") as run:
         assert run.halo == "vmm" and run.fallback is None
         assert run.transports == ["vmm"] * (2 * (parts - 1))
         assert all(isinstance(link.scratch, um.VMMBuffer) for link in run.exchanger.links)
@@ -90,7 +90,7 @@ def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
 def test_overlapped_steps_queue_ahead_of_the_gpu(rng) -> None:
     """Many steps queued without a host wait, then one result: still bitwise the one-GPU run."""
     u0 = random_array(rng, (1500, 700), np.float32)
-    with MG.MultiGPUHeat(u0, [0, 0], 0.25) as run:
+    with multigpu.MultiGPUHeat(u0, [0, 0], 0.25) as run:
         for _ in range(6):
             run.step(7)  # no synchronize between the calls
         got = run.result()
@@ -103,10 +103,10 @@ def test_simulated_slabs_odd_strip_height(rng) -> None:
     from numba import cuda
 
     u0 = random_array(rng, (301, 150), np.float32)
-    got = MG.heat2d_multi(u0, 12, [0, 0, 0], 0.25, rows_per_thread=5)
+    got = multigpu.heat2d_multi(u0, 12, [0, 0, 0], 0.25, rows_per_thread=5)
     a, b = cuda.to_device(u0), cuda.device_array_like(u0)
     for _ in range(12):
-        K.heat2d_step(a, b, 0.25, rows_per_thread=5)
+        kernels.heat2d_step(a, b, 0.25, rows_per_thread=5)
         a, b = b, a
     assert np.array_equal(got, a.copy_to_host())
 
@@ -115,20 +115,20 @@ def test_simulated_slabs_odd_strip_height(rng) -> None:
 def test_bad_devices_named() -> None:
     u0 = np.zeros((64, 64), np.float32)
     with pytest.raises(ValueError, match="do not exist"):
-        MG.MultiGPUHeat(u0, [0, 99])
+        multigpu.MultiGPUHeat(u0, [0, 99])
     with pytest.raises(ValueError, match="at least one GPU"):
-        MG.MultiGPUHeat(u0, [])
+        multigpu.MultiGPUHeat(u0, [])
     with pytest.raises(ValueError, match="cannot be cut into 3 slabs"):
-        MG.MultiGPUHeat(np.zeros((2, 64), np.float32), [0, 0, 0])
+        multigpu.MultiGPUHeat(np.zeros((2, 64), np.float32), [0, 0, 0])
     with pytest.raises(ValueError, match="halo must be one of"):
-        MG.MultiGPUHeat(u0, [0], halo="ipc")
+        multigpu.MultiGPUHeat(u0, [0], halo="ipc")
 
 
 @pytest.mark.gpu
 def test_vmm_halo_with_pinned_transport_falls_back_with_reason(rng) -> None:
     u0 = random_array(rng, (300, 100), np.float32)
     with pytest.warns(RuntimeWarning, match="halo='vmm' is not available .*pinned"):
-        run = MG.MultiGPUHeat(u0, [0, 0], 0.25, halo="vmm", transport="pinned")
+        run = multigpu.MultiGPUHeat(u0, [0, 0], 0.25, halo="vmm", transport="pinned")
     with run:
         assert run.halo == "copy" and "pinned" in run.fallback and run.transports == ["pinned", "pinned"]
         run.step(9)
@@ -145,7 +145,7 @@ def test_two_gpus_bitwise(rng, ndim: int, transport: str) -> None:
     shape = (1031, 777) if ndim == 2 else (97, 65, 80)
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
-    with MG.MultiGPUHeat(u0, [0, 1], alpha, transport=transport) as run:
+    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, transport=transport) as run:
         peer = int(_driver.call("cuDeviceCanAccessPeer", 0, 1))
         expected_kind = "pinned" if transport == "pinned" or not peer else "peer"
         assert run.transports == [expected_kind, expected_kind]
@@ -166,9 +166,9 @@ def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
     shape = (1029, 801) if ndim == 2 else (95, 66, 81)
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
-    with MG.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm") as run:
+    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm") as run:
         assert run.halo == "vmm" and run.transports == ["vmm", "vmm"]
-        for m, link in zip(run.exchanger.moves, run.exchanger.links):
+        for m, link in zip(run.exchanger.moves, run.exchanger.links, strict=True):
             assert link.scratch.get_access(run.slabs[m.dst].device) == um.AccessFlags.READ  # the driver's own answer
         run.step(19)
         got = run.result()

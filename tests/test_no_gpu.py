@@ -19,7 +19,7 @@ import umem_numba
 def _run_without_gpu(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(code)], check=False, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -56,7 +56,7 @@ def test_import_and_first_call_raise_one_clear_error():
 def test_cli_info_without_gpu():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "umem_numba", "info"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "umem_numba", "info"], check=False, env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert "CUDA: not available" in proc.stdout
@@ -77,7 +77,7 @@ def test_error_types_are_catchable_as_builtin_kinds():
     assert issubclass(umem_numba.CudaError, RuntimeError)
     assert issubclass(umem_numba.BufferClosedError, ValueError)
     err = umem_numba.OutOfMemoryError("cuMemAllocManaged", 2, "CUDA_ERROR_OUT_OF_MEMORY", "3 TiB")
-    assert "cuMemAllocManaged failed with CUDA_ERROR_OUT_OF_MEMORY (2): 3 TiB" == str(err)
+    assert str(err) == "cuMemAllocManaged failed with CUDA_ERROR_OUT_OF_MEMORY (2): 3 TiB"
     import pickle
 
     again = pickle.loads(pickle.dumps(err))
@@ -151,7 +151,11 @@ def test_host_alloc_flags_algebra():
 @pytest.mark.parametrize("name", ["all", "launch", "prefetch", "vmm", "stencil"])
 def test_bench_help_runs_anywhere(name):
     proc = subprocess.run(
-        [sys.executable, "-m", "umem_numba", "bench", name, "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "umem_numba", "bench", name, "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"bench {name}" in proc.stdout
@@ -159,6 +163,10 @@ def test_bench_help_runs_anywhere(name):
 
 def test_cli_rejects_unknown_benchmark():
     proc = subprocess.run(
-        [sys.executable, "-m", "umem_numba", "bench", "warp-speed"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "umem_numba", "bench", "warp-speed"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2 and "invalid choice: 'warp-speed'" in proc.stderr

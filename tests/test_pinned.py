@@ -7,11 +7,11 @@ import gc
 
 import numpy as np
 import pytest
+from helpers import random_array
 
 import umem_numba as um
 from umem_numba import HostAllocFlags as F
 from umem_numba import _driver
-from helpers import random_array
 
 pytestmark = pytest.mark.gpu
 

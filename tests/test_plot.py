@@ -13,8 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from umem_numba import _plot
-from umem_numba import kernels as K
+from umem_numba import _plot, kernels
 
 mpl_image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
 
@@ -154,10 +153,10 @@ def test_progress_counts_with_tqdm():
 
 
 def test_human_bytes():
-    assert K.human_bytes(512) == "512 B"
-    assert K.human_bytes(268435456) == "256 MiB"
-    assert K.human_bytes(3 * 2**30 // 2) == "1.50 GiB"
-    assert K.human_bytes(2048) == "2 KiB"
+    assert kernels.human_bytes(512) == "512 B"
+    assert kernels.human_bytes(268435456) == "256 MiB"
+    assert kernels.human_bytes(3 * 2**30 // 2) == "1.50 GiB"
+    assert kernels.human_bytes(2048) == "2 KiB"
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
@@ -165,12 +164,12 @@ def test_report_check_reports_rounding_and_mismatch(rng, capsys, dtype, tol):
     expected = (rng.random((30, 40)) + 0.5).astype(dtype)
     close = expected.copy()
     close[3, 4] += dtype(tol * 0.1 * float(np.abs(expected).max()))
-    assert K.report_check(close, expected, 9) == 0
+    assert kernels.report_check(close, expected, 9) == 0
     out = capsys.readouterr().out
     assert "check against NumPy (9 steps)" in out and ": OK" in out
     far = expected.copy()
     far[7, 8] += dtype(tol * 10 * float(np.abs(expected).max()))
-    assert K.report_check(far, expected, 9) == 1
+    assert kernels.report_check(far, expected, 9) == 1
     assert "MISMATCH" in capsys.readouterr().out
     with pytest.raises(ValueError, match="shape"):
-        K.report_check(expected[:2], expected, 1)
+        kernels.report_check(expected[:2], expected, 1)

@@ -9,10 +9,10 @@ import gc
 
 import numpy as np
 import pytest
+from helpers import random_array
 
 import umem_numba as um
 from umem_numba import _driver
-from helpers import random_array
 
 MiB = 1 << 20
 
@@ -301,7 +301,7 @@ def test_pool_arguments_are_checked_before_the_driver():
         um.MemoryPool("device", release_threshold=True)
     with pytest.raises(um.UnsupportedError, match="managed memory pool cannot be exported"):
         um.MemoryPool("managed", exportable=True)
-    with pytest.raises(ValueError, match="MemoryPool: this needs a device .* not the host"):
+    with pytest.raises(ValueError, match=r"MemoryPool: this needs a device .* not the host"):
         um.MemoryPool("device", device="cpu")
 
 

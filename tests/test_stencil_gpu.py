@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 import pytest
+from helpers import random_array
 
 import umem_numba as um
-from helpers import random_array
-from umem_numba import kernels as K
+from umem_numba import kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -26,9 +26,10 @@ def _vmm_class():
     cls = getattr(um, "VMMBuffer", None)
     if cls is None:
         try:  # exported from umem_numba once the VMM work lands; the module may already be there
-            from umem_numba._vmm_buffer import VMMBuffer as cls
+            from umem_numba._vmm_buffer import VMMBuffer
         except ImportError:
             pytest.skip("umem_numba.VMMBuffer is not available in this build")
+        cls = VMMBuffer
     return cls
 
 
@@ -90,13 +91,13 @@ def test_heat2d_matches_reference(rng, memory, dtype):
         a, b, read = _pair(memory, u0)
         try:
             for _ in range(steps):
-                K.heat2d_step(a, b, alpha)
+                kernels.heat2d_step(a, b, alpha)
                 a, b = b, a
             got = read(a)
         finally:
             _close(a, b)
         what = f"{memory} {shape} {np.dtype(dtype)} steps={steps} alpha={alpha}"
-        _assert_close(got, K.heat2d_reference(u0, steps, alpha), what)
+        _assert_close(got, kernels.heat2d_reference(u0, steps, alpha), what)
         _assert_boundary_exact(got, u0, what)
 
 
@@ -109,13 +110,13 @@ def test_heat3d_matches_reference(rng, memory, dtype):
         a, b, read = _pair(memory, u0)
         try:
             for _ in range(steps):
-                K.heat3d_step(a, b, alpha)
+                kernels.heat3d_step(a, b, alpha)
                 a, b = b, a
             got = read(a)
         finally:
             _close(a, b)
         what = f"{memory} {shape} {np.dtype(dtype)} steps={steps} alpha={alpha}"
-        _assert_close(got, K.heat3d_reference(u0, steps, alpha), what)
+        _assert_close(got, kernels.heat3d_reference(u0, steps, alpha), what)
         _assert_boundary_exact(got, u0, what)
 
 
@@ -128,16 +129,16 @@ def test_other_tilings_match_reference(rng, dtype):
         u0 = random_array(rng, (203, 301), dtype)
         a, b = cuda.to_device(u0), cuda.device_array(u0.shape, u0.dtype)
         for _ in range(3):
-            K.heat2d_step(a, b, 0.2, rows_per_thread=rows, block=block)
+            kernels.heat2d_step(a, b, 0.2, rows_per_thread=rows, block=block)
             a, b = b, a
-        _assert_close(a.copy_to_host(), K.heat2d_reference(u0, 3, 0.2), f"2-D rows={rows} block={block}")
+        _assert_close(a.copy_to_host(), kernels.heat2d_reference(u0, 3, 0.2), f"2-D rows={rows} block={block}")
     for planes, block in [(1, (32, 2)), (5, (16, 8)), (16, (128, 1))]:
         u0 = random_array(rng, (41, 23, 67), dtype)
         a, b = cuda.to_device(u0), cuda.device_array(u0.shape, u0.dtype)
         for _ in range(3):
-            K.heat3d_step(a, b, 0.1, planes_per_thread=planes, block=block)
+            kernels.heat3d_step(a, b, 0.1, planes_per_thread=planes, block=block)
             a, b = b, a
-        _assert_close(a.copy_to_host(), K.heat3d_reference(u0, 3, 0.1), f"3-D planes={planes} block={block}")
+        _assert_close(a.copy_to_host(), kernels.heat3d_reference(u0, 3, 0.1), f"3-D planes={planes} block={block}")
 
 
 @pytest.mark.parametrize("memory", ["device", "managed"])
@@ -148,13 +149,13 @@ def test_heat2d_on_strided_views(rng, memory):
     try:
         va, vb = a[5:-7, 3:-11], b[5:-7, 3:-11]
         for _ in range(2):
-            K.heat2d_step(va, vb, 0.2)
+            kernels.heat2d_step(va, vb, 0.2)
             va, vb = vb, va
         got_a = read(a)
     finally:
         _close(a, b)
     inner = u0[5:-7, 3:-11]
-    _assert_close(got_a[5:-7, 3:-11], K.heat2d_reference(inner, 2, 0.2), f"{memory} view")
+    _assert_close(got_a[5:-7, 3:-11], kernels.heat2d_reference(inner, 2, 0.2), f"{memory} view")
     outside = np.ones(u0.shape, bool)
     outside[5:-7, 3:-11] = False
     np.testing.assert_array_equal(got_a[outside], u0[outside])
@@ -166,11 +167,11 @@ def test_max_abs_diff_on_managed_memory_reads_without_synchronize(rng, dtype):
     b = um.ManagedBuffer.from_array(random_array(rng, (700, 1300), dtype))
     res = um.ManagedBuffer.from_array(np.full(1, 123.0, dtype))
     try:
-        expected = K.max_abs_diff_reference(a.host, b.host)
-        K.max_abs_diff(a, b, res)
+        expected = kernels.max_abs_diff_reference(a.host, b.host)
+        kernels.max_abs_diff(a, b, res)
         assert res.host[0] == expected  # .host waits for exactly the reduction
         # Twice in a row: the reset on the device must drop the previous maximum.
-        K.max_abs_diff(a, a[...], res)
+        kernels.max_abs_diff(a, a[...], res)
         assert res.host[0] == 0
     finally:
         _close(a, b, res)

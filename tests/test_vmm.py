@@ -18,6 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import random_array
 from numba import cuda
 
 import umem_numba
@@ -27,8 +28,6 @@ from umem_numba._vmm import AddressRange, Mapping, PhysicalMemory
 from umem_numba._vmm_access import AccessFlags, allocation_granularity, check_multiple, round_up
 from umem_numba._vmm_access import as_access as _as_access
 from umem_numba._vmm_buffer import VMMBuffer
-
-from helpers import random_array
 
 gpu = pytest.mark.gpu
 MiB = 1 << 20
@@ -152,7 +151,7 @@ def test_granularity_arithmetic_messages():
         check_multiple(3 * MiB, g, "physical allocation size")
     msg = str(info.value)
     assert "3145728" in msg and "2097152" in msg and "nearest valid: 2097152 or 4194304" in msg
-    with pytest.raises(ValueError, match="nearest valid: 2097152$"):
+    with pytest.raises(ValueError, match=r"nearest valid: 2097152$"):
         check_multiple(4096, g, "size")
 
 
@@ -514,7 +513,7 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
         _launch(_copy, n, dst, buf)
         np.testing.assert_array_equal(dst.copy_to_host(), data)
         # The driver sets access on whole mappings: bounds must be chunk boundaries.
-        with pytest.raises(ValueError, match="chunk boundaries.*bytes \\[40, "):
+        with pytest.raises(ValueError, match=r"chunk boundaries.*bytes \[40, "):
             buf[10 : n // 2].set_access(0, AccessFlags.READ)
         with pytest.raises(ValueError, match="empty view"):
             buf[5:5].set_access(0, AccessFlags.READ)
@@ -608,7 +607,7 @@ _CHILD_READ_ONLY = textwrap.dedent("""
 
 def _run_child(code: str, *args: str, pass_fds: tuple = ()) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, pass_fds=pass_fds
+        [sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=300, pass_fds=pass_fds
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
@@ -732,12 +731,10 @@ def test_exported_memory_is_shared_by_two_processes(rng, tmp_path, chunks, devic
 
 @gpu
 def test_export_needs_exportable_memory():
-    with VMMBuffer.empty(10, np.int32) as buf:
-        with pytest.raises(UnsupportedError, match="exportable=True"):
-            buf.export_fds()
-    with PhysicalMemory.create(_gran()) as pm:
-        with pytest.raises(UnsupportedError, match="exportable=True"):
-            pm.export_fd()
+    with VMMBuffer.empty(10, np.int32) as buf, pytest.raises(UnsupportedError, match="exportable=True"):
+        buf.export_fds()
+    with PhysicalMemory.create(_gran()) as pm, pytest.raises(UnsupportedError, match="exportable=True"):
+        pm.export_fd()
 
 
 # ===========================================================================
@@ -779,7 +776,7 @@ def test_bench_sizes_fit_free_memory():
     assert bench._fit(wanted, 139 * GiB) == (wanted, False)
     sizes, scaled = bench._fit(wanted, 10 * GiB)
     assert scaled and sizes == {"grow": GiB // 2, "step": 64 * MiB, "append_total": 4 * GiB, "stream": GiB // 2}
-    with pytest.raises(MemoryError, match="0.5 GiB of device memory is free"):
+    with pytest.raises(MemoryError, match=r"0.5 GiB of device memory is free"):
         bench._fit(wanted, GiB // 2)
     with pytest.raises(SystemExit):
         bench._parse(["--repeats", "0"])

@@ -252,7 +252,7 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
         fig.savefig(path, dpi=dpi)
         return 0
     axes = fig.subplots(len(drawn), 1, squeeze=False)[:, 0]
-    for ax, r in zip(axes, drawn):
+    for ax, r in zip(axes, drawn, strict=True):  # one axis per drawn row
         value, goal, unit = float(r["value"]), r.get("goal"), r.get("unit", "x")
         met = r.get("met")
         color = "tab:gray" if goal is None else ("tab:green" if met else "tab:red")
@@ -328,13 +328,13 @@ def save_bar_chart(
     y = np.arange(len(vals))[::-1]
     ax.barh(y, vals, color=[f"C{i % 10}" for i in range(len(vals))])
     ax.set_yticks(y, list(labels))
-    for yi, v, t in zip(y, vals, texts):
+    for yi, v, t in zip(y, vals, texts, strict=True):  # lengths checked above
         ax.text(v, yi, " " + t, va="center", fontsize=8)
     if reference is not None:
         ax.axvline(reference, color="k", ls="--", lw=1, label=reference_label or None)
         if reference_label:
             ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlim(0, max(vals + [reference or 0.0, 1e-12]) * 1.5)
+    ax.set_xlim(0, max([*vals, reference or 0.0, 1e-12]) * 1.5)
     ax.set_xlabel(xlabel)
     if title:
         ax.set_title(title)

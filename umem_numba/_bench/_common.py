@@ -1,7 +1,7 @@
 """What the benchmarks share: timing with CUDA events, goal rows, tables, JSON.
 
 Every benchmark module ``umem_numba._bench.NAME`` (registered in
-``umem_numba.__main__._BENCHES``) exposes the same two functions:
+``umem_numba._bench._BENCHES``) exposes the same two functions:
 
 ``run(argv: list[str] | None = None) -> dict``
     Parse ``argv`` (the benchmark's own options; ``--quick`` makes a short
@@ -69,7 +69,7 @@ def wall_timer_us(fn: Callable[[], Any], n: int, repeat: int = 3) -> float:
     return best
 
 
-class BenchSkipped(Exception):
+class BenchSkipped(Exception):  # noqa: N818  (a skip, like pytest's Skipped, not an error)
     """A benchmark cannot run on this machine; the message says why (no GPU, too little memory)."""
 
 
@@ -193,10 +193,11 @@ def print_table(rows: Iterable[Iterable[Any]], header: Iterable[str], file: Any 
     rows = [[str(c) for c in r] for r in rows]
     header = [str(h) for h in header]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)), file=file)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), file=file)
     print("  ".join("-" * w for w in widths), file=file)
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)), file=file)
+        # cells past the header are not shown
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)), file=file)
 
 
 def goal_text(value: float, goal: float, higher_is_better: bool = True) -> str:

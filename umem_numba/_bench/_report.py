@@ -1,6 +1,6 @@
 """``python -m umem_numba bench all --out DIR``: every registered benchmark, one report.
 
-Runs each benchmark of ``umem_numba.__main__._BENCHES`` in turn (its
+Runs each benchmark of ``umem_numba._bench._BENCHES`` in turn (its
 ``run(argv)``, see :mod:`umem_numba._bench._common`) under a tqdm progress
 bar, with its printed tables going to ``DIR/NAME.log``, and writes:
 
@@ -40,7 +40,7 @@ __all__ = ["main", "run_all", "write_report"]
 
 
 def _registry() -> dict[str, str]:
-    from ..__main__ import _BENCHES
+    from . import _BENCHES
 
     return dict(_BENCHES)
 
@@ -113,7 +113,7 @@ def run_all(
                     entry = {"status": "ran", "result": result}
                 except BenchSkipped as exc:
                     entry = {"status": "skipped", "reason": str(exc)}
-                except Exception as exc:  # noqa: BLE001  (one failing benchmark must not stop the report)
+                except Exception as exc:  # one failing benchmark must not stop the report
                     entry = {
                         "status": "error",
                         "error": f"{type(exc).__name__}: {exc}",
@@ -228,7 +228,7 @@ def write_report(
         if extra is not None:
             try:
                 files += [os.path.basename(p) for p in extra(entry["result"], out_dir)]
-            except Exception as exc:  # noqa: BLE001  (a chart must not lose the report)
+            except Exception as exc:  # a chart must not lose the report
                 entry.setdefault("chart_errors", []).append(f"{type(exc).__name__}: {exc}")
         charts[name] = files
 
@@ -251,7 +251,7 @@ def write_report(
     )
     if quick:
         md += ["", "**Quick run**: small sizes and few repetitions; the goals are not meaningful here."]
-    md += ["", "## Machine", ""] + _machine_lines(machine)
+    md += ["", "## Machine", "", *_machine_lines(machine)]
     md += [
         "",
         "<details><summary><code>python -m umem_numba info</code></summary>",

@@ -27,7 +27,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _driver.api()
     except CudaUnavailableError as exc:
-        raise BenchSkipped(f"no usable GPU: {exc}")
+        raise BenchSkipped(f"no usable GPU: {exc}") from exc
     from numba import cuda
 
     import umem_numba as um
@@ -189,7 +190,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     # 2. -> new numpy
     t_direct = _median(args.reps, lambda: m.copy_to_host(staging=False))
     t_staged = _median(args.reps, lambda: m.copy_to_host(staging=True))
-    t_nb = _median(args.reps, lambda: d.copy_to_host())
+    t_nb = _median(args.reps, d.copy_to_host)
     assert np.array_equal(m.copy_to_host(staging=True), expect)
     assert np.array_equal(m.copy_to_host(staging=False), expect)
     t_auto = t_staged if _copy.STAGE_TO_HOST else t_direct

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         _driver.api()
     except CudaUnavailableError as exc:
-        raise BenchSkipped(f"no usable GPU: {exc}")
+        raise BenchSkipped(f"no usable GPU: {exc}") from exc
     from numba import cuda
 
     import umem_numba as um
@@ -134,7 +135,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             )
 
     def driver_managed() -> None:
-        err, ptr = drv.cuMemAllocManaged(_SIZE, 1)
+        _err, ptr = drv.cuMemAllocManaged(_SIZE, 1)
         drv.cuMemFree(ptr)
 
     cases.append(("cuMemAllocManaged + cuMemFree", driver_managed, False))

@@ -23,7 +23,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ _PLAN_ENTRIES = 64
 _GIB = 1 << 30
 
 
-class _Refused(Exception):
+class _Refused(Exception):  # noqa: N818  (a refusal to run, reported as a skip, not an error)
     """The benchmark cannot run here (too little free memory, too small a size)."""
 
 

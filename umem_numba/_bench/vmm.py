@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,7 @@ def _bench_grow(size: int, warmup: int, repeats: int) -> dict:
         for r in range(warmup + repeats):
             holder: dict[str, int] = {}
 
-            def move() -> None:
+            def move(holder: dict[str, int] = holder, old: int = old) -> None:  # this round's block and holder
                 new = _alloc(2 * size)
                 holder["new"] = new
                 _driver.call("cuMemcpyDtoDAsync", new, old, size, 0, detail="benchmark copy")
@@ -253,7 +254,7 @@ def _bench_stream(nbytes: int, step: int, launches: int, rounds: int) -> dict:
             seconds = cuda.event_elapsed_time(start, end) / 1e3
             samples[name].append(2 * nbytes * launches / seconds)
     check = {}
-    for name, (a, b) in pairs.items():
+    for name, (a, _b) in pairs.items():
         out = a.copy_to_host()
         check[name] = bool(np.array_equal(out, host * np.float32(2.0)))
     for a, b in pairs.values():
