@@ -155,7 +155,7 @@ def one_block_launches() -> Iterator[None]:
     benchmark the tiny grid is the point, and issuing the warning would be
     part of what is timed.
     """
-    configs = []
+    configs: list[Any] = []  # numba's config modules: their settings are set at run time
     for name in ("numba.cuda.core.config", "numba.core.config"):
         try:
             configs.append(importlib.import_module(name))
@@ -190,12 +190,12 @@ def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterabl
 def print_table(rows: Iterable[Iterable[Any]], header: Iterable[str], file: Any = None) -> None:
     """Print rows as an aligned text table."""
     file = file or sys.stdout
-    rows = [[str(c) for c in r] for r in rows]
-    header = [str(h) for h in header]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), file=file)
+    cells = [[str(c) for c in r] for r in rows]
+    heads = [str(h) for h in header]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    print("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)), file=file)
     print("  ".join("-" * w for w in widths), file=file)
-    for r in rows:
+    for r in cells:
         # cells past the header are not shown
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)), file=file)
 

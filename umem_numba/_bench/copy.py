@@ -135,13 +135,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     @cuda.jit
-    def fill(a, s):
+    def fill(a: Any, s: Any) -> None:
         i = cuda.grid(1)
         if i < a.size:
             a[i] = i * 0.5 + s
 
     @cuda.jit
-    def scale(a, s):
+    def scale(a: Any, s: Any) -> None:
         i = cuda.grid(1)
         if i < a.size:
             a[i] = a[i] * s
@@ -172,7 +172,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     # 1. -> pinned
     pin = um.PinnedBuffer.empty(n, np.float32)
     nb_pin = cuda.pinned_array(n, np.float32)
-    t_ours = _median(args.reps, lambda: (m.copy_to_host(pin), pin.synchronize()))
+
+    def to_pinned() -> None:
+        m.copy_to_host(pin)
+        pin.synchronize()
+
+    t_ours = _median(args.reps, to_pinned)
     t_nb = _median(args.reps, lambda: d.copy_to_host(nb_pin))
     assert np.array_equal(pin.host, expect) and np.array_equal(nb_pin, expect)
     r1 = t_nb / t_ours

@@ -103,17 +103,17 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from numba import cuda
 
     @cuda.jit
-    def bump1(a):
+    def bump1(a: Any) -> None:
         if cuda.grid(1) == 0:
             a[0] += 1.0
 
     @cuda.jit
-    def bump2(a, b):
+    def bump2(a: Any, b: Any) -> None:
         if cuda.grid(1) == 0:
             a[0] += b[0]
 
     @cuda.jit
-    def bump5(a, b, c, d, e):
+    def bump5(a: Any, b: Any, c: Any, d: Any, e: Any) -> None:
         if cuda.grid(1) == 0:
             a[0] += b[0] + c[0] + d[0] + e[0]
 

@@ -177,7 +177,7 @@ def _kernel() -> Any:
     from numba import cuda
 
     @cuda.jit
-    def twice_plus_one(a):
+    def twice_plus_one(a: Any) -> None:
         start = cuda.grid(1)
         step = cuda.gridsize(1)
         for i in range(start, a.shape[0], step):
@@ -239,7 +239,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         idx = rng.integers(0, buf.size, 4096)
         expect = buf.host[idx].astype(np.float32)
         run_kernel = lambda: launch(kernel, blocks, 256, buf, stream=stream)  # noqa: E731
-        fault_times, prefetch_times = [], []
+        fault_times: list[float] = []
+        prefetch_times: list[float] = []
         for _ in range(max(1, reps - 2)):
             for timed_list, issue in ((fault_times, run_kernel), (prefetch_times, lambda: (to_dev(), run_kernel()))):
                 to_host()
@@ -288,7 +289,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 "into host pages is the limit"
             )
         notes.append(msg)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "test": "(1) prefetch host->device vs pinned copy",
             "gbps": _gbps(nbytes, t_h2d),

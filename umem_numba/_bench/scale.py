@@ -273,7 +273,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "trials": args.trials,
     }
-    rows, goals = [], {}
+    rows: list[tuple[Any, ...]] = []
+    goals: dict[str, tuple[float, float | None]] = {}  # name -> (value, goal)
     status = 0
     if not args.no_peer:
         for halo in args.halos:

@@ -156,14 +156,14 @@ class _Runner:
     """Times the kernel on one pair of buffers; every kind goes through the same code."""
 
     def __init__(self, args: argparse.Namespace, dtype: np.dtype, stream: Any) -> None:
-        from umem_numba import kernels
+        from umem_numba.kernels import TUNED_2D, heat2d_launch, stencil_weights
 
         self.args = args
         self.stream = stream
         shape = (args.size, args.size)
-        self.kernel, self.grid, self.block = kernels.heat2d_launch(shape, dtype, args.rows_per_thread, args.block)
-        self.rows = args.rows_per_thread if args.rows_per_thread is not None else kernels.TUNED_2D[dtype][0]
-        self.weights = kernels.stencil_weights(0.2, 2, dtype)
+        self.kernel, self.grid, self.block = heat2d_launch(shape, dtype, args.rows_per_thread, args.block)
+        self.rows = args.rows_per_thread if args.rows_per_thread is not None else TUNED_2D[dtype][0]
+        self.weights = stencil_weights(0.2, 2, dtype)
         self.bytes_per_step = 2 * args.size * args.size * dtype.itemsize
 
     def step(self, bufs: list, k: int) -> None:
@@ -571,8 +571,15 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
     """``--variants``: every 3-D kernel design and launch shape against the copy, one run."""
     from numba import cuda
 
-    from umem_numba import _driver, kernels
-    from umem_numba.kernels import MemoryBudgetError, require_free_memory
+    from umem_numba import _driver
+    from umem_numba.kernels import (
+        DEFAULT_VARIANT_3D,
+        TUNED_3D,
+        MemoryBudgetError,
+        heat3d_launch,
+        require_free_memory,
+        stencil_weights,
+    )
     from umem_numba.kernels.stencil3d import tile_shared_bytes
 
     from ._common import device_name
@@ -590,10 +597,10 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
     stream = cuda.stream()
     shape = (n, n, n)
     bytes_per_step = 2 * grid_bytes
-    weights = kernels.stencil_weights(1.0 / 7.0, 3, dtype)
+    weights = stencil_weights(1.0 / 7.0, 3, dtype)
     u0 = _initial_cube(n, dtype)
-    default_planes, default_block = kernels.TUNED_3D[dtype]
-    default = (kernels.DEFAULT_VARIANT_3D[dtype], default_planes, tuple(default_block))
+    default_planes, default_block = TUNED_3D[dtype]
+    default = (DEFAULT_VARIANT_3D[dtype], default_planes, tuple(default_block))
     sweep = [default] + [v for v in VARIANT_SWEEP_3D if v != default]
     print(
         f"heat3d variants on {n}^3 {dtype} ({grid_bytes / 2**30:.2f} GiB per grid), {device_name()}; "
@@ -633,7 +640,7 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
         if variant == "tile" and tile_shared_bytes(planes, block, dtype.itemsize) > 48 * 1024:
             continue
         try:
-            kernel, grid, blk = kernels.heat3d_launch(shape, dtype, planes, block, variant)
+            kernel, grid, blk = heat3d_launch(shape, dtype, planes, block, variant)
             a.copy_to_device(u0, stream=stream)
             b.copy_to_device(u0, stream=stream)
 

@@ -207,7 +207,7 @@ def _stream_kernel() -> Any:
     from numba import cuda
 
     @cuda.jit
-    def scale(a, b, s):
+    def scale(a: Any, b: Any, s: Any) -> None:
         start, step = cuda.grid(1), cuda.gridsize(1)
         for i in range(start, a.shape[0], step):
             a[i] = b[i] * s
