@@ -153,8 +153,9 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
 
     Parameters
     ----------
-    context : numba Context or None
-        Passed by numba (``None`` for its version check).
+    *args, **kwargs
+        What numba passes: ``context=``, its Context (``None`` for its
+        version check); all of it goes on to numba's base class.
 
     Attributes
     ----------
