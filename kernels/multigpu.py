@@ -228,6 +228,11 @@ class PeerExchange(HaloExchange):
         s = self._slabs[k]
         s.ready.wait(s.edge)
         mine = [(m, link) for m, link in zip(self.moves, self.links, strict=True) if m.src == k]
+        for m, link in mine:
+            if link.kind == "vmm":
+                # The receiver reads last step's row straight out of this band array:
+                # it must have done so before the band kernel overwrites it.
+                self._slabs[m.dst].ready.wait(s.edge)
         for _, link in mine:
             view = link.views.get(id(s.src))
             if view is None:  # slicing a device array costs host time: once per field
