@@ -451,12 +451,7 @@ class Buffer:
             Named ``"dltensor"``; the memory stays allocated until the
             consumer releases it, even across :meth:`close`.
         """
-        device = self.__dlpack_device__()
-        if dl_device is not None and tuple(dl_device) != device:
-            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
-        if copy:
-            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
-        _dlpack.dl_dtype(self._dtype)
+        device = self._dlpack_request(dl_device, copy)
         alloc = self._live()
         if stream is not None and not isinstance(stream, int):
             raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
@@ -473,6 +468,20 @@ class Buffer:
                 finally:
                     alloc.tracker.end_use(0, None, True, issued=False)
         self._device_export(escape=True)
+        return self._device_capsule(alloc, device)
+
+    def _dlpack_request(self, dl_device: tuple[int, int] | None, copy: bool | None) -> tuple[int, int]:
+        """Check what a DLPack consumer asked for; return the device to export to."""
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
+        if copy:
+            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
+        _dlpack.dl_dtype(self._dtype)
+        return device
+
+    def _device_capsule(self, alloc: Allocation, device: tuple[int, int]) -> Any:
+        """A capsule over the device memory; it keeps this view and the memory until the consumer lets go."""
         alloc.add_export()
         ptr = alloc.device_ptr + self._offset if self.size else 0
         return _dlpack.make_capsule(ptr, self._shape, self._strides, self._dtype, device, self, alloc.drop_export)
@@ -710,11 +719,7 @@ class LentView:
     ) -> Any:
         """A DLPack capsule over the lent memory (the consumer's stream should be the lending one)."""
         buf = self._live()
-        device = buf.__dlpack_device__()
-        if dl_device is not None and tuple(dl_device) != device:
-            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
-        if copy:
-            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
+        device = buf._dlpack_request(dl_device, copy)
         alloc = self._alloc
         if stream is not None and stream not in (-1, self._stream) and isinstance(stream, int):
             # The consumer works on another stream: make it wait for the lending stream's work so far.
@@ -722,6 +727,4 @@ class LentView:
                 handle = _driver.consts().stream_legacy if stream is None else stream
                 event = _events.record(self._stream, alloc.device_id)
                 _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="__dlpack__ of a lent view")
-        alloc.add_export()
-        ptr = alloc.device_ptr + buf._offset if buf.size else 0
-        return _dlpack.make_capsule(ptr, buf._shape, buf._strides, buf._dtype, device, buf, alloc.drop_export)
+        return buf._device_capsule(alloc, device)
