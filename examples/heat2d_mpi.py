@@ -3,7 +3,6 @@
 
     mpirun -np 2 python examples/heat2d_mpi.py --size 4096 --steps 500
     mpirun -np 2 python examples/heat2d_mpi.py --cpu --size 256 --steps 50 --check   # no GPU
-    mpirun -np 2 python examples/heat2d_mpi.py --halo ipc --check   # one node: rows read in place
 
 (as root, Open MPI also wants ``--allow-run-as-root``; more ranks than cores,
 ``--oversubscribe``).  Each rank takes the GPU ``local_rank % GPUs`` of its
@@ -14,11 +13,7 @@ launch on a second stream), sends them with non-blocking MPI while the
 full slab step runs, and puts the received rows into its halo.  Where the
 MPI library is CUDA-aware (``MPIX_Query_cuda_support``; override with
 ``UMEM_MPI_CUDA_AWARE=0/1``) the halo rows go from device buffers directly,
-otherwise through ``umem_numba.PinnedBuffer`` staging.  With ``--halo ipc``
-(all ranks on one node) no row goes through MPI: each rank exports the VMM
-memory holding the rows it sends, passes the file descriptors to its
-neighbours over a Unix socket (``SCM_RIGHTS``), and reads theirs in place;
-one small MPI message per neighbour and step orders the ranks.  Rank 0 gathers the
+otherwise through ``umem_numba.PinnedBuffer`` staging.  Rank 0 gathers the
 plate and writes a PNG (matplotlib if installed, else umem_numba's writer).
 
 The slabs are aligned to the kernel's strips (``umem_numba.kernels.decomp``),
@@ -69,13 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "pinned", "device"),
         default="auto",
         help="halo buffers: auto (device if MPI is CUDA-aware, else pinned), or force one",
-    )
-    p.add_argument(
-        "--halo",
-        choices=("mpi", "ipc"),
-        default="mpi",
-        help="mpi: rows travel as MPI messages (see --staging); ipc: same node only, each rank maps "
-        "its neighbours' exported VMM rows and reads them in place",
     )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
@@ -139,14 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             error = f"--steps must be at least 1, got {args.steps}"
         elif not 0.0 <= args.alpha <= 0.25:
             error = f"--alpha must be in [0, 0.25], got {args.alpha}"
-        elif args.halo == "ipc" and args.cpu:
-            error = "--halo ipc maps GPU memory between ranks: it needs the GPU path (drop --cpu)"
     config = (
         {}
         if args is None
         else {
-            k: getattr(args, k)
-            for k in ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo")
+            k: getattr(args, k) for k in ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging")
         }
     )
     errors = collective_errors(comm, error)
@@ -179,11 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     hosts = comm.allgather(socket.gethostname())
     if error is None and not args.cpu:
         error = _pick_gpu(rank, lrank, hosts.count(socket.gethostname()), decomp, dtype)
-    if error is None and args.halo == "ipc" and len(set(hosts)) > 1:
-        error = (
-            f"--halo ipc needs every rank on one node, but they run on {len(set(hosts))} hosts "
-            f"({', '.join(sorted(set(hosts)))}); use --halo mpi"
-        )
     errors = collective_errors(comm, error)
     if errors:
         return _abort(rank, errors)
@@ -191,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     # 3. Transport: every rank agrees.
     if args.cpu:
         device_buffers, how = False, "--cpu"
-    elif args.halo == "ipc":
-        device_buffers, how = False, "--halo ipc: exported VMM rows read in place, fds over a Unix socket"
     elif args.staging == "auto":
         aware, how = cuda_aware_mpi()
         device_buffers = bool(comm.allreduce(int(aware), op=MPI.MIN))
@@ -207,11 +185,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{_transport_name(args, device_buffers)} [{how}]",
             flush=True,
         )
-    ipc_dir = None
-    if args.halo == "ipc":
-        import tempfile
-
-        ipc_dir = comm.bcast(tempfile.mkdtemp(prefix="umem-ipc-") if rank == 0 else None, root=0)
     run, error = None, None
     try:
         run = RankHeat(
@@ -221,16 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             args.alpha,
             cpu=args.cpu,
             device_buffers=device_buffers,
-            halo=args.halo,
-            ipc_dir=ipc_dir,
         )
-    except Exception as exc:  # e.g. a neighbour's memory that cannot be mapped: stop every rank
+    except Exception as exc:  # e.g. no memory left for the slab or the staging buffers: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"
     errors = collective_errors(comm, error)
-    if ipc_dir is not None and rank == 0:
-        import shutil
-
-        shutil.rmtree(ipc_dir, ignore_errors=True)
     if errors:
         if run is not None:
             run.close()
@@ -281,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
                     "halo_us_per_step": halo / max(timed, 1) * 1e6,
                     "cpu": args.cpu,
                     "device_buffers": device_buffers,
-                    "halo": args.halo,
                     "transport_how": how,
                 },
                 fh,
@@ -294,8 +260,6 @@ def main(argv: list[str] | None = None) -> int:
 def _transport_name(args: Any, device_buffers: bool) -> str:
     if args.cpu:
         return "host arrays"
-    if args.halo == "ipc":
-        return "exported VMM rows (same node, read in place)"
     return "device buffers" if device_buffers else "pinned host buffers"
 
 

@@ -32,136 +32,9 @@ import numpy as np
 from ._common import _as_float_dtype, stencil_weights
 from .decomp import Decomposition
 
-__all__ = [
-    "HALOS",
-    "RankHeat",
-    "collective_errors",
-    "cuda_aware_mpi",
-    "exchange_handles",
-    "local_rank",
-    "recv_handles",
-    "send_handles",
-]
-
-#: How the GPU ranks move halo rows: ``mpi`` (MPI messages: pinned staging or device buffers) or
-#: ``ipc`` (same node only: each rank maps its neighbours' exported VMM rows and reads them in place;
-#: a small MPI message per step orders the ranks).
-HALOS = ("mpi", "ipc")
+__all__ = ["RankHeat", "collective_errors", "cuda_aware_mpi", "local_rank"]
 
 _TAG_DOWN, _TAG_UP, _TAG_GATHER = 11, 12, 13
-_MAX_FDS = 64
-
-
-# -- file descriptors between the ranks of one node (SCM_RIGHTS) ------------------------------
-def send_handles(sock: Any, fds: Sequence[tuple[int, int]], meta: Mapping[str, Any]) -> None:
-    """Send exported memory over a connected Unix socket: ``(fd, nbytes)`` pairs and a JSON header.
-
-    The descriptors travel as ``SCM_RIGHTS`` ancillary data (``socket.send_fds``):
-    the kernel duplicates them into the receiving process.  The caller still
-    owns (and should close) its own descriptors.
-    """
-    import json
-    import socket
-
-    fds = [(int(fd), int(n)) for fd, n in fds]
-    if len(fds) > _MAX_FDS:
-        raise ValueError(f"at most {_MAX_FDS} descriptors per message, got {len(fds)}")
-    body = json.dumps({"meta": dict(meta), "sizes": [n for _, n in fds]}).encode()
-    header = len(body).to_bytes(4, "little")
-    socket.send_fds(sock, [header + body], [fd for fd, _ in fds])
-
-
-def recv_handles(sock: Any) -> tuple[list[tuple[int, int]], dict[str, Any]]:
-    """Receive what :func:`send_handles` sent: ``([(fd, nbytes), ...], meta)`` (the caller closes the fds)."""
-    import json
-    import socket
-
-    msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
-    if len(msg) < 4:
-        for fd in fds:
-            os.close(fd)
-        raise ConnectionError("the neighbour closed the socket before sending its memory handles")
-    size = int.from_bytes(msg[:4], "little")
-    body = msg[4:]
-    while len(body) < size:
-        more = sock.recv(size - len(body))
-        if not more:
-            break
-        body += more
-    data = json.loads(body.decode())
-    sizes = data["sizes"]
-    if len(sizes) != len(fds):
-        for fd in fds:
-            os.close(fd)
-        raise ConnectionError(f"expected {len(sizes)} descriptors, received {len(fds)}")
-    return list(zip(fds, sizes, strict=True)), data["meta"]  # lengths checked above
-
-
-def exchange_handles(
-    directory: str,
-    rank: int,
-    neighbours: Sequence[int],
-    fds: Sequence[tuple[int, int]],
-    meta: Mapping[str, Any],
-    *,
-    timeout: float = 60.0,
-    barrier: Any = None,
-) -> dict[int, tuple[list[tuple[int, int]], dict[str, Any]]]:
-    """Give every neighbour this rank's descriptors and get theirs, over Unix sockets in ``directory``.
-
-    Every rank listens on ``directory/rank<R>.sock``; after ``barrier()``
-    (all ranks listen) it connects to each neighbour and sends (a connect to a
-    listening socket completes without the peer's ``accept``, so no order is
-    needed), then accepts one connection per neighbour.  ``timeout`` bounds
-    every socket operation (a missing neighbour raises instead of hanging).
-
-    Returns
-    -------
-    dict
-        neighbour rank -> ``([(fd, nbytes), ...], meta)``.
-    """
-    import socket
-
-    path = os.path.join(directory, f"rank{int(rank)}.sock")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.bind(path)
-        server.listen(max(len(neighbours), 1))
-        server.settimeout(timeout)
-        if barrier is not None:
-            barrier()
-        for peer in neighbours:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-                c.settimeout(timeout)
-                target = os.path.join(directory, f"rank{int(peer)}.sock")
-                for _ in range(int(timeout * 20)):  # without a barrier: wait for the peer to listen
-                    try:
-                        c.connect(target)
-                        break
-                    except (FileNotFoundError, ConnectionRefusedError):
-                        import time
-
-                        time.sleep(0.05)
-                else:
-                    raise TimeoutError(f"rank {rank}: rank {peer} never listened on {target}")
-                send_handles(c, fds, {**dict(meta), "rank": int(rank)})
-        got: dict[int, tuple[list[tuple[int, int]], dict[str, Any]]] = {}
-        for _ in neighbours:
-            conn, _ = server.accept()
-            with conn:
-                conn.settimeout(timeout)
-                pairs, their = recv_handles(conn)
-            got[int(their["rank"])] = (pairs, their)
-        missing = set(int(p) for p in neighbours) - set(got)
-        if missing:
-            raise ConnectionError(f"rank {rank}: no handles from rank(s) {sorted(missing)}")
-        return got
-    finally:
-        server.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def cuda_aware_mpi(
@@ -289,17 +162,6 @@ class RankHeat:
         Pass device buffers to MPI (CUDA-aware MPI) instead of pinned staging.
     rows_per_thread : int, optional
         Strip height of the GPU kernel (must equal ``decomp.align``).
-    halo : {'mpi', 'ipc'}
-        ``"ipc"`` (GPU, all ranks on one node): each rank puts the rows it
-        sends into an exportable :class:`umem_numba.VMMBuffer` (two slots per
-        neighbour, alternating by step), passes its file descriptors to its
-        neighbours over a Unix socket in ``ipc_dir`` (``SCM_RIGHTS``), maps
-        theirs with :meth:`~umem_numba.VMMBuffer.from_shareable_handle`, and
-        reads their rows in place into its halo rows; per step one small MPI
-        message per neighbour, sent after the rows are complete on the GPU,
-        orders the ranks (and, two steps later, the reuse of a slot).
-    ipc_dir : str, optional
-        A directory every rank of the node can reach (``"ipc"`` only).
     """
 
     def __init__(
@@ -312,16 +174,7 @@ class RankHeat:
         cpu: bool = False,
         device_buffers: bool = False,
         rows_per_thread: int | None = None,
-        halo: str = "mpi",
-        ipc_dir: str | None = None,
     ) -> None:
-        if halo not in HALOS:
-            raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
-        if halo == "ipc" and (cpu or ipc_dir is None):
-            raise ValueError("halo='ipc' needs the GPU path and an ipc_dir shared by the ranks of the node")
-        self.halo = halo
-        self._ipc_dir = ipc_dir
-        self._steps = 0
         self.comm = comm
         self.decomp = decomp
         self.rank = comm.Get_rank()
@@ -382,14 +235,7 @@ class RankHeat:
             scratch = cuda.device_array((b1 - b0, *halo_shape), self.dtype, stream=self.ks)
             bgrid, bblock = config(scratch.shape, rows, blk)
             self.bands.append((b0, b1, self.slab.local(row) - b0, scratch, bgrid, bblock))
-        self._ipc_out: Any = None
-        self._ipc_in: dict[int, Any] = {}
-        if self.halo == "ipc":
-            self._setup_ipc(halo_shape)
-            self._send = [None] * len(self.links)
-            self._recv = [np.zeros(1, np.int64) for _ in self.links]
-            self._token = np.zeros(1, np.int64)
-        elif self.device_buffers:
+        if self.device_buffers:
             self._send = [None] * len(self.links)
             self._recv = [cuda.device_array(halo_shape, self.dtype, stream=self.ks) for _ in self.links]
         else:
@@ -398,77 +244,6 @@ class RankHeat:
         self.halo_done = cuda.event(timing=False)
         self.halo_done.record(self.ks)
         self.ks.synchronize()
-
-    def _setup_ipc(self, halo_shape: tuple[int, ...]) -> None:
-        """Export this rank's send rows and map the neighbours' (talks to the neighbours only)."""
-        import umem_numba as um
-        from umem_numba import _driver
-
-        dev = _driver.current_device()
-        self._device = dev
-        self._row_bytes = int(np.prod(halo_shape)) * self.dtype.itemsize
-        # [parity][0: the row sent up (to rank - 1), 1: the row sent down (to rank + 1)]
-        out = um.VMMBuffer.zeros((2, 2, *halo_shape), self.dtype, device=dev, exportable=True)
-        self._ipc_out = out
-        fds = out.export_fds()
-        meta = {"device": dev, "shape": [2, 2, *halo_shape], "dtype": str(self.dtype)}
-        try:
-            # No MPI barrier here: a rank that failed before this point must not leave the others
-            # in a collective; the connect retries (and times out) instead.
-            got = exchange_handles(str(self._ipc_dir), self.rank, [link[0] for link in self.links], fds, meta)
-        finally:
-            for fd, _ in fds:
-                os.close(fd)
-        for peer, (pairs, theirs) in got.items():
-            try:
-                buf = um.VMMBuffer.from_shareable_handle(
-                    pairs, tuple(theirs["shape"]), theirs["dtype"], device=int(theirs["device"])
-                )
-            finally:
-                for fd, _ in pairs:
-                    os.close(fd)
-            if int(theirs["device"]) != dev:
-                buf.set_access(dev, um.AccessFlags.READ)
-            self._ipc_in[peer] = buf
-
-    def _ipc_step(self, exchange: bool) -> None:
-        import time
-
-        from mpi4py import MPI
-
-        from umem_numba import _driver
-
-        wc, wn = self.weights
-        rb = self._row_bytes
-        parity = self._steps % 2
-        self.halo_done.wait(self.cs)
-        if exchange:
-            h = int(self.cs.handle)
-            out = int(self._ipc_out.ptr)
-            for (b0, b1, r, scratch, bgrid, bblock), link in zip(self.bands, self.links, strict=True):
-                self.kernel[bgrid, bblock, self.cs](self.a[b0:b1], scratch, wc, wn)
-                slot = 0 if link[0] < self.rank else 1
-                src = int(scratch.__cuda_array_interface__["data"][0]) + r * rb
-                _driver.call("cuMemcpyDtoDAsync", out + (parity * 2 + slot) * rb, src, rb, h)
-        self.kernel[self.grid, self.block, self.ks](self.a, self.b, wc, wn)
-        if exchange and self.links:
-            t0 = time.perf_counter()
-            self.cs.synchronize()  # this step's rows are in the exported slots
-            self._token[0] = self._steps
-            reqs = [
-                self.comm.Irecv(buf, source=peer, tag=tag_in)
-                for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True)
-            ]
-            reqs += [self.comm.Isend(self._token, dest=peer, tag=tag_out) for peer, _, _, tag_out, _ in self.links]
-            MPI.Request.Waitall(reqs)
-            self.halo_seconds += time.perf_counter() - t0
-            h = int(self.ks.handle)
-            base = int(self.b.__cuda_array_interface__["data"][0])
-            for peer, _, halo, _, _ in self.links:
-                slot = 1 if peer < self.rank else 0  # the neighbour above sends down, the one below up
-                theirs = int(self._ipc_in[peer].ptr) + (parity * 2 + slot) * rb
-                _driver.call("cuMemcpyAsync", base + halo * rb, theirs, rb, h)  # read in place
-        self.halo_done.record(self.ks)
 
     def _gpu_step(self, exchange: bool) -> None:
         import time
@@ -509,12 +284,9 @@ class RankHeat:
         for _ in range(int(n)):
             if self.cpu:
                 self._cpu_step(exchange)
-            elif self.halo == "ipc":
-                self._ipc_step(exchange)
             else:
                 self._gpu_step(exchange)
             self.a, self.b = self.b, self.a
-            self._steps += 1
 
     def _cpu_step(self, exchange: bool) -> None:
         import time
@@ -571,8 +343,6 @@ class RankHeat:
         """Free the staging buffers (GPU path)."""
         if not self.cpu:
             self.synchronize()
-            for buf in [*self._send, *self._recv, *self._ipc_in.values(), self._ipc_out]:
+            for buf in [*self._send, *self._recv]:
                 if buf is not None and hasattr(buf, "close"):
                     buf.close()
-            self._ipc_in = {}
-            self._ipc_out = None

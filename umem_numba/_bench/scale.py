@@ -20,8 +20,8 @@ median of ``--trials``.  Its *halo time per step* is the time of a step with
 the exchange minus one without.  The N-GPU strong-scaling field is compared
 bit for bit with the one-GPU field.
 
-MPI path: ``mpirun -np N python examples/heat2d_mpi.py`` (from the source
-tree) in a subprocess per point; the example reports ms per step and the
+MPI path: ``mpirun -np N python examples/heat2d_mpi.py --staging pinned``
+(from the source tree) in a subprocess per point; the example reports ms per step and the
 longest halo wait of any rank (``--json``).  Skipped, with the reason, when
 mpirun, mpi4py or the example is missing.
 
@@ -74,12 +74,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="LIST",
         help="peer path halo modes to measure, from copy,vmm (default both)",
     )
-    ap.add_argument(
-        "--mpi-halos",
-        default="pinned,ipc",
-        metavar="LIST",
-        help="MPI path halo modes (examples/heat2d_mpi.py --halo), from pinned,ipc (default both)",
-    )
     ap.add_argument("--quick", action="store_true", help="8192 wide, 30 steps (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--png", metavar="PATH", help="write a chart (matplotlib)")
@@ -92,11 +86,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.gpus is not None and args.gpus < 1:
         ap.error("--gpus must be >= 1")
     args.halos = [h.strip() for h in args.halos.split(",") if h.strip()]
-    args.mpi_halos = [h.strip() for h in args.mpi_halos.split(",") if h.strip()]
     if not args.halos or any(h not in ("copy", "vmm") for h in args.halos):
         ap.error(f"--halos takes copy and/or vmm, got {args.halos}")
-    if not args.mpi_halos or any(h not in ("pinned", "ipc") for h in args.mpi_halos):
-        ap.error(f"--mpi-halos takes pinned and/or ipc, got {args.mpi_halos}")
     return args
 
 
@@ -163,7 +154,7 @@ def _mpirun() -> tuple[list[str] | None, str]:
     return cmd, ""
 
 
-def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace, halo: str = "pinned") -> dict:
+def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [
@@ -186,8 +177,9 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             "",
             "--json",
             out,
+            "--staging",
+            "pinned",
         ]
-        cmd += ["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
         if r.returncode != 0:
@@ -200,7 +192,6 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
         "ms_per_step": data["ms_per_step"],
         "halo_us_per_step": data["halo_us_per_step"],
         "device_buffers": data["device_buffers"],
-        "halo": data.get("halo", "mpi"),
         "transport_how": data["transport_how"],
     }
 
@@ -321,68 +312,40 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             result["mpi"] = {"skipped": why}
             print(f"MPI path skipped: {why}", file=sys.stderr)
         else:
-            for halo in args.mpi_halos:
-                key = "mpi" if halo == "pinned" else f"mpi-{halo}"
-                mpi: dict[str, Any] = {}
-                for mode, pts in (
-                    ("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
-                    ("strong", [(1, args.size), (n, args.size)]),
-                ):
-                    p1, pn = (_mpi_point(mpirun, r, h, args, halo) for r, h in pts)
-                    mpi[mode] = {"one": p1, "n": pn}
-                    for p in (p1, pn):
-                        if "error" in p:
-                            rows.append((key, mode, p["ranks"], "", "error", "", p["error"][-120:]))
-                        else:
-                            how = (
-                                "ipc (VMM, in place)"
-                                if p["halo"] == "ipc"
-                                else "device bufs"
-                                if p["device_buffers"]
-                                else "pinned"
-                            )
-                            rows.append(
-                                (
-                                    key,
-                                    mode,
-                                    p["ranks"],
-                                    "x".join(map(str, p["shape"])),
-                                    f"{p['ms_per_step']:.3f}",
-                                    f"{p['halo_us_per_step']:.1f}",
-                                    how,
-                                )
-                            )
-                    if "error" not in p1 and "error" not in pn:
-                        mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
+            mpi: dict[str, Any] = {}
+            for mode, pts in (
+                ("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
+                ("strong", [(1, args.size), (n, args.size)]),
+            ):
+                p1, pn = (_mpi_point(mpirun, r, h, args) for r, h in pts)
+                mpi[mode] = {"one": p1, "n": pn}
+                for p in (p1, pn):
+                    if "error" in p:
+                        rows.append(("mpi", mode, p["ranks"], "", "error", "", p["error"][-120:]))
                     else:
-                        status = 1
-                result[key] = mpi
-                if "efficiency" in mpi["weak"]:
-                    goals[f"{key} weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
-                if "speedup" in mpi["strong"]:
-                    goals[f"{key} strong speedup ({n} ranks)"] = (
-                        mpi["strong"]["speedup"],
-                        GOAL_STRONG_MPI if n == 2 else None,
-                    )
-            if {"mpi", "mpi-ipc"} <= set(result):
-                cmp = {}
-                for mode in ("weak", "strong"):
-                    a, b = result["mpi"][mode]["n"], result["mpi-ipc"][mode]["n"]
-                    if "error" not in a and "error" not in b:
-                        cmp[mode] = {
-                            "pinned_ms": a["ms_per_step"],
-                            "ipc_ms": b["ms_per_step"],
-                            "ipc_over_pinned_speed": a["ms_per_step"] / b["ms_per_step"],
-                            "pinned_halo_us": a["halo_us_per_step"],
-                            "ipc_halo_us": b["halo_us_per_step"],
-                        }
-                result["ipc_vs_pinned"] = cmp
-                for mode, c in cmp.items():
-                    print(
-                        f"MPI {mode}, {n} ranks: ipc {c['ipc_ms']:.3f} ms/step vs pinned {c['pinned_ms']:.3f} "
-                        f"({c['ipc_over_pinned_speed']:.3f}x); halo wait {c['ipc_halo_us']:.1f} vs "
-                        f"{c['pinned_halo_us']:.1f} us/step"
-                    )
+                        rows.append(
+                            (
+                                "mpi",
+                                mode,
+                                p["ranks"],
+                                "x".join(map(str, p["shape"])),
+                                f"{p['ms_per_step']:.3f}",
+                                f"{p['halo_us_per_step']:.1f}",
+                                "device bufs" if p["device_buffers"] else "pinned",
+                            )
+                        )
+                if "error" not in p1 and "error" not in pn:
+                    mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
+                else:
+                    status = 1
+            result["mpi"] = mpi
+            if "efficiency" in mpi["weak"]:
+                goals["mpi weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
+            if "speedup" in mpi["strong"]:
+                goals[f"mpi strong speedup ({n} ranks)"] = (
+                    mpi["strong"]["speedup"],
+                    GOAL_STRONG_MPI if n == 2 else None,
+                )
     print()
     print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
     print()
