@@ -222,3 +222,40 @@ def device_name() -> str:
         if isinstance(cuda.get_current_device().name, bytes)
         else str(cuda.get_current_device().name)
     )
+
+
+def command_line(
+    name: str,
+    parse: Callable[[list[str] | None], Any],
+    measure: Callable[[Any], dict[str, Any]],
+    argv: list[str] | None,
+) -> int:
+    """What every benchmark's ``main`` does: parse, measure, write ``--json``, return the exit status.
+
+    Parameters
+    ----------
+    name : str
+        The benchmark's name, for the message when it cannot run.
+    parse : callable
+        ``argv -> argparse.Namespace`` (with a ``json`` attribute).
+    measure : callable
+        ``Namespace -> dict`` of results; raises :class:`BenchSkipped` when it cannot run.
+    argv : list of str or None
+        Command-line arguments.
+
+    Returns
+    -------
+    int
+        0 after a run, 1 when the results say ``ok: False`` (or a non-zero ``status``),
+        2 when the benchmark cannot run here (no GPU, too little memory).
+    """
+    args = parse(argv)
+    try:
+        results = measure(args)
+    except BenchSkipped as exc:
+        print(f"bench {name}: {exc}", file=sys.stderr)
+        return 2
+    write_json(args.json, results)
+    if results.get("status"):
+        return int(results["status"])
+    return 0 if results.get("ok", True) else 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 
 from .. import _copy, _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, device_name, goal_row, goal_text, print_table, write_json
+from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_table
 
 _GIB = 1 << 30
 _HEADROOM = 1 << 30
@@ -106,14 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit status.
     """
-    args = _parse(argv)
-    try:
-        results = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench copy: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, results)
-    return int(results.get("status", 0))
+    return command_line("copy", _parse, _run, argv)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

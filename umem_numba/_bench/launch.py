@@ -22,7 +22,6 @@ a bare ManagedBuffer launch <= 1.25x DeviceNDArray.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -30,12 +29,12 @@ import numpy as np
 
 from ._common import (
     BenchSkipped,
+    command_line,
     goal_row,
     one_block_launches,
     print_figures,
     print_table,
     wall_timer_us,
-    write_json,
 )
 
 GOAL_RATIO = 1.25
@@ -234,11 +233,4 @@ def main(argv: list[str] | None = None) -> int:
     int
         0 after a run, 2 without a usable GPU.
     """
-    args = _parse(argv)
-    try:
-        res = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench launch: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, res)
-    return 0
+    return command_line("launch", _parse, _run, argv)

@@ -14,7 +14,6 @@ synchronised after each batch), same run for every row:
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,15 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError, UnsupportedError
-from ._common import BenchSkipped, device_name, goal_row, goal_text, print_table, wall_timer_us, write_json
+from ._common import (
+    BenchSkipped,
+    command_line,
+    device_name,
+    goal_row,
+    goal_text,
+    print_table,
+    wall_timer_us,
+)
 
 _SIZE = 1 << 20
 _GOAL_US = 2.0
@@ -72,14 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit status.
     """
-    args = _parse(argv)
-    try:
-        results = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench pool: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, results)
-    return int(results.get("status", 0))
+    return command_line("pool", _parse, _run, argv)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

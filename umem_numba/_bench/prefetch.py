@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, goal_row, goal_text, print_figures, print_table, write_json
+from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table
 
 #: Device memory left alone besides the benchmark's own buffer.
 _HEADROOM = 512 << 20
@@ -428,14 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         0 on success, 2 when the benchmark cannot run (no GPU, not enough free memory).
     """
-    args = _parse(argv)
-    try:
-        res = _run_and_print(args)
-    except BenchSkipped as exc:
-        print(f"prefetch benchmark: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, res)
-    return 0
+    return command_line("prefetch", _parse, _run_and_print, argv)
 
 
 if __name__ == "__main__":

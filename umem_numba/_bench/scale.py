@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, goal_row, goal_text, print_table, write_json
+from ._common import BenchSkipped, command_line, goal_row, goal_text, print_table
 
 GOAL_WEAK = 0.95
 GOAL_STRONG_PEER = 1.85
@@ -224,14 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit status.
     """
-    args = _parse(argv)
-    try:
-        results = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench scale: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, results)
-    return int(results.get("status", 0))
+    return command_line("scale", _parse, _run, argv)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

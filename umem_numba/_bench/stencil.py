@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, goal_row, goal_text, print_figures, print_table, progress, write_json
+from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table, progress
 
 KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
 GOAL_PREFETCH_VS_DEVICE = 0.98
@@ -518,14 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         0 after a run, 1 when the memory kinds disagreed, 2 when it cannot run here.
     """
-    args = _parse(argv)
-    try:
-        result = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench stencil: {exc}", file=sys.stderr)
-        return 2
-    write_json(args.json, result)
-    return 0 if result["ok"] else 1
+    return command_line("stencil", _parse, _run, argv)
 
 
 def charts(result: dict[str, Any], out_dir: str) -> list[str]:

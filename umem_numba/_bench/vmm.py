@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, device_name, goal_row, goal_text, print_figures, print_table, write_json
+from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_figures, print_table
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -443,11 +443,4 @@ def main(argv: list[str] | None = None) -> int:
         0 after a run (goals missed included: they are reported), 2 without a GPU
         or with too little free device memory.
     """
-    args = _parse(argv)
-    try:
-        res = _run(args)
-    except BenchSkipped as exc:
-        print(f"bench vmm: {exc}")
-        return 2
-    write_json(args.json, res)
-    return 0
+    return command_line("vmm", _parse, _run, argv)
