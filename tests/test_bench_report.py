@@ -182,7 +182,10 @@ def test_bench_all_quick_on_the_gpu(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Warning" not in proc.stderr, proc.stderr
+    # Benchmarks launch tiny grids on purpose (one-block launches, thin halo bands): numba's
+    # occupancy warning is expected there; any other warning is not.
+    others = [ln for ln in proc.stderr.splitlines() if "Warning" in ln and "NumbaPerformanceWarning" not in ln]
+    assert not others, proc.stderr
     data = json.loads((out / "report.json").read_text())
     md = (out / "report.md").read_text()
     for name in _BENCHES:

@@ -139,7 +139,7 @@ def test_managed_pool_refuses_ipc_clearly():
     """,
         UMEM_NUMBA_EMM_POOL="managed",
     )
-    assert "cannot export managed pools" in r["err"]
+    assert "a managed pool, which the driver cannot export" in r["err"]
 
 
 @pytest.mark.gpu
