@@ -78,33 +78,12 @@ def _median(reps: int, run: Callable[[], Any], setup: Callable[[], Any] | None =
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Measure, print the tables and return the results with their ``figures`` (goal rows).
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        The benchmark's options.
-
-    Returns
-    -------
-    dict
-    """
+    """The benchmark protocol's ``run`` (see :mod:`umem_numba._bench._common`)."""
     return _run(_parse(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: :func:`run` plus ``--json PATH``.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        Command-line arguments.
-
-    Returns
-    -------
-    int
-        The exit status.
-    """
+    """The benchmark protocol's ``main``: ``python -m umem_numba bench NAME``."""
     return command_line("copy", _parse, _run, argv)
 
 

@@ -197,33 +197,12 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Measure, print the tables and return the results with their ``figures`` (goal rows).
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        The benchmark's options.
-
-    Returns
-    -------
-    dict
-    """
+    """The benchmark protocol's ``run`` (see :mod:`umem_numba._bench._common`)."""
     return _run(_parse(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: :func:`run` plus ``--json PATH``.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        Command-line arguments.
-
-    Returns
-    -------
-    int
-        The exit status.
-    """
+    """The benchmark protocol's ``main``: ``python -m umem_numba bench NAME``."""
     return command_line("scale", _parse, _run, argv)
 
 
