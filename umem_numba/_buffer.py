@@ -76,6 +76,7 @@ class Buffer:
         "__weakref__",
         "_alloc",
         "_dtype",
+        "_kparams",
         "_nbtype",
         "_offset",
         "_owner",
@@ -119,6 +120,7 @@ class Buffer:
         self._dtype = dtype
         self._nbtype: Any = None
         self._shim: _layout.StridedViewShim | None = None
+        self._kparams: tuple[Allocation, Any, tuple[int, ...]] | None = None
 
     def _view(
         self, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype | None = None
@@ -166,6 +168,7 @@ class Buffer:
                 return
         self._alloc = None
         self._shim = None
+        self._kparams = None
 
     def __enter__(self) -> Buffer:
         self._live()
@@ -281,15 +284,35 @@ class Buffer:
         return self._view(self._offset, new_shape, _layout.c_strides(new_shape, self._dtype.itemsize))
 
     # -- device side: what numba and other CUDA libraries see ----------------------
-    def _device_export(self, escape: bool = True) -> Allocation:
+    def _device_alloc(self) -> Allocation:
         alloc = self._live()
         if not self._device_accessible:
             raise _NotOnDeviceError(
                 f"this {type(self).__name__} is not accessible from the device "
                 "(pinned memory needs HostAllocFlags.DEVICEMAP)"
             )
+        return alloc
+
+    def _device_export(self, escape: bool = True) -> Allocation:
+        alloc = self._device_alloc()
         alloc.tracker.on_device_export(escape)
         return alloc
+
+    def _launch_arg(self) -> tuple[Allocation, Any, tuple[int, ...]]:
+        """``(allocation, numba type, kernel parameters)`` for a launch through umem_numba (cached).
+
+        Checked like a device export, but not one: the launch files its own use.
+        """
+        alloc = self._device_alloc()
+        t = self._nbtype
+        if t is None:
+            t = self._nbtype = _layout.numba_type(self._dtype, self._shape, self._strides)
+        k = self._kparams
+        if k is None or k[0] is not alloc:
+            ptr = alloc.device_ptr + self._offset
+            params = _layout.kernel_params(ptr, self._shape, self._strides, self._dtype.itemsize)
+            k = self._kparams = (alloc, t, params)
+        return k
 
     def _interface(self, alloc: Allocation, stream: int | None) -> dict[str, Any]:
         return {

@@ -39,6 +39,7 @@ def _constants(drv: Any) -> SimpleNamespace:
         success=drv.CUresult.CUDA_SUCCESS,
         not_ready=int(drv.CUresult.CUDA_ERROR_NOT_READY),
         invalid_value=int(drv.CUresult.CUDA_ERROR_INVALID_VALUE),
+        invalid_context=int(drv.CUresult.CUDA_ERROR_INVALID_CONTEXT),
         # managed memory attachment
         attach_global=int(drv.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL),
         attach_host=int(drv.CUmemAttach_flags.CU_MEM_ATTACH_HOST),

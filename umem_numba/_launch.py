@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import ast
 import inspect
+import struct
 import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _driver, _events
 from ._buffer import Buffer
-from ._errors import CoherenceError
+from ._errors import CoherenceError, CudaError
+from ._kernel_call import KernelCall, scalar_type, supports
 from ._location import stream_handle
 from ._tracker import Tracker, _launching
 
@@ -107,9 +109,10 @@ def _written_params(func: Callable[..., Any]) -> tuple[str, ...] | None:
 class _KernelInfo:
     """Per kernel: for each positional argument, whether a launch may write it."""
 
-    __slots__ = ("params", "writes")
+    __slots__ = ("dispatcher", "params", "writes")
 
     def __init__(self, kernel: Any, readonly: Iterable[str] | None) -> None:
+        self.dispatcher = kernel
         py_func = kernel.py_func
         sig = inspect.signature(py_func)
         self.params = [
@@ -168,9 +171,15 @@ def _add(uses: list[tuple[Tracker, bool]], tracker: Tracker, write: bool) -> Non
 
 
 class _ConfiguredLaunch:
-    """``kernel[grid, block, stream, sharedmem]`` with the stream's handle worked out once."""
+    """``kernel[grid, block, stream, sharedmem]``: the stream worked out once, direct calls cached.
 
-    __slots__ = ("_configured", "_handle", "_info", "_key", "_stream")
+    A launch whose arguments are all umem_numba buffers and real or integer
+    scalars goes straight to ``cuLaunchKernel`` (:class:`KernelCall`, one per
+    argument types and device) once numba has compiled the kernel for those
+    types; any other launch, and the first of each kind, goes through numba.
+    """
+
+    __slots__ = ("_calls", "_configured", "_handle", "_info", "_key", "_stream")
 
     def __init__(self, configured: Any, stream: Any, info: _KernelInfo) -> None:
         self._configured = configured
@@ -181,12 +190,72 @@ class _ConfiguredLaunch:
         # launch); the special handles (legacy 0/1, per-thread 2) name a
         # different stream per context or thread.
         self._key: int | None = None
+        #: (ids of the argument types..., device) -> (the types, their KernelCall or None: numba launches).
+        self._calls: dict[tuple[int, ...], tuple[tuple[Any, ...], KernelCall | None]] = {}
 
     def __call__(self, *args: Any) -> None:
+        writes = self._info.writes
+        nwrites = len(writes)
+        type_ids: list[int] = []  # numba types are interned: their ids name them, cheaply hashed
+        values: list[Any] = []
+        uses: dict[Tracker, bool] = {}
+        for i, a in enumerate(args):
+            if isinstance(a, Buffer):
+                k = a._kparams
+                if k is None or k[0].closed or a._views_can_retire:
+                    k = a._launch_arg()  # checks closed, retired and host-only buffers
+                type_ids.append(id(k[1]))
+                values += k[2]
+                tracker = k[0].tracker
+                if not uses.get(tracker, False):  # a write wins over reads of one allocation
+                    uses[tracker] = i >= nwrites or writes[i]
+            else:
+                t = scalar_type(a)
+                if t is None:  # tuples, numba or foreign arrays, records: numba launches
+                    self._numba_launch(args)
+                    return
+                type_ids.append(id(t))
+                values.append(a)
+        if not uses:
+            self._configured(*args)
+            return
+        _driver.api()  # a forked child stops here, before any driver call
+        device = _current_device()
+        key = (*type_ids, device)
+        entry = self._calls.get(key)
+        if entry is None:
+            self._issue(list(uses.items()), args)  # numba compiles for these types
+            types = tuple(a._launch_arg()[1] if isinstance(a, Buffer) else scalar_type(a) for a in args)
+            self._calls[key] = (types, self._direct_call(types))  # the types keep their ids valid
+            return
+        self._issue(list(uses.items()), args, entry[1], values, device)
+
+    def _direct_call(self, types: tuple[Any, ...]) -> KernelCall | None:
+        """The direct call for ``types`` on the current device, if numba compiled it and nothing forbids."""
+        dispatcher = self._info.dispatcher
+        kernel = dispatcher.overloads.get(types)
+        if kernel is None or not supports(dispatcher, kernel):
+            return None
+        c = self._configured
+        return KernelCall(kernel, types, c.griddim, c.blockdim, c.sharedmem)
+
+    def _numba_launch(self, args: tuple[Any, ...]) -> None:
+        """Launch through numba, tracking the buffers among ``args`` (nested sequences count as written)."""
         uses = _uses(self._info, args)
         if not uses:
             self._configured(*args)
             return
+        self._issue(uses, args)
+
+    def _issue(
+        self,
+        uses: list[tuple[Tracker, bool]],
+        args: tuple[Any, ...],
+        call: KernelCall | None = None,
+        values: list[Any] | None = None,
+        device: int | None = None,
+    ) -> None:
+        """Order the stream after conflicting work, launch (directly or through numba), record one event."""
         handle = self._handle
         if _driver.is_capturing(handle):
             raise CoherenceError(
@@ -201,7 +270,6 @@ class _ConfiguredLaunch:
             if handle not in (0, 1, 2):
                 self._key = key
         begun: list[tuple[Tracker, bool, tuple[_events.Event, ...]]] = []
-        flag = _launching
         try:
             waits: list[_events.Event] = []
             for tracker, write in uses:
@@ -217,20 +285,50 @@ class _ConfiguredLaunch:
                         "cuStreamWaitEvent",
                         "ordering a launch after conflicting work on another stream",
                     )
-            flag.current = tuple(t for t, _ in uses)
-            self._configured(*args)
+            if call is None or not self._direct(call, values, handle):
+                _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
+                try:
+                    self._configured(*args)
+                finally:
+                    _launching.current = ()
         except BaseException:
-            flag.current = ()
             for tracker, write, _ in begun:
                 tracker.end_use(key, None, write, issued=False)
             raise
-        flag.current = ()
         recorded: _events.Event | None = None
         try:
-            recorded = _events.record(handle, _driver.current_device(), key)
+            recorded = _events.record(handle, _driver.current_device() if device is None else device, key)
         finally:
             for tracker, write, covered in begun:
                 tracker.end_use(key, recorded, write, covered)
+
+    def _direct(self, call: KernelCall, values: Any, handle: int) -> bool:
+        """Launch through ``call``; ``False`` (and the direct calls forgotten) where numba must launch."""
+        try:
+            err = call.launch(values, handle)
+            if err == _driver.consts().invalid_context:
+                from numba import cuda
+
+                cuda.current_context()  # a thread numba has not used yet: make the device's context current
+                err = call.launch(values, handle)
+        except struct.error:  # a scalar outside its type's range: numba's typing decides
+            return False
+        if err == 0:
+            return True
+        # Nothing was launched: a module unloaded by a context reset, or a
+        # configuration numba rejects with its own message.  numba launches.
+        self._calls.clear()
+        return False
+
+
+def _current_device() -> int:
+    try:
+        return _driver.current_device()
+    except CudaError:  # no current context in this thread yet: numba makes the device's current
+        from numba import cuda
+
+        cuda.current_context()
+        return _driver.current_device()
 
 
 def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0, sharedmem: int = 0) -> None:

@@ -238,6 +238,18 @@ def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
     return types.Array(from_dtype(dtype), ndim, layout)
 
 
+def kernel_params(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """An array's kernel parameters in numba's order: meminfo, parent, nitems, itemsize, data, shape, strides.
+
+    numba-cuda flattens an array argument into these 8-byte parameters
+    (``_Kernel._prepare_args``); meminfo and parent are null for device memory.
+    """
+    size = 1
+    for d in shape:
+        size *= d
+    return (0, 0, size, itemsize, ptr if size else 0, *shape, *strides)
+
+
 class _StridedLayoutShim:
     """What numba-cuda's launch path reads from a device array's layout."""
 

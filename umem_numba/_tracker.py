@@ -71,6 +71,9 @@ __all__ = [
 
 POLICIES = ("sync", "raise", "warn", "off")
 
+#: begin_use's answer when the stream need not wait (never mutated).
+_NO_WAITS: list[Any] = []
+
 
 class CoherenceWarning(RuntimeWarning):
     """Host access to a buffer with device work that may still be running."""
@@ -259,19 +262,25 @@ class Tracker:
             # Work on an unknown stream cannot be ordered on the device: settle it on the host.
             self.settle(what, self.effective_policy())
         with self._lock:
-            self._refuse_if_blocked(what)
-            if self.holds:
+            if self._blocked is not None or self.holds:
+                self._refuse_if_blocked(what)
                 raise CoherenceError(
                     f"{what}: the buffer is held by the host (inside `with buf.on_host()`); leave the block first"
                 )
             self.inflight += 1
             writes, reads = self.writes, self.reads
             if not writes and not reads:
-                return [], ()
-            covered = (*writes.values(), *reads.values()) if write else tuple(writes.values())
-            if not write and reads:
-                covered += tuple(e for e in reads.values() if e.key == key)
-            return [e for e in covered if e.key != key], covered
+                return _NO_WAITS, ()
+            if write:
+                covered = (*writes.values(), *reads.values())
+            elif reads:
+                covered = (*writes.values(), *(e for e in reads.values() if e.key == key))
+            else:
+                covered = tuple(writes.values())
+            for e in covered:
+                if e.key != key:  # work on another stream: the stream must wait for it
+                    return [e for e in covered if e.key != key], covered
+            return _NO_WAITS, covered
 
     def end_use(
         self,

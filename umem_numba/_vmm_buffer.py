@@ -460,6 +460,7 @@ class VMMBuffer(Buffer):
         # numba's cached type and launch view describe the old shape.
         self._nbtype = None
         self._shim = None
+        self._kparams = None
         alloc.length_nbytes = n * _row_bytes(self._shape, self._dtype)
 
     # -- access control ------------------------------------------------------------
