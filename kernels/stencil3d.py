@@ -36,6 +36,21 @@ Variants
     once (plus the ring and the two halo planes) instead of five times.
     One ``__syncthreads`` per strip.  The block shape is a compile-time
     constant of this variant (the tile's size).
+``"vec2"``, ``"vec4"``
+    The ``column`` design with each thread computing 2 (4) consecutive
+    ``x`` points: its column and the ``y +- 1`` rows are loaded as one 8- or
+    16-byte vector per plane (``ld.global.v2/v4``, numba intrinsics in
+    :func:`_vector_io`), the ``x`` neighbours of the chunk come from the
+    chunk itself plus one scalar load on each side, and each plane is stored
+    as one vector.  That is ``(planes + 2) / planes + 4`` load instructions
+    per ``width`` points instead of ``(planes + 2) / planes + 4`` per point:
+    the load/store units, not HBM, limit ``column`` in float32.  Vector
+    accesses need every row aligned to the vector (data pointer and
+    strides, checked once per thread, uniform over the grid) and the whole
+    chunk inside the grid; otherwise (odd ``nx``'s last chunk, a view one
+    element into its allocation, the first and last strips) a thread takes
+    a per-element path.  Keep ``planes * width <= 32``: beyond that numba's
+    nested loops stay rolled and the arrays spill to local memory.
 
 Every variant evaluates the same expression in the same order, takes the
 same strips along ``z`` (so :class:`~umem_numba.kernels.decomp.Decomposition`
