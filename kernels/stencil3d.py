@@ -36,6 +36,21 @@ Variants
     once (plus the ring and the two halo planes) instead of five times.
     One ``__syncthreads`` per strip.  The block shape is a compile-time
     constant of this variant (the tile's size).
+``"vec2"``, ``"vec4"``
+    The ``column`` design with each thread computing 2 (4) consecutive
+    ``x`` points: its column and the ``y +- 1`` rows are loaded as one 8- or
+    16-byte vector per plane (``ld.global.v2/v4``, numba intrinsics in
+    :func:`_vector_io`), the ``x`` neighbours of the chunk come from the
+    chunk itself plus one scalar load on each side, and each plane is stored
+    as one vector.  That is ``(planes + 2) / planes + 4`` load instructions
+    per ``width`` points instead of ``(planes + 2) / planes + 4`` per point:
+    the load/store units, not HBM, limit ``column`` in float32.  Vector
+    accesses need every row aligned to the vector (data pointer and
+    strides, checked once per thread, uniform over the grid) and the whole
+    chunk inside the grid; otherwise (odd ``nx``'s last chunk, a view one
+    element into its allocation, the first and last strips) a thread takes
+    a per-element path.  Keep ``planes * width <= 32``: beyond that numba's
+    nested loops stay rolled and the arrays spill to local memory.
 
 Every variant evaluates the same expression in the same order, takes the
 same strips along ``z`` (so :class:`~umem_numba.kernels.decomp.Decomposition`
@@ -66,6 +81,7 @@ __all__ = [
     "DEFAULT_VARIANT_3D",
     "TUNED_3D",
     "VARIANTS_3D",
+    "VECTOR_WIDTH_3D",
     "heat3d_compile",
     "heat3d_kernel",
     "heat3d_launch",
@@ -81,7 +97,10 @@ TUNED_3D = {
 }
 
 #: The kernel designs :func:`heat3d_kernel` can build (see the module notes).
-VARIANTS_3D = ("column", "tile")
+VARIANTS_3D = ("column", "tile", "vec2", "vec4")
+
+#: Points along x each thread of a variant computes (its vector width; 1 for the scalar designs).
+VECTOR_WIDTH_3D = {"column": 1, "tile": 1, "vec2": 2, "vec4": 4}
 
 #: The variant :func:`heat3d_step` uses per dtype (measure with ``bench stencil --variants``).
 DEFAULT_VARIANT_3D = {
@@ -112,19 +131,21 @@ def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tu
     ----------
     planes_per_thread : int
         Planes each thread computes; a compile-time constant (cached per value).
-    variant : {'column', 'tile'}
+    variant : {'column', 'tile', 'vec2', 'vec4'}
         The design (see the module notes and :data:`VARIANTS_3D`).
     block : (int, int), optional
         The ``(x, y)`` block shape; required by ``"tile"`` (its shared tile is
         sized at compile time; launch it with exactly this block), ignored by
-        ``"column"``.
+        the others.
 
     Returns
     -------
     numba CUDA dispatcher
         ``kernel[grid, block, stream](src, dst, w_center, w_neighbour)`` with
         3-D float arrays of equal shape and dtype and weights of that dtype.
-        Use :func:`launch_config_3d` for ``grid`` and ``block``.
+        Use :func:`heat3d_launch` for ``grid`` and ``block`` (the ``"vec"``
+        variants cover ``width`` points along x per thread, so their grid
+        is :func:`launch_config_3d` of ``(nz, ny, ceil(nx / width))``).
 
     Raises
     ------
@@ -138,6 +159,8 @@ def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tu
     _check_variant(variant)
     if variant == "column":
         return _column_kernel(planes)
+    if variant in ("vec2", "vec4"):
+        return _vec_kernel(planes, VECTOR_WIDTH_3D[variant])
     if block is None:
         raise ValueError("the 'tile' variant needs the block shape at compile time: pass block=(bx, by)")
     bx, by = (int(b) for b in block)
@@ -198,6 +221,192 @@ def _column_kernel(planes: int) -> Any:
                     )
 
     return heat3d
+
+
+@functools.cache
+def _vector_io(width: int) -> tuple[Any, Any, Any]:
+    """``(load, store, address)`` helpers for the ``"vec"`` variants, ``width`` elements per access.
+
+    ``load(a, (z, y, x), buf, r)`` sets ``buf[r, 0:width] = a[z, y, x:x + width]``
+    and ``store(a, (z, y, x), buf, r)`` sets ``a[z, y, x:x + width] = buf[r,
+    0:width]``, each with ONE vector access of ``width * itemsize`` bytes
+    (``ld.global.v2/v4``), so ``a[z, y, x]`` must be aligned to that size and
+    ``a``'s x stride must be the item size; ``address(a)`` is the data
+    pointer, for the kernel's check.  On the GPU they are numba intrinsics; under
+    the simulator plain element copies (the same values).
+    """
+    if simulating():
+
+        def load_sim(a: Any, idx: Any, buf: Any, r: Any) -> None:
+            z, y, x = idx
+            for i in range(width):
+                buf[r, i] = a[z, y, x + i]
+
+        def store_sim(a: Any, idx: Any, buf: Any, r: Any) -> None:
+            z, y, x = idx
+            for i in range(width):
+                a[z, y, x + i] = buf[r, i]
+
+        def address_sim(a: Any) -> int:
+            return int(a.__array_interface__["data"][0])  # numpy arrays and the simulator's wrappers
+
+        return load_sim, store_sim, address_sim
+
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    def element_pointers(context: Any, builder: Any, sig: Any, args: Any) -> tuple[Any, Any, Any]:
+        aty, ity, bty = sig.args[0], sig.args[1], sig.args[2]
+        arr = context.make_array(aty)(context, builder, value=args[0])
+        idx = [
+            context.cast(builder, v, t, types.intp)
+            for v, t in zip(cgutils.unpack_tuple(builder, args[1], count=aty.ndim), ity, strict=True)
+        ]
+        ptr = cgutils.get_item_pointer(context, builder, aty, arr, idx, wraparound=False)
+        vty = ir.VectorType(context.get_value_type(aty.dtype), width)
+        vptr = builder.bitcast(ptr, vty.as_pointer())
+        buf = context.make_array(bty)(context, builder, value=args[2])
+        row = context.cast(builder, args[3], sig.args[3], types.intp)
+        slots = [
+            cgutils.get_item_pointer(context, builder, bty, buf, [row, context.get_constant(types.intp, i)])
+            for i in range(width)
+        ]
+        return vptr, vty, slots
+
+    def check(a: Any, idx: Any, buf: Any, r: Any) -> None:
+        ok = (
+            isinstance(a, types.Array)
+            and a.ndim == 3
+            and isinstance(idx, types.BaseTuple)
+            and len(idx) == 3
+            and all(isinstance(t, types.Integer) for t in idx)
+            and isinstance(buf, types.Array)
+            and buf.ndim == 2
+            and buf.dtype == a.dtype
+            and isinstance(r, types.Integer)
+        )
+        if not ok:
+            raise TypeError(f"vector access wants (3-D array, (z, y, x), 2-D buffer, row), got {(a, idx, buf, r)}")
+
+    @intrinsic
+    def load(typingctx: Any, a: Any, idx: Any, buf: Any, r: Any) -> Any:
+        check(a, idx, buf, r)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            vptr, _, slots = element_pointers(context, builder, sig, args)
+            vec = builder.load(vptr, align=width * sig.args[0].dtype.bitwidth // 8)
+            for i, slot in enumerate(slots):
+                builder.store(builder.extract_element(vec, ir.Constant(ir.IntType(32), i)), slot)
+            return context.get_dummy_value()
+
+        return types.none(a, idx, buf, r), codegen
+
+    @intrinsic
+    def store(typingctx: Any, a: Any, idx: Any, buf: Any, r: Any) -> Any:
+        check(a, idx, buf, r)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            vptr, vty, slots = element_pointers(context, builder, sig, args)
+            vec = ir.Constant(vty, ir.Undefined)
+            for i, slot in enumerate(slots):
+                vec = builder.insert_element(vec, builder.load(slot), ir.Constant(ir.IntType(32), i))
+            builder.store(vec, vptr, align=width * sig.args[0].dtype.bitwidth // 8)
+            return context.get_dummy_value()
+
+        return types.none(a, idx, buf, r), codegen
+
+    @intrinsic
+    def address(typingctx: Any, a: Any) -> Any:
+        if not isinstance(a, types.Array):
+            raise TypeError(f"address wants an array, got {a}")
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arr = context.make_array(sig.args[0])(context, builder, value=args[0])
+            return builder.ptrtoint(arr.data, ir.IntType(64))
+
+        return types.uint64(a), codegen
+
+    return load, store, address
+
+
+@functools.cache
+def _vec_kernel(planes: int, width: int) -> Any:
+    halo = planes + 2
+    last = width - 1
+    load, store, address = _vector_io(width)
+
+    @cuda.jit
+    def heat3d_vec(src, dst, w_center, w_neighbour):
+        nz, ny, nx = src.shape
+        x0 = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * width
+        y = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+        z0 = cuda.blockIdx.z * planes
+        if x0 >= nx or y >= ny or z0 >= nz:
+            return
+        # Vector accesses need every row start aligned to the vector (same for the whole grid).
+        vb = width * src.itemsize
+        aligned = (
+            src.strides[2] == src.itemsize
+            and dst.strides[2] == dst.itemsize
+            and src.strides[1] % vb == 0
+            and src.strides[0] % vb == 0
+            and dst.strides[1] % vb == 0
+            and dst.strides[0] % vb == 0
+            and address(src) % uint64(vb) == uint64(0)
+            and address(dst) % uint64(vb) == uint64(0)
+        )
+        if aligned and z0 > 0 and z0 + planes < nz and x0 + width <= nx:
+            # Hot path: the strip, its halo planes and the thread's `width` points are inside.
+            # Edge points read clamped (in-bounds) neighbours and keep u.
+            yu = uint64(y)
+            xu = uint64(x0)
+            ys = uint64(y - 1 if y > 0 else y)
+            yn = uint64(y + 1 if y < ny - 1 else y)
+            xw = uint64(x0 - 1 if x0 > 0 else x0)
+            xe = uint64(x0 + width if x0 + width < nx else x0 + last)
+            top = uint64(z0 - 1)
+            yedge = y == 0 or y == ny - 1
+            col = cuda.local.array((halo, width), src.dtype)
+            south = cuda.local.array((planes, width), src.dtype)
+            north = cuda.local.array((planes, width), src.dtype)
+            out = cuda.local.array((1, width), src.dtype)
+            west = cuda.local.array(planes, src.dtype)
+            east = cuda.local.array(planes, src.dtype)
+            for r in range(halo):
+                load(src, (top + uint64(r), yu, xu), col, r)
+            for r in range(planes):
+                z = top + uint64(r + 1)
+                load(src, (z, ys, xu), south, r)
+                load(src, (z, yn, xu), north, r)
+                west[r] = src[z, yu, xw]
+                east[r] = src[z, yu, xe]
+            for r in range(planes):
+                for i in range(width):
+                    u = col[r + 1, i]
+                    left = col[r + 1, i - 1] if i > 0 else west[r]
+                    right = col[r + 1, i + 1] if i < last else east[r]
+                    v = w_center * u + w_neighbour * (
+                        ((col[r, i] + col[r + 2, i]) + (south[r, i] + north[r, i])) + (left + right)
+                    )
+                    x = x0 + i
+                    out[0, i] = u if (yedge or x == 0 or x == nx - 1) else v
+                store(dst, (top + uint64(r + 1), yu, xu), out, 0)
+        else:
+            for x in range(x0, min(x0 + width, nx)):
+                edge = x == 0 or x == nx - 1 or y == 0 or y == ny - 1
+                for z in range(z0, min(z0 + planes, nz)):
+                    u = src[z, y, x]
+                    if edge or z == 0 or z == nz - 1:
+                        dst[z, y, x] = u
+                    else:
+                        dst[z, y, x] = w_center * u + w_neighbour * (
+                            ((src[z - 1, y, x] + src[z + 1, y, x]) + (src[z, y - 1, x] + src[z, y + 1, x]))
+                            + (src[z, y, x - 1] + src[z, y, x + 1])
+                        )
+
+    return heat3d_vec
 
 
 @functools.cache
@@ -328,7 +537,7 @@ def heat3d_launch(
         Override the tuned values.  When both are omitted and the tuned
         shape gives fewer than :data:`MIN_BLOCKS` blocks, planes per thread
         are halved (down to 1), then the block width (down to 32).
-    variant : {'column', 'tile'}, optional
+    variant : {'column', 'tile', 'vec2', 'vec4'}, optional
         Override :data:`DEFAULT_VARIANT_3D`.
 
     Returns
@@ -351,14 +560,17 @@ def heat3d_launch(
     planes = planes if planes_per_thread is None else int(planes_per_thread)
     blk = blk if block is None else (int(block[0]), int(block[1]))
     var = _check_variant(DEFAULT_VARIANT_3D[dt] if variant is None else variant)
-    grid, blk3 = launch_config_3d(shape, planes, blk)
+    # A thread of a "vec" variant covers VECTOR_WIDTH_3D points along x.
+    nz, ny, nx = (int(d) for d in shape)
+    threads_shape = (nz, ny, ceil_div(nx, VECTOR_WIDTH_3D[var]))
+    grid, blk3 = launch_config_3d(threads_shape, planes, blk)
     if planes_per_thread is None and block is None and not simulating():
         while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > 1 or blk[0] > 32):
             if planes > 1:
                 planes //= 2
             else:
                 blk = (blk[0] // 2, blk[1])
-            grid, blk3 = launch_config_3d(shape, planes, blk)
+            grid, blk3 = launch_config_3d(threads_shape, planes, blk)
     if var == "tile" and tile_shared_bytes(planes, blk, dt.itemsize) > _MAX_SHARED_BYTES:
         raise ValueError(
             f"the 'tile' variant with {planes} planes and block {blk} needs "
@@ -416,7 +628,7 @@ def heat3d_step(
     planes_per_thread, block : int, tuple of int, optional
         Launch shape (see :func:`heat3d_kernel`); the tuned values for the
         dtype (:data:`TUNED_3D`) when omitted.
-    variant : {'column', 'tile'}, optional
+    variant : {'column', 'tile', 'vec2', 'vec4'}, optional
         Kernel design; :data:`DEFAULT_VARIANT_3D` for the dtype when omitted.
 
     Notes

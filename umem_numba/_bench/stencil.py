@@ -32,7 +32,7 @@ Goals: managed+prefetch >= 0.98x device_array; the stencil on device_array
 ``docs/``.
 
 ``--variants`` instead times every 3-D kernel design and launch shape
-(:data:`VARIANT_SWEEP_3D`: ``column`` and ``tile`` of
+(:data:`VARIANT_SWEEP_3D`: ``column``, ``tile``, ``vec2`` and ``vec4`` of
 ``umem_numba.kernels.stencil3d``, several planes per thread and block
 shapes) on one ``--size3d`` cubed grid (default 512) against the same
 copy, in one run, and prints which wins (goal: heat3d float32 >= 0.90x the
@@ -63,10 +63,13 @@ GOAL_STENCIL_VS_COPY = 0.85
 GOAL_3D_VS_COPY = 0.90
 
 #: ``(variant, planes_per_thread, (bx, by))`` launches that ``--variants`` times (tile shapes that do
-#: not fit in 48 KiB of shared memory for the dtype are left out).
+#: not fit in 48 KiB of shared memory for the dtype are left out).  The ``vec`` variants keep
+#: ``planes * width <= 32`` (past that numba's loops stay rolled and spill to local memory).
 VARIANT_SWEEP_3D = [
     *[("column", p, b) for p in (4, 8, 16) for b in ((64, 2), (32, 4), (32, 8), (64, 4), (128, 1))],
     *[("tile", p, b) for p in (4, 8, 16) for b in ((32, 4), (32, 8), (64, 4), (64, 8), (32, 16))],
+    *[("vec2", p, b) for p in (4, 8, 16) for b in ((32, 2), (32, 4), (64, 2), (32, 8))],
+    *[("vec4", p, b) for p in (2, 4, 8) for b in ((32, 2), (32, 4), (64, 2), (32, 8))],
 ]
 
 
@@ -631,6 +634,11 @@ def _variants_main(args: argparse.Namespace) -> dict[str, Any]:
     for variant, planes, block in sweep:
         row: dict[str, Any] = {"variant": variant, "planes_per_thread": planes, "block": list(block)}
         if variant == "tile" and tile_shared_bytes(planes, block, dtype.itemsize) > 48 * 1024:
+            row["error"] = (
+                f"skipped: the tile needs {tile_shared_bytes(planes, block, dtype.itemsize)} bytes "
+                f"of shared memory for {dtype}, more than 48 KiB"
+            )
+            rows.append(row)
             continue
         try:
             kernel, grid, blk = heat3d_launch(shape, dtype, planes, block, variant)
