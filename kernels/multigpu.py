@@ -57,6 +57,7 @@ Ordering (every hazard, by the events that close it):
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Sequence
@@ -409,7 +410,9 @@ class MultiGPUHeat:
         else:
             from .stencil3d import DEFAULT_VARIANT_3D
 
-            self.kernel = make(rows, DEFAULT_VARIANT_3D[dtype], blk)
+            variant = DEFAULT_VARIANT_3D[dtype]
+            self.kernel = make(rows, variant, blk)
+            config = functools.partial(config, variant=variant)
         self.devices = devices
         self.dtype = dtype
         row_bytes = self.decomp.halo_cells() * dtype.itemsize

@@ -90,9 +90,10 @@ __all__ = [
 ]
 
 #: Planes per thread (the register-blocking factor along z) and (x, y) block
-#: shape per dtype, tuned on an H200 (docs/stencil-performance.md).
+#: shape per dtype, for the :data:`DEFAULT_VARIANT_3D` of the dtype, chosen by
+#: ``bench stencil --variants`` (docs/stencil-performance.md).
 TUNED_3D = {
-    np.dtype(np.float32): (8, (64, 2)),
+    np.dtype(np.float32): (4, (32, 2)),
     np.dtype(np.float64): (4, (32, 4)),
 }
 
@@ -104,7 +105,7 @@ VECTOR_WIDTH_3D = {"column": 1, "tile": 1, "vec2": 2, "vec4": 4}
 
 #: The variant :func:`heat3d_step` uses per dtype (measure with ``bench stencil --variants``).
 DEFAULT_VARIANT_3D = {
-    np.dtype(np.float32): "column",
+    np.dtype(np.float32): "vec4",
     np.dtype(np.float64): "column",
 }
 
@@ -488,9 +489,21 @@ def _tile_kernel(planes: int, bx: int, by: int) -> Any:
 
 
 def launch_config_3d(
-    shape: tuple[int, int, int], planes_per_thread: int, block: tuple[int, int]
+    shape: tuple[int, int, int], planes_per_thread: int, block: tuple[int, int], variant: str = "column"
 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Grid and block for :func:`heat3d_kernel` on a grid of ``shape`` ``(nz, ny, nx)``.
+
+    Parameters
+    ----------
+    shape : tuple of 3 ints
+        The grid ``(nz, ny, nx)``.
+    planes_per_thread : int
+        Planes each thread steps along z.
+    block : tuple of 2 ints
+        Threads per block in x and y.
+    variant : str
+        The kernel design (:data:`VARIANTS_3D`): a thread of a ``"vec"``
+        variant covers :data:`VECTOR_WIDTH_3D` points along x.
 
     Returns
     -------
@@ -504,6 +517,7 @@ def launch_config_3d(
         A bad block, or more blocks in y or z than CUDA allows.
     """
     nz, ny, nx = (int(d) for d in shape)
+    nx = ceil_div(nx, VECTOR_WIDTH_3D[_check_variant(variant)])
     bx, by = (int(b) for b in block)
     if int(planes_per_thread) < 1:
         raise ValueError(f"planes_per_thread must be >= 1, got {planes_per_thread}")
@@ -560,17 +574,14 @@ def heat3d_launch(
     planes = planes if planes_per_thread is None else int(planes_per_thread)
     blk = blk if block is None else (int(block[0]), int(block[1]))
     var = _check_variant(DEFAULT_VARIANT_3D[dt] if variant is None else variant)
-    # A thread of a "vec" variant covers VECTOR_WIDTH_3D points along x.
-    nz, ny, nx = (int(d) for d in shape)
-    threads_shape = (nz, ny, ceil_div(nx, VECTOR_WIDTH_3D[var]))
-    grid, blk3 = launch_config_3d(threads_shape, planes, blk)
+    grid, blk3 = launch_config_3d(shape, planes, blk, var)
     if planes_per_thread is None and block is None and not simulating():
         while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > 1 or blk[0] > 32):
             if planes > 1:
                 planes //= 2
             else:
                 blk = (blk[0] // 2, blk[1])
-            grid, blk3 = launch_config_3d(threads_shape, planes, blk)
+            grid, blk3 = launch_config_3d(shape, planes, blk, var)
     if var == "tile" and tile_shared_bytes(planes, blk, dt.itemsize) > _MAX_SHARED_BYTES:
         raise ValueError(
             f"the 'tile' variant with {planes} planes and block {blk} needs "

@@ -139,7 +139,19 @@ def test_tuned_launches_exist_for_both_dtypes():
         assert block == tuned_block and grid == kernels.launch_config_2d((1000, 1000), rows, tuned_block)[0]
         _, grid3, block3 = kernels.heat3d_launch((50, 60, 70), dtype)
         planes, tuned3 = kernels.TUNED_3D[np.dtype(dtype)]
-        assert block3 == (*tuned3, 1) and grid3 == kernels.launch_config_3d((50, 60, 70), planes, tuned3)[0]
+        variant = kernels.DEFAULT_VARIANT_3D[np.dtype(dtype)]
+        expected = kernels.launch_config_3d((50, 60, 70), planes, tuned3, variant)[0]
+        assert block3 == (*tuned3, 1) and grid3 == expected
+
+
+def test_vector_variants_cover_x_with_fewer_threads():
+    grid1, _ = kernels.launch_config_3d((40, 40, 130), 4, (32, 2))
+    grid4, _ = kernels.launch_config_3d((40, 40, 130), 4, (32, 2), "vec4")
+    grid2, _ = kernels.launch_config_3d((40, 40, 130), 4, (32, 2), "vec2")
+    assert (grid1[0], grid2[0], grid4[0]) == (5, 3, 2)  # ceil(130 / 32), ceil(65 / 32), ceil(33 / 32)
+    assert grid1[1:] == grid2[1:] == grid4[1:]
+    with pytest.raises(ValueError, match="variant must be one of"):
+        kernels.launch_config_3d((4, 4, 4), 1, (32, 1), "vec8")
 
 
 def test_heat3d_variants_are_checked_before_compiling():

@@ -44,10 +44,12 @@ def test_heat3d_small_grids_get_min_blocks_and_stay_covered(rng, dtype):
     for _ in range(20):
         nz, ny, nx = (int(v) for v in rng.integers(3, 200, 3))
         kernel, grid, block = kernels.heat3d_launch((nz, ny, nx), dtype)
-        planes = next(p for p in (8, 4, 2, 1) if kernel is kernels.heat3d_kernel(p))
-        assert grid[0] * block[0] >= nx and grid[1] * block[1] >= ny and grid[2] * planes >= nz
+        variant = kernels.DEFAULT_VARIANT_3D[np.dtype(dtype)]
+        width = kernels.stencil3d.VECTOR_WIDTH_3D[variant]
+        planes = next(p for p in (8, 4, 2, 1) if kernel is kernels.heat3d_kernel(p, variant, block[:2]))
+        assert grid[0] * block[0] * width >= nx and grid[1] * block[1] >= ny and grid[2] * planes >= nz
         tuned_planes, tuned_block = kernels.TUNED_3D[np.dtype(dtype)]
-        tuned_grid, _ = kernels.launch_config_3d((nz, ny, nx), tuned_planes, tuned_block)
+        tuned_grid, _ = kernels.launch_config_3d((nz, ny, nx), tuned_planes, tuned_block, variant)
         if _blocks(tuned_grid) >= kernels.MIN_BLOCKS:
             assert (planes, block[:2], grid) == (tuned_planes, tuned_block, tuned_grid)
         else:
