@@ -91,3 +91,29 @@ def test_transaction_undoes_in_reverse_unless_committed():
 def test_buffers_are_not_called_directly(cls):
     with pytest.raises(TypeError, match=rf"{cls.__name__}\(\) cannot be called directly; use {cls.__name__}.empty"):
         cls((4,), "f4")
+
+
+def test_finalizers_stay_silent_at_interpreter_exit():
+    """Memory still alive at exit is left to the driver: no free runs during shutdown."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        from umem_numba._lifetime import finalizer
+
+        class Held:
+            pass
+
+        held = Held()
+        f = finalizer(held, print, "FREED")
+        assert f.alive and not f.atexit
+        gone = Held()
+        finalizer(gone, print, "COLLECTED")
+        del gone  # collected before exit: its finalizer runs as usual
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["COLLECTED"]

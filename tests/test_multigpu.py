@@ -173,3 +173,32 @@ def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
         run.step(19)
         got = run.result()
     _check(got, u0, 19, alpha)
+
+
+@pytest.mark.multigpu
+def test_process_with_live_peer_and_vmm_state_exits_cleanly(rng):
+    """Slabs, VMM halos and peer mappings still alive at exit: the process ends with status 0, no crash."""
+    import subprocess
+    import sys
+    import textwrap
+
+    seed = int(rng.integers(1 << 30))
+    code = textwrap.dedent(
+        f"""
+        import numpy as np
+        import umem_numba as um
+        from umem_numba.kernels import multigpu
+
+        u0 = np.random.default_rng({seed}).random((512, 384), dtype=np.float32)
+        heat = multigpu.MultiGPUHeat(u0, [0, 1], halo="vmm")
+        heat.step(20)
+        field = heat.result()
+        keep = [um.VMMBuffer.empty((1024,), np.float32, device=d) for d in (0, 1)]
+        keep[0].set_access(1, um.AccessFlags.READ)
+        managed = um.ManagedBuffer.from_array(field)
+        print("OK", float(field.sum()) > 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, f"exit status {out.returncode}: {out.stderr[-2000:]}"
+    assert out.stdout.split() == ["OK", "True"]

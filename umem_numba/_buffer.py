@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from . import _copy, _dlpack, _driver, _events, _layout
 from ._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
-from ._lifetime import Allocation
+from ._lifetime import Allocation, finalizer
 from ._location import stream_handle
 from ._tracker import DeviceUse, Tracker, _launching, check_policy
 
@@ -42,7 +41,7 @@ class _HostExport:
     def __init__(self, alloc: Allocation, interface: dict[str, Any]) -> None:
         self.__array_interface__ = interface
         alloc.add_export()
-        weakref.finalize(self, alloc.drop_export)
+        finalizer(self, alloc.drop_export)
 
 
 class _NotOnDeviceError(UnsupportedError, AttributeError):

@@ -131,6 +131,19 @@ class DriverMemory(Memory):
         return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
 
 
+def finalizer(obj: object, func: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """``weakref.finalize(obj, func, *args)`` that does not run at interpreter exit.
+
+    At exit the driver reclaims every allocation, mapping and pool of the
+    process anyway, and by then numba may have torn its contexts down: a
+    free, unmap or pool destroy issued during shutdown can only fail, or
+    crash inside the driver.  So umem_numba's finalizers stay silent then.
+    """
+    f = weakref.finalize(obj, func, *args)
+    f.atexit = False
+    return f
+
+
 def _release(memory: Memory, tracker: Tracker, generation: int) -> None:
     """The one release path: wait, free, count, report.  Never raises."""
     if generation != _driver.fork_generation:
@@ -213,7 +226,7 @@ class Allocation:
             self._finalizer: weakref.finalize | None = None
         else:
             _stats.record_alloc(memory.kind, memory.nbytes)
-            self._finalizer = weakref.finalize(self, _release, memory, tracker, self.generation)
+            self._finalizer = finalizer(self, _release, memory, tracker, self.generation)
 
     @property
     def nbytes(self) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 from . import _driver, _events, _stats
 from ._checks import as_nonnegative_int
 from ._errors import OutOfMemoryError, UnsupportedError
-from ._lifetime import Allocation, Memory, Transaction
+from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._location import Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
 from ._tracker import Tracker
@@ -177,7 +177,7 @@ class MemoryPool:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
             tx.commit()
-        weakref.finalize(self, _destroy, handle)
+        finalizer(self, _destroy, handle)
         _live.add(self)
 
     # -- properties ---------------------------------------------------------------

@@ -20,12 +20,11 @@ collected close themselves the same way (:class:`~umem_numba._lifetime.Resource`
 from __future__ import annotations
 
 import bisect
-import weakref
 from typing import Any
 
 from . import _driver, _stats
 from ._errors import BufferClosedError, UnsupportedError
-from ._lifetime import Resource, Transaction
+from ._lifetime import Resource, Transaction, finalizer
 from ._location import Target, as_device
 from ._vmm_access import (
     AccessFlags,
@@ -162,7 +161,7 @@ class AddressRange:
 
         self._res = Resource(f"VMM address range {ptr:#x} ({size} bytes)", free)
         self._mappings = _MappingTable(size, self._res)
-        weakref.finalize(self, self._res.close)
+        finalizer(self, self._res.close)
         return self
 
     @property
@@ -318,7 +317,7 @@ class PhysicalMemory:
 
         _stats.record_alloc("vmm", size)
         self._res = Resource(f"VMM physical memory ({size} bytes on device {device_id})", free)
-        weakref.finalize(self, self._res.close)
+        finalizer(self, self._res.close)
         return self
 
     @property
@@ -465,7 +464,7 @@ class Mapping:
         self._physical = physical
         self._offset = offset
         self._res = Resource(f"VMM mapping at {ptr:#x} ({size} bytes)", unmap)
-        weakref.finalize(self, self._res.close)
+        finalizer(self, self._res.close)
 
     @property
     def ptr(self) -> int:
