@@ -103,7 +103,8 @@ def test_cuda_aware_detection_fallbacks() -> None:
 
 def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     """The real query through mpi4py's libmpi, against what ompi_info says about the same build."""
-    _mpirun()
+    if not _is_open_mpi(_mpirun()[0]):
+        pytest.skip("the MPI library on PATH is not Open MPI")
     ompi_info = shutil.which("ompi_info")
     if ompi_info is None:
         pytest.skip("ompi_info is not installed (not Open MPI)")
@@ -171,6 +172,8 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int, rows: 
     rn = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *common, "--save", str(many), "--check"])
     assert rn.returncode == 0, rn.stdout + rn.stderr
     assert "bitwise equal" in rn.stdout
+    # the ranks ran on the library of the mpirun that started them (Open MPI, or MPICH: README)
+    assert ("MPI: Open MPI" if _is_open_mpi(mpirun[0]) else "MPI: MPICH") in rn.stdout, rn.stdout
     a, b = np.load(one), np.load(many)
     u0 = np.random.default_rng(seed).random((rows, 61)).astype(np.float32)
     assert not np.array_equal(a, u0)
