@@ -250,9 +250,9 @@ def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
 
 # -- GPU path ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("staging", ["pinned", "auto"])
-def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None:
-    """Two ranks (sharing the GPU on a one-GPU machine) against the one-GPU run, checked by rank 0."""
+@pytest.mark.parametrize(("staging", "ranks"), [("pinned", 2), ("auto", 2), ("pinned", 3)])
+def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int) -> None:
+    """Two or three ranks (sharing GPUs where there are fewer) against the one-GPU run, checked by rank 0."""
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out = tmp_path / "plate.npy"
@@ -260,7 +260,7 @@ def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None
         [
             *mpirun,
             "-np",
-            "2",
+            str(ranks),
             sys.executable,
             str(EXAMPLE),
             "--size",
