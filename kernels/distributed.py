@@ -285,6 +285,7 @@ class RankHeat:
         wc, wn = self.weights
         self.kernel[self.grid, self.block, self.ks](self.a, self.b, wc, wn)  # stale halos; queued first
         if not (exchange and self.bands):
+            self.field_done.record(self.ks)  # a later step's bands read this field
             self._drain()
             return
         self._wait_pending()  # the rows of the last step are in the receive buffers
