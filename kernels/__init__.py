@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from ._common import MIN_BLOCKS, SUPPORTED_DTYPES, MemoryBudgetError, require_free_memory, stencil_weights
 from ._report import MissingExtraError, human_bytes, progress, report_check, require_plot_extra, save_field
-from .decomp import Decomposition, HaloExchange, LocalExchange, heat_slabs_reference, split_rows
+from .decomp import (
+    Decomposition,
+    EdgeBand,
+    HaloExchange,
+    LocalExchange,
+    heat_slabs_overlapped,
+    heat_slabs_reference,
+    split_rows,
+)
 from .reference import (
     heat2d_reference,
     heat2d_step_reference,
@@ -74,6 +82,8 @@ __all__ = [
     "LocalExchange",
     "split_rows",
     "heat_slabs_reference",
+    "EdgeBand",
+    "heat_slabs_overlapped",
     # references
     "heat2d_step_reference",
     "heat2d_reference",

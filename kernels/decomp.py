@@ -32,6 +32,28 @@ range plus one halo row on each side.
 Only the halo row next to the owned range is exchanged each step; alignment
 rows further out are computed from stale data and never read by an owned
 cell, so they are left as they are (see :attr:`Slab.halo_rows`).
+
+The overlapped schedule (edge bands)
+------------------------------------
+To hide the exchange behind the slab step, the MPI path
+(``umem_numba.kernels.distributed.RankHeat``) never waits for received rows
+before the slab step.  Per step and per neighbour, an :class:`EdgeBand`
+(:meth:`Decomposition.edge_bands`) says how:
+
+1. the slab step runs over the whole slab on the field as it is, its halo
+   rows *stale*; only the owned edge rows next to them come out wrong;
+2. meanwhile a small *band input* array of ``2 * align + 1`` rows gets the
+   rows that the edge row's value reads (itself and its owned neighbour,
+   copied from the field) and the halo row (the row last received from the
+   neighbour); the same kernel launched over the band computes the edge row
+   exactly as the one-domain launch does (:meth:`Decomposition.band`); every
+   other band row is never used, so its contents do not matter;
+3. the band's edge row is sent to the neighbour and, after the slab step,
+   written over the wrong edge row of the new field.
+
+The received rows feed only the *next* step's bands, so the messages travel
+while the next slab step runs.  :func:`heat_slabs_overlapped` is this
+schedule on the host with the NumPy reference kernels.
 """
 
 from __future__ import annotations
@@ -46,10 +68,12 @@ import numpy as np
 
 __all__ = [
     "Decomposition",
+    "EdgeBand",
     "HaloExchange",
     "HaloMove",
     "LocalExchange",
     "Slab",
+    "heat_slabs_overlapped",
     "heat_slabs_reference",
     "run_slabs",
     "split_rows",
@@ -101,6 +125,52 @@ class Slab:
         """The local index of global row ``row`` (which must be stored)."""
         if not self.start <= row < self.stop:
             raise IndexError(f"row {row} is not stored by slab {self.index} ([{self.start}, {self.stop}))")
+        return row - self.start
+
+
+@dataclass(frozen=True)
+class EdgeBand:
+    """How a slab computes one owned edge row early, from a small band input (see the module notes).
+
+    All rows are local indices of the slab's field.
+
+    Attributes
+    ----------
+    peer : int
+        The neighbouring slab that receives :attr:`row` and sends :attr:`halo`.
+    row : int
+        The owned edge row: sent to ``peer`` and written into the new field after the slab step.
+    halo : int
+        The halo row that ``peer``'s edge row fills.
+    start, stop : int
+        The band ``[start, stop)`` (:meth:`Decomposition.band` of :attr:`row`): the band input
+        and output arrays have ``stop - start`` rows.
+    copy_start, copy_stop : int
+        The field rows ``[copy_start, copy_stop)`` copied into the band input every step: the
+        rows :attr:`row`'s value reads, halo rows excepted.
+    halos : tuple of int
+        The halo rows :attr:`row`'s value reads (filled from the rows received from the
+        neighbours; both halos when the slab owns a single row).
+    """
+
+    peer: int
+    row: int
+    halo: int
+    start: int
+    stop: int
+    copy_start: int
+    copy_stop: int
+    halos: tuple[int, ...]
+
+    @property
+    def band_row(self) -> int:
+        """Index of :attr:`row` in the band arrays."""
+        return self.row - self.start
+
+    def band_index(self, row: int) -> int:
+        """Index of local ``row`` (which must lie in the band) in the band arrays."""
+        if not self.start <= row < self.stop:
+            raise IndexError(f"row {row} is not in the band [{self.start}, {self.stop})")
         return row - self.start
 
 
@@ -238,6 +308,37 @@ class Decomposition:
         stop = min(s.stop, first + r + 1)
         return s.local(start), s.local(stop - 1) + 1
 
+    def edge_bands(self, k: int) -> tuple[EdgeBand, ...]:
+        """Slab ``k``'s edge bands, one per neighbour: the one above (if any) first.
+
+        See the module notes (the overlapped schedule) and :class:`EdgeBand`.
+        """
+        s = self.slabs[k]
+        n = self.shape[0]
+        halo_rows = {g for g in (s.lo - 1, s.hi) if 0 <= g < n}
+        out = []
+        for peer, row, halo in ((k - 1, s.lo, s.lo - 1), (k + 1, s.hi - 1, s.hi)):
+            if not 0 <= peer < self.parts:
+                continue
+            start, stop = self.band(k, row)
+            # The rows row's value reads: itself and its neighbours inside the grid (a global
+            # boundary row is copied through and reads only itself).
+            reads = [row] if row in (0, n - 1) else [row - 1, row, row + 1]
+            field = [g for g in reads if g not in halo_rows]
+            out.append(
+                EdgeBand(
+                    peer=peer,
+                    row=s.local(row),
+                    halo=s.local(halo),
+                    start=start,
+                    stop=stop,
+                    copy_start=s.local(field[0]),
+                    copy_stop=s.local(field[-1]) + 1,
+                    halos=tuple(s.local(g) for g in reads if g in halo_rows),
+                )
+            )
+        return tuple(out)
+
     def scatter(self, u: Any) -> list[np.ndarray]:
         """Copies of every slab's stored rows of the global field ``u``."""
         u = np.asarray(u)
@@ -350,3 +451,69 @@ def heat_slabs_reference(u0: Any, steps: int, parts: int, alpha: float | None = 
 
     final = run_slabs(step, LocalExchange(decomp), a, b, steps)
     return decomp.gather(final)
+
+
+def heat_slabs_overlapped(
+    u0: Any, steps: int, parts: int, alpha: float | None = None, align: int = 1, *, band_fill: float | None = None
+) -> np.ndarray:
+    """:func:`heat_slabs_reference` with the overlapped schedule of the MPI path (see the module notes).
+
+    The slab steps never see a current halo row: each slab's edge rows come
+    from its :class:`EdgeBand` launches, whose inputs hold the rows received
+    the step before.  Bitwise equal to the one-domain reference.
+
+    Parameters
+    ----------
+    u0 : 2-D or 3-D float32/float64 array
+    steps : int
+    parts : int
+        Number of slabs.
+    alpha : float, optional
+        Diffusion number; 0.25 (2-D) or 1/6 (3-D) by default.
+    align : int
+        See :class:`Decomposition`.
+    band_fill : float, optional
+        Fill the band inputs with this value (NaN, say) instead of the initial
+        field before the first step, to show that the band rows that are never
+        copied do not matter.
+
+    Returns
+    -------
+    ndarray
+        The gathered field after ``steps`` steps.
+    """
+    from .reference import heat2d_step_reference, heat3d_step_reference
+
+    u0 = np.asarray(u0)
+    d = Decomposition(u0.shape, parts, align)
+    ref = heat2d_step_reference if d.ndim == 2 else heat3d_step_reference
+    if alpha is None:
+        alpha = 0.25 if d.ndim == 2 else 1.0 / 6.0
+    a = d.scatter(u0)
+    b = [f.copy() for f in a]
+    plans = [d.edge_bands(k) for k in range(d.parts)]
+    band_in = [[f[e.start : e.stop].copy() for e in plan] for f, plan in zip(a, plans, strict=True)]
+    if band_fill is not None:  # keep only the first step's halos (the initial field's)
+        for f, plan, bands in zip(a, plans, band_in, strict=True):
+            for e, bi in zip(plan, bands, strict=True):
+                bi.fill(band_fill)
+                for h in e.halos:
+                    bi[e.band_index(h)] = f[h]
+    received: dict[tuple[int, int], np.ndarray] = {}  # (slab, local halo row) -> the row last received
+    with np.errstate(invalid="ignore", over="ignore"):
+        for _ in range(int(steps)):
+            sent = []
+            for k, (src, dst, plan) in enumerate(zip(a, b, plans, strict=True)):
+                ref(src, alpha, out=dst)  # stale halos: the edge rows come out wrong
+                for e, bi in zip(plan, band_in[k], strict=True):
+                    bi[e.band_index(e.copy_start) : e.band_index(e.copy_stop - 1) + 1] = src[e.copy_start : e.copy_stop]
+                    for h in e.halos:
+                        if (k, h) in received:
+                            bi[e.band_index(h)] = received[(k, h)]
+                    row = ref(bi, alpha)[e.band_row]
+                    dst[e.row] = row  # the fix-up after the slab step
+                    peer = d.slabs[e.peer]
+                    sent.append(((e.peer, peer.local(d.slabs[k].start + e.row)), row.copy()))
+            received.update(sent)  # the messages: used by the next step's bands
+            a, b = b, a
+    return d.gather(a)

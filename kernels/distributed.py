@@ -10,14 +10,27 @@ mpi4py nor numba's CUDA driver.  Every function takes the communicator.
   CUDA-aware, while the slab's interior is computed on its own stream) or,
   with ``cpu=True``, with the NumPy reference kernels.
 
-A GPU step on a rank: on the *comm* stream, the rows this rank sends are
-computed first by a small launch of the same kernel over a band of
-``2 * R + 1`` rows (:meth:`Decomposition.band`, bitwise the same values as
-the full launch) and copied to pinned memory; on the *compute* stream the
-full slab step runs meanwhile.  The host waits only for the comm stream,
-then ``Irecv``/``Isend``/``Waitall``; the received rows go into the new
-field's halo rows on the compute stream, and an event orders the next
-step's band launch after them.
+A step on a rank follows the overlapped schedule of
+:mod:`umem_numba.kernels.decomp` (edge bands), on the GPU with two streams:
+
+* *compute* stream ``ks``: the slab kernel over the whole slab (its halo rows
+  stale: they are never written), then, once the bands are done, the band's
+  edge rows copied over the slab kernel's (wrong) edge rows of the new field;
+* *comm* stream ``cs``, created with the greatest priority
+  (:class:`~umem_numba.kernels._common.PriorityStream`) so that its small
+  launches take the next free SM slots instead of queueing behind the slab
+  kernel's blocks: after the previous step's field is complete, each
+  :class:`~umem_numba.kernels.decomp.EdgeBand`'s input gets the edge row and
+  its owned neighbour (device copy) and the row last received from the
+  neighbour (host-to-device from pinned memory), the same kernel runs over
+  the band (``2 R + 1`` rows), and the edge row goes to pinned memory.
+
+The host queues the slab kernel of step ``n`` first, then waits for the
+messages of step ``n - 1`` (``Waitall``), queues the bands and fix-ups of step
+``n``, waits for the bands (an event), and posts ``Irecv``/``Isend`` of step
+``n``.  So the slab kernel of step ``n + 1`` is queued while that of step ``n``
+runs, and the messages travel during the next slab kernel: the only work
+between two slab kernels is the fix-up copy of the edge rows.
 """
 
 from __future__ import annotations
@@ -29,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ._common import _as_float_dtype, stencil_weights
-from .decomp import Decomposition
+from ._common import PriorityStream, _as_float_dtype, stencil_weights
+from .decomp import Decomposition, EdgeBand
 
 __all__ = ["RankHeat", "collective_errors", "cuda_aware_mpi", "local_rank"]
 
@@ -145,7 +158,7 @@ def local_rank(comm: Any) -> int:
 
 
 class RankHeat:
-    """One rank's slab of a 2-D or 3-D heat run.
+    """One rank's slab of a 2-D or 3-D heat run (collective: every rank makes one).
 
     Parameters
     ----------
@@ -157,11 +170,17 @@ class RankHeat:
         This slab's initial stored rows (``decomp.local_shape(rank)``).
     alpha : float
     cpu : bool
-        NumPy reference kernels instead of the GPU.
+        NumPy reference kernels instead of the GPU (the same schedule).
     device_buffers : bool
         Pass device buffers to MPI (CUDA-aware MPI) instead of pinned staging.
     rows_per_thread : int, optional
         Strip height of the GPU kernel (must equal ``decomp.align``).
+
+    Attributes
+    ----------
+    halo_seconds : float
+        Host time spent waiting for messages (``Waitall``) so far; with the
+        exchange hidden, most of it overlaps the next slab kernel.
     """
 
     def __init__(
@@ -185,21 +204,23 @@ class RankHeat:
         self.dtype = dtype
         self.alpha = alpha
         self.weights = stencil_weights(alpha, decomp.ndim, dtype)
-        s = self.slab
-        # (neighbour rank, global row sent, local halo row received, tag sent, tag received)
-        self.links = []
-        if self.rank > 0:
-            self.links.append((self.rank - 1, s.lo, s.local(s.lo - 1), _TAG_UP, _TAG_DOWN))
-        if self.rank < decomp.parts - 1:
-            self.links.append((self.rank + 1, s.hi - 1, s.local(s.hi), _TAG_DOWN, _TAG_UP))
+        # One edge band per neighbour: the row sent to it, the halo row it fills.
+        self.bands: tuple[EdgeBand, ...] = decomp.edge_bands(self.rank)
+        self._tags = [(_TAG_UP, _TAG_DOWN) if e.peer < self.rank else (_TAG_DOWN, _TAG_UP) for e in self.bands]
+        self._recv_of = {e.halo: j for j, e in enumerate(self.bands)}  # the receive buffer of each halo row
+        self._pending: list[Any] = []  # the MPI requests of the last step
+        self._received = False  # the receive buffers hold rows from the neighbours
         self.halo_seconds = 0.0
+        halo_shape = decomp.shape[1:]
         if cpu:
             from .reference import heat2d_step_reference, heat3d_step_reference
 
             self._ref = heat2d_step_reference if decomp.ndim == 2 else heat3d_step_reference
             self.a = np.array(local, copy=True)
             self.b = np.array(local, copy=True)
-            self._recv = [np.empty(decomp.shape[1:], dtype) for _ in self.links]
+            self._band_in = [self.a[e.start : e.stop].copy() for e in self.bands]  # the first step's halos
+            self._send = [np.empty(halo_shape, dtype) for _ in self.bands]
+            self._recv = [np.empty(halo_shape, dtype) for _ in self.bands]
             return
         self._setup_gpu(local, rows_per_thread)
 
@@ -208,6 +229,7 @@ class RankHeat:
         from numba import cuda
 
         import umem_numba as um
+        from umem_numba import _driver
 
         d = self.decomp
         if d.ndim == 2:
@@ -222,65 +244,105 @@ class RankHeat:
         rows = rows if rows_per_thread is None else int(rows_per_thread)
         if rows != d.align:
             raise ValueError(f"the decomposition is aligned to {d.align} rows but the kernel's strips are {rows}")
+        self._drv = _driver
         self.kernel = make(rows)
-        self.ks = cuda.stream()  # compute: the full slab
-        self.cs = cuda.stream()  # comm: the bands whose rows are sent
+        self.ks = cuda.stream()  # compute: the whole slab, then the edge-row fix-ups
+        self._comm_stream = PriorityStream(highest=True)
+        self.cs = self._comm_stream.stream  # comm: band inputs, bands, rows out (greatest priority)
+        self._ksh, self._csh = int(self.ks.handle), int(self.cs.handle)
         self.a = cuda.to_device(local, stream=self.ks)
         self.b = cuda.to_device(local, stream=self.ks)
+        self._ptr = {id(f): _dptr(f) for f in (self.a, self.b)}
         self.grid, self.block = config(local.shape, rows, blk)
-        self.bands = []
+        self.row_bytes = int(np.prod(d.shape[1:])) * self.dtype.itemsize
         halo_shape = d.shape[1:]
-        for _, row, _, _, _ in self.links:
-            b0, b1 = d.band(self.rank, row)
-            scratch = cuda.device_array((b1 - b0, *halo_shape), self.dtype, stream=self.ks)
-            bgrid, bblock = config(scratch.shape, rows, blk)
-            self.bands.append((b0, b1, self.slab.local(row) - b0, scratch, bgrid, bblock))
-        if self.device_buffers:
-            self._send = [None] * len(self.links)
-            self._recv = [cuda.device_array(halo_shape, self.dtype, stream=self.ks) for _ in self.links]
+        self._band_in, self._scratch, self._band_launch = [], [], []
+        for e in self.bands:
+            band_in = cuda.to_device(np.ascontiguousarray(local[e.start : e.stop]), stream=self.ks)  # first halos
+            scratch = cuda.device_array(band_in.shape, self.dtype, stream=self.ks)
+            self._band_in.append(band_in)
+            self._scratch.append(scratch)
+            self._band_launch.append(config(band_in.shape, rows, blk))
+        self._band_in_ptr = [_dptr(x) for x in self._band_in]
+        self._scratch_ptr = [_dptr(x) for x in self._scratch]
+        if self.device_buffers:  # CUDA-aware MPI: send the band's row in place, receive into device rows
+            self._send = [s[e.band_row] for s, e in zip(self._scratch, self.bands, strict=True)]
+            self._recv = [cuda.device_array(halo_shape, self.dtype, stream=self.ks) for _ in self.bands]
+            self._recv_ptr = [_dptr(r) for r in self._recv]
+            self._send_ptr = []
         else:
-            self._send = [um.PinnedBuffer.empty(halo_shape, self.dtype) for _ in self.links]
-            self._recv = [um.PinnedBuffer.empty(halo_shape, self.dtype) for _ in self.links]
-        self.halo_done = cuda.event(timing=False)
-        self.halo_done.record(self.ks)
+            self._pinned = [um.PinnedBuffer.empty(halo_shape, self.dtype) for _ in range(2 * len(self.bands))]
+            host = [p.host for p in self._pinned]  # taken once: the copies below are plain driver calls
+            self._send, self._recv = host[: len(self.bands)], host[len(self.bands) :]
+            self._send_ptr = [int(h.ctypes.data) for h in self._send]
+            self._recv_ptr = [int(h.ctypes.data) for h in self._recv]
+        self.band_done = cuda.event(timing=False)  # cs: this step's bands and rows to send
+        self.field_done = cuda.event(timing=False)  # ks: this step's slab kernel and fix-ups
+        self.field_done.record(self.ks)
         self.ks.synchronize()
 
     def _gpu_step(self, exchange: bool) -> None:
-        import time
-
-        from mpi4py import MPI
-
         wc, wn = self.weights
-        self.halo_done.wait(self.cs)  # the bands read the field the last exchange completed
-        send_views = []
-        if exchange:
-            for (b0, b1, r, scratch, bgrid, bblock), buf in zip(self.bands, self._send, strict=True):
-                self.kernel[bgrid, bblock, self.cs](self.a[b0:b1], scratch, wc, wn)
-                if buf is None:
-                    send_views.append(scratch[r])
-                else:
-                    buf.copy_from_device(scratch[r], stream=self.cs)
-        self.kernel[self.grid, self.block, self.ks](self.a, self.b, wc, wn)  # overlaps the messages below
-        if exchange and self.links:
-            t0 = time.perf_counter()
-            self.cs.synchronize()
-            reqs = []
-            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True):
-                reqs.append(self.comm.Irecv(buf if self.device_buffers else buf.host, source=peer, tag=tag_in))
-            for i, ((peer, _, _, tag_out, _), buf) in enumerate(zip(self.links, self._send, strict=True)):
-                reqs.append(self.comm.Isend(send_views[i] if buf is None else buf.host, dest=peer, tag=tag_out))
-            MPI.Request.Waitall(reqs)
-            self.halo_seconds += time.perf_counter() - t0
-            for (_, _, halo, _, _), buf in zip(self.links, self._recv, strict=True):
-                if self.device_buffers:
-                    self.b[halo].copy_to_device(buf, stream=self.ks)
-                else:
-                    buf.copy_to_device(self.b[halo], stream=self.ks)
-        self.halo_done.record(self.ks)
+        self.kernel[self.grid, self.block, self.ks](self.a, self.b, wc, wn)  # stale halos; queued first
+        if not (exchange and self.bands):
+            self.field_done.record(self.ks)  # a later step's bands read this field
+            self._drain()
+            return
+        self._wait_pending()  # the rows of the last step are in the receive buffers
+        call, rb, csh = self._drv.call, self.row_bytes, self._csh
+        a, b = self._ptr[id(self.a)], self._ptr[id(self.b)]
+        self.field_done.wait(self.cs)  # the last step's field is complete
+        for j, e in enumerate(self.bands):
+            bptr, sptr = self._band_in_ptr[j], self._scratch_ptr[j]
+            n = e.copy_stop - e.copy_start
+            call("cuMemcpyDtoDAsync", bptr + e.band_index(e.copy_start) * rb, a + e.copy_start * rb, n * rb, csh)
+            if self._received:
+                name = "cuMemcpyDtoDAsync" if self.device_buffers else "cuMemcpyHtoDAsync"
+                for h in e.halos:
+                    call(name, bptr + e.band_index(h) * rb, self._recv_ptr[self._recv_of[h]], rb, csh)
+            grid, block = self._band_launch[j]
+            self.kernel[grid, block, self.cs](self._band_in[j], self._scratch[j], wc, wn)
+            if not self.device_buffers:
+                call("cuMemcpyDtoHAsync", self._send_ptr[j], sptr + e.band_row * rb, rb, csh)
+        self.band_done.record(self.cs)
+        self.band_done.wait(self.ks)
+        for j, e in enumerate(self.bands):  # the fix-ups: after the slab kernel wrote these rows wrong
+            call("cuMemcpyDtoDAsync", b + e.row * rb, self._scratch_ptr[j] + e.band_row * rb, rb, self._ksh)
+        self.field_done.record(self.ks)
+        self.band_done.synchronize()  # the rows to send are out; the receive buffers were read
+        self._post()
 
     # -- both -------------------------------------------------------------------------
+    def _post(self) -> None:
+        """Post this step's receives and sends (completed by the next step, or :meth:`synchronize`)."""
+        reqs = []
+        for e, buf, (_, tag_in) in zip(self.bands, self._recv, self._tags, strict=True):
+            reqs.append(self.comm.Irecv(buf, source=e.peer, tag=tag_in))
+        for e, buf, (tag_out, _) in zip(self.bands, self._send, self._tags, strict=True):
+            reqs.append(self.comm.Isend(buf, dest=e.peer, tag=tag_out))
+        self._pending = reqs
+        self._received = True
+
+    def _wait_pending(self) -> None:
+        if self._pending:
+            import time
+
+            from mpi4py import MPI
+
+            t0 = time.perf_counter()
+            MPI.Request.Waitall(self._pending)
+            self.halo_seconds += time.perf_counter() - t0
+            self._pending = []
+
+    def _drain(self) -> None:
+        self._wait_pending()
+
     def step(self, n: int = 1, *, exchange: bool = True) -> None:
-        """Advance ``n`` steps (collective: every rank must call it with the same ``n``)."""
+        """Advance ``n`` steps (collective: every rank must call it with the same ``n`` and ``exchange``).
+
+        ``exchange=False`` skips the edge bands and messages (to time the slab
+        kernels alone); the field is then wrong near the slab edges.
+        """
         for _ in range(int(n)):
             if self.cpu:
                 self._cpu_step(exchange)
@@ -289,36 +351,42 @@ class RankHeat:
             self.a, self.b = self.b, self.a
 
     def _cpu_step(self, exchange: bool) -> None:
-        import time
-
-        from mpi4py import MPI
-
-        self._ref(self.a, self.alpha, out=self.b)
-        if not (exchange and self.links):
+        self._ref(self.a, self.alpha, out=self.b)  # stale halos
+        if not (exchange and self.bands):
+            self._drain()
             return
-        t0 = time.perf_counter()
-        reqs = [
-            self.comm.Irecv(buf, source=peer, tag=tag_in)
-            for (peer, _, _, _, tag_in), buf in zip(self.links, self._recv, strict=True)
-        ]
-        sends = [np.ascontiguousarray(self.b[self.slab.local(row)]) for _, row, _, _, _ in self.links]
-        reqs += [
-            self.comm.Isend(buf, dest=peer, tag=tag_out)
-            for (peer, _, _, tag_out, _), buf in zip(self.links, sends, strict=True)
-        ]
-        MPI.Request.Waitall(reqs)
-        for (_, _, halo, _, _), buf in zip(self.links, self._recv, strict=True):
-            self.b[halo] = buf
-        self.halo_seconds += time.perf_counter() - t0
+        self._wait_pending()
+        for j, e in enumerate(self.bands):
+            bi = self._band_in[j]
+            bi[e.band_index(e.copy_start) : e.band_index(e.copy_stop - 1) + 1] = self.a[e.copy_start : e.copy_stop]
+            if self._received:
+                for h in e.halos:
+                    bi[e.band_index(h)] = self._recv[self._recv_of[h]]
+            row = self._ref(bi, self.alpha)[e.band_row]
+            self._send[j][...] = row
+            self.b[e.row] = row  # the fix-up
+        self._post()
 
     def synchronize(self) -> None:
-        """Wait for this rank's queued GPU work (nothing on the CPU path)."""
+        """Complete this step's messages and wait for this rank's queued GPU work (collective)."""
+        self._drain()
         if not self.cpu:
             self.ks.synchronize()
             self.cs.synchronize()
 
+    def timed(self, n: int, *, exchange: bool = True) -> float:
+        """Seconds for ``n`` steps, host clock from a barrier to :meth:`synchronize` (collective)."""
+        import time
+
+        self.synchronize()
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        self.step(n, exchange=exchange)
+        self.synchronize()
+        return time.perf_counter() - t0
+
     def local_field(self) -> np.ndarray:
-        """This rank's stored rows after the steps so far (host copy)."""
+        """This rank's stored rows after the steps so far (host copy; the halo rows are stale)."""
         if self.cpu:
             return np.array(self.a, copy=True)
         out = self.a.copy_to_host(stream=self.ks)
@@ -327,6 +395,7 @@ class RankHeat:
 
     def gather(self, root: int = 0) -> np.ndarray | None:
         """The global field on ``root`` (collective; other ranks get None)."""
+        self._drain()
         owned = np.ascontiguousarray(self.local_field()[self.slab.owned])
         if self.rank != root:
             self.comm.Send(owned, dest=root, tag=_TAG_GATHER)
@@ -340,9 +409,17 @@ class RankHeat:
         return out
 
     def close(self) -> None:
-        """Free the staging buffers (GPU path)."""
+        """Complete the messages; free the staging buffers and the comm stream (GPU path)."""
+        self._drain()
         if not self.cpu:
             self.synchronize()
-            for buf in [*self._send, *self._recv]:
-                if buf is not None and hasattr(buf, "close"):
-                    buf.close()
+            for buf in getattr(self, "_pinned", []):
+                buf.close()
+            self._pinned = []
+            self._send = self._recv = []
+            self._comm_stream.close()
+
+
+def _dptr(arr: Any) -> int:
+    """The device address of a numba device array."""
+    return int(arr.__cuda_array_interface__["data"][0])

@@ -12,7 +12,9 @@ slab ``k`` is:
    below); record ``ready``; then the full slab step (the tuned kernel over
    the slab, the very launch :func:`heat2d_step` / :func:`heat3d_step` makes
    on one GPU);
-2. edge stream, concurrently: wait for ``ready``; launch the same kernel over
+2. edge stream (created with the greatest priority, so that the small band
+   launches are not scheduled behind the full kernel's blocks), concurrently:
+   wait for ``ready``; launch the same kernel over
    the band of ``2 R + 1`` rows around each owned edge row
    (:meth:`Decomposition.band`: the row comes out bitwise as in the full
    launch) into the band array; then, as soon as that small launch is done,
@@ -66,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import _as_float_dtype, require_free_memory, stencil_weights
+from ._common import PriorityStream, _as_float_dtype, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
 __all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi", "heat3d_multi", "heat_multi"]
@@ -92,7 +94,8 @@ class _SlabState:
     block: tuple
     row_bytes: int
     ptrs: dict = field(default_factory=dict)
-    edge: Any = None  # edge stream: bands and outgoing rows
+    edge: Any = None  # edge stream: bands and outgoing rows (greatest priority)
+    edge_owner: Any = None  # the PriorityStream behind ``edge``
     ready: Any = None  # main: halos of this step are in the field
     band_done: Any = None  # edge: the bands of this step have read the field
 
@@ -425,6 +428,7 @@ class MultiGPUHeat:
                 src = cuda.to_device(local, stream=stream)
                 dst = cuda.to_device(local, stream=stream)  # alignment rows start defined
                 grid, block3 = config(local.shape, rows, blk)
+                edge = PriorityStream(highest=True)  # bands first, not behind the slab kernel's blocks
                 self.slabs.append(
                     _SlabState(
                         d,
@@ -436,7 +440,8 @@ class MultiGPUHeat:
                         grid,
                         block3,
                         row_bytes,
-                        edge=cuda.stream(),
+                        edge=edge.stream,
+                        edge_owner=edge,
                         ready=cuda.event(timing=False),
                         band_done=cuda.event(timing=False),
                     )
@@ -520,11 +525,16 @@ class MultiGPUHeat:
         return self.decomp.gather(fields)
 
     def close(self) -> None:
-        """Free the device arrays and staging buffers now."""
+        """Free the device arrays, staging buffers and edge streams now."""
+        from numba import cuda
+
         self.synchronize()
         self.exchanger.close()
         for s in self.slabs:
             s.src = s.dst = None
+            if s.edge_owner is not None:
+                with cuda.gpus[s.device]:
+                    s.edge_owner.close()
         self.slabs = []
 
     def __enter__(self) -> MultiGPUHeat:

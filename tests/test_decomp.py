@@ -110,3 +110,83 @@ def test_slab_run_keeps_global_boundary(rng: np.random.Generator) -> None:
     got = decomp.heat_slabs_reference(u0, 7, 4)
     for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
         np.testing.assert_array_equal(got[edge], u0[edge])
+
+
+# -- the overlapped schedule: edge bands ------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17, 33, 64, 100])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("align", [1, 4, 16])
+def test_edge_bands_compute_the_edge_rows_from_the_copied_and_halo_rows(
+    rng: np.random.Generator, n: int, parts: int, align: int
+) -> None:
+    """Each edge row, computed over its band from only the rows the plan fills (the rest NaN), is the global one."""
+    if n < parts:
+        return
+    u = random_array(rng, (n, 9), np.float64)
+    d = decomp.Decomposition(u.shape, parts, align)
+    alpha = float(rng.uniform(0.05, 0.25))
+    expected = kernels.heat2d_reference(u, 1, alpha)
+    for s in d.slabs:
+        bands = d.edge_bands(s.index)
+        assert [e.peer for e in bands] == [k for k in (s.index - 1, s.index + 1) if 0 <= k < parts]
+        for e in bands:
+            assert (e.start, e.stop) == d.band(s.index, s.start + e.row)
+            assert e.row in (s.owned.start, s.owned.stop - 1) and e.halo in s.halo_rows
+            assert e.start <= e.copy_start <= e.row < e.copy_stop <= e.stop
+            assert all(h in s.halo_rows for h in e.halos)
+            assert e.copy_stop - e.copy_start + len(e.halos) <= 3
+            bi = np.full((e.stop - e.start, 9), np.nan)
+            bi[e.copy_start - e.start : e.copy_stop - e.start] = u[s.start + e.copy_start : s.start + e.copy_stop]
+            for h in e.halos:
+                bi[e.band_index(h)] = u[s.start + h]
+            with np.errstate(invalid="ignore"):
+                got = kernels.heat2d_reference(bi, 1, alpha)[e.band_row]
+            np.testing.assert_array_equal(got, expected[s.start + e.row])
+        if bands:
+            with pytest.raises(IndexError, match="not in the band"):
+                bands[0].band_index(bands[0].stop)
+
+
+def test_edge_bands_single_row_slab_reads_both_halos() -> None:
+    d = decomp.Decomposition((5, 4), 4)  # slabs [0,1) [1,2) [2,3) [3,5)
+    top, bottom = d.edge_bands(1)
+    assert top.row == bottom.row == d.slabs[1].local(1)
+    assert top.halos == bottom.halos == (d.slabs[1].local(0), d.slabs[1].local(2))
+    assert (top.copy_start, top.copy_stop) == (top.row, top.row + 1)
+    (only,) = d.edge_bands(0)  # row 0 is the global boundary: copied through, reads only itself
+    assert only.halos == () and (only.copy_start, only.copy_stop) == (0, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("align", [1, 4, 16])
+def test_overlapped_schedule_bitwise_2d(rng: np.random.Generator, dtype, parts: int, align: int) -> None:
+    u0 = random_array(rng, (71, 29), dtype)
+    alpha = float(rng.uniform(0.05, 0.25))
+    expected = kernels.heat2d_reference(u0, 23, alpha)
+    got = decomp.heat_slabs_overlapped(u0, 23, parts, alpha, align=align, band_fill=np.nan)
+    assert got.dtype == expected.dtype
+    assert np.array_equal(got, expected)
+    assert not np.array_equal(got, u0)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_overlapped_schedule_bitwise_3d_and_thin_slabs(rng: np.random.Generator, parts: int) -> None:
+    u0 = random_array(rng, (7, 9, 12), np.float32)  # 5 slabs of 7 planes: slabs of one plane
+    expected = kernels.heat3d_reference(u0, 9)
+    got = decomp.heat_slabs_overlapped(u0, 9, parts, align=1)
+    assert np.array_equal(got, expected)
+    got = decomp.heat_slabs_overlapped(random_array(rng, (30, 9, 12), np.float32), 9, parts, align=8)
+    assert got.shape == (30, 9, 12)
+
+
+def test_overlapped_schedule_needs_the_fixups(rng: np.random.Generator) -> None:
+    """Without the received rows the edge rows go wrong: the exchange is really exercised."""
+    u0 = random_array(rng, (40, 12), np.float64)
+    expected = kernels.heat2d_reference(u0, 6)
+    d = decomp.Decomposition(u0.shape, 2, 4)
+    stale = [f.copy() for f in d.scatter(u0)]
+    for _ in range(6):  # slab steps with stale halos only
+        stale = [kernels.heat2d_reference(f, 1) for f in stale]
+    assert not np.array_equal(d.gather(stale), expected)
+    assert np.array_equal(decomp.heat_slabs_overlapped(u0, 6, 2, align=4), expected)

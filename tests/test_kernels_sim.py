@@ -191,3 +191,41 @@ def test_max_abs_diff_matches_reference_in_simulator(tmp_path, rng, dtype):
         got = out[c["name"]]
         assert got.shape == (1,) and got.dtype == a.dtype
         assert got[0] == expected, f"{a.shape}: {got[0]!r} vs {expected!r}"
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_edge_band_rows_read_only_the_rows_the_plan_fills_in_simulator(tmp_path, rng, ndim):
+    """The tuned kernels' edge row over a band whose other rows are NaN is the full launch's row.
+
+    This is what lets the MPI path compute its sent rows from a small band input
+    (``Decomposition.edge_bands``): every strip kind (hot, edge, copied-through
+    boundary) reads only the row itself and its two neighbours.
+    """
+    cases, arrays, checks = [], {}, []
+    shape = (41, 13) if ndim == 2 else (23, 5, 7)
+    block = (8, 2) if ndim == 2 else (4, 2)
+    u = random_array(rng, shape, np.float32)
+    alpha = float(rng.uniform(0.05, 0.25 if ndim == 2 else 1 / 6))
+    ref = kernels.heat2d_reference if ndim == 2 else kernels.heat3d_reference
+    expected = ref(u, 1, alpha)
+    for align in (1, 4, 8):
+        d = kernels.decomp.Decomposition(shape, 3, align)
+        for s in d.slabs:
+            for e in d.edge_bands(s.index):
+                band = np.full((e.stop - e.start, *shape[1:]), np.nan, np.float32)
+                band[e.band_index(e.copy_start) : e.band_index(e.copy_stop - 1) + 1] = u[
+                    s.start + e.copy_start : s.start + e.copy_stop
+                ]
+                for h in e.halos:
+                    band[e.band_index(h)] = u[s.start + h]
+                name = f"b{len(cases)}"
+                arrays[name] = band
+                cases.append(
+                    {"kind": f"{ndim}d", "name": name, "steps": 1, "alpha": alpha, "tiling": align, "block": block}
+                )
+                checks.append((name, e.band_row, s.start + e.row))
+    out = _run_in_simulator(tmp_path, cases, arrays)
+    for name, band_row, row in checks:
+        got = out[name][band_row]
+        assert not np.isnan(got).any(), (name, row)
+        assert np.array_equal(got, expected[row]), (name, row)

@@ -24,6 +24,7 @@ EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
 
 
 def _mpirun() -> list[str]:
+    """mpirun (Open MPI) or mpiexec (MPICH's Hydra), with the flags these tests need."""
     exe = shutil.which("mpirun") or shutil.which("mpiexec")
     if exe is None:
         pytest.skip("mpirun is not installed (pip install -e '.[mpi]')")
@@ -31,13 +32,22 @@ def _mpirun() -> list[str]:
         import mpi4py  # noqa: F401
     except ImportError:
         pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
-    version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     cmd = [exe]
-    if "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower():
+    if _is_open_mpi(exe):
         cmd += ["--oversubscribe"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd += ["--allow-run-as-root"]
     return cmd
+
+
+def _is_open_mpi(exe: str) -> bool:
+    version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    return "Open MPI" in version or "OpenRTE" in version or "prterun" in version.lower()
+
+
+def _env_flag(mpirun: list[str], name: str, value: str) -> list[str]:
+    """Set an environment variable for the ranks of one app context (Open MPI: -x, Hydra: -env)."""
+    return ["-x", f"{name}={value}"] if _is_open_mpi(mpirun[0]) else ["-env", name, value]
 
 
 def _env() -> dict[str, str]:
@@ -93,7 +103,8 @@ def test_cuda_aware_detection_fallbacks() -> None:
 
 def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     """The real query through mpi4py's libmpi, against what ompi_info says about the same build."""
-    _mpirun()
+    if not _is_open_mpi(_mpirun()[0]):
+        pytest.skip("the MPI library on PATH is not Open MPI")
     ompi_info = shutil.which("ompi_info")
     if ompi_info is None:
         pytest.skip("ompi_info is not installed (not Open MPI)")
@@ -134,8 +145,8 @@ def test_collective_errors_group_and_name_ranks() -> None:
 
 
 # -- the example under mpirun, CPU path -----------------------------------------------------
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> None:
+@pytest.mark.parametrize(("ranks", "rows"), [(2, 53), (3, 53), (4, 6)])  # (4, 6): slabs of one row
+def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int, rows: int) -> None:
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     common = [
@@ -143,7 +154,7 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> Non
         "--size",
         "61",
         "--rows",
-        "53",
+        str(rows),
         "--steps",
         "17",
         "--init",
@@ -161,10 +172,27 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int) -> Non
     rn = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *common, "--save", str(many), "--check"])
     assert rn.returncode == 0, rn.stdout + rn.stderr
     assert "bitwise equal" in rn.stdout
+    # the ranks ran on the library of the mpirun that started them (Open MPI, or MPICH: README)
+    assert ("MPI: Open MPI" if _is_open_mpi(mpirun[0]) else "MPI: MPICH") in rn.stdout, rn.stdout
     a, b = np.load(one), np.load(many)
-    u0 = np.random.default_rng(seed).random((53, 61)).astype(np.float32)
+    u0 = np.random.default_rng(seed).random((rows, 61)).astype(np.float32)
     assert not np.array_equal(a, u0)
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "args"),
+    [(2, ["70", "20", "5"]), (3, ["70", "20", "6"]), (4, ["6", "9", "4"]), (3, ["29", "5", "4", "3d"])],
+)
+def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str]) -> None:
+    """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy."""
+    mpirun = _mpirun()
+    seed = str(int.from_bytes(os.urandom(4), "little"))
+    worker = ROOT / "tests" / "mpi_sim_worker.py"
+    cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
+    r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:]], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"simulated GPU path, {ranks} ranks: bitwise equal" in r.stdout
 
 
 def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
@@ -212,7 +240,8 @@ def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
     """GPU mode with one rank that sees no GPU (CUDA_VISIBLE_DEVICES empty); on a CPU machine, both ranks."""
     mpirun = _mpirun()
     base = [sys.executable, str(EXAMPLE), "--size", "64", "--steps", "2", "--out", ""]
-    r = _run([*mpirun, "-np", "1", *base, ":", "-np", "1", "-x", "CUDA_VISIBLE_DEVICES=", *base], timeout=120)
+    no_gpu = _env_flag(mpirun, "CUDA_VISIBLE_DEVICES", "")
+    r = _run([*mpirun, "-np", "1", *base, ":", "-np", "1", *no_gpu, *base], timeout=120)
     assert r.returncode != 0
     for rank in range(2):
         assert f"[rank {rank}]: error:" in r.stderr and "no usable GPU" in r.stderr, r.stderr
@@ -221,9 +250,9 @@ def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
 
 # -- GPU path ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("staging", ["pinned", "auto"])
-def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None:
-    """Two ranks (sharing the GPU on a one-GPU machine) against the one-GPU run, checked by rank 0."""
+@pytest.mark.parametrize(("staging", "ranks"), [("pinned", 2), ("auto", 2), ("pinned", 3)])
+def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int) -> None:
+    """Two or three ranks (sharing GPUs where there are fewer) against the one-GPU run, checked by rank 0."""
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out = tmp_path / "plate.npy"
@@ -231,7 +260,7 @@ def test_mpi_gpu_two_ranks_bitwise_one_gpu(tmp_path: Path, staging: str) -> None
         [
             *mpirun,
             "-np",
-            "2",
+            str(ranks),
             sys.executable,
             str(EXAMPLE),
             "--size",
