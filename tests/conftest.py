@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers import test_seed
@@ -22,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "multigpu" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason="needs 2 GPUs; numba's simulator has one device"))
-            elif "gpu" in item.keywords and "sim" not in item.keywords:
+            elif "gpu" in item.keywords and "sim" not in item.keywords and not os.environ.get("UMEM_SIM_ALL"):
                 item.add_marker(pytest.mark.skip(reason=SIM_SKIP))
         return
     reason = _gpu_reason()

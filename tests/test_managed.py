@@ -9,6 +9,7 @@ import weakref
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import _driver
@@ -20,7 +21,6 @@ DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint16, np.complex64]
 
 @pytest.fixture(scope="module")
 def kernels():
-    from numba import cuda
 
     @cuda.jit
     def scale1d(a, s):
@@ -135,7 +135,6 @@ def test_kernel_on_2d_views(kernels, rng, key):
 
 def test_numba_managed_array_slice_fails_but_ours_works(kernels, rng):
     """The motivating bug: numba's managed_array view fails at launch; ours runs."""
-    from numba import cuda
 
     scale2d = kernels[1]
     data = random_array(rng, (32, 32), np.float32)
@@ -243,7 +242,6 @@ def test_cuda_array_interface_contents(rng):
     assert cai["data"] == (buf.ptr, False) and cai["strides"] is None and cai["stream"] is None
     v = buf[:, ::2].__cuda_array_interface__
     assert v["strides"] == (48, 8) and v["shape"] == (10, 6)
-    from numba import cuda
 
     dv = cuda.as_cuda_array(buf[2:4])
     np.testing.assert_array_equal(dv.copy_to_host(), buf.host[2:4])

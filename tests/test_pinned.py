@@ -8,6 +8,7 @@ import gc
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import HostAllocFlags as F
@@ -59,7 +60,6 @@ def test_zeros_clears_every_byte(rng):
 
 
 def test_async_roundtrip_with_device_array(rng):
-    from numba import cuda
 
     data = random_array(rng, (512, 300), np.float32)
     src = um.PinnedBuffer.from_array(data)
@@ -74,7 +74,6 @@ def test_async_roundtrip_with_device_array(rng):
 
 
 def test_copy_into_managed_buffer_then_kernel(rng):
-    from numba import cuda
 
     @cuda.jit
     def add_one(a):
@@ -95,7 +94,6 @@ def test_copy_into_managed_buffer_then_kernel(rng):
 
 
 def test_device_mapped_kernel_access(rng):
-    from numba import cuda
 
     @cuda.jit
     def triple(a):
@@ -126,7 +124,6 @@ def test_unmapped_pinned_has_no_device_view():
     "shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"), ((11,), np.float64, "float64")]
 )
 def test_mismatched_copies_are_refused(shape, dtype, match):
-    from numba import cuda
 
     dev = cuda.device_array(11, np.float32)
     buf = um.PinnedBuffer.empty(shape, dtype)
