@@ -336,6 +336,7 @@ def test_kernel_after_prefetch_both_ways(rng, affine):
         assert buf.hints.last_prefetch_location == HOST
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_prefetch_errors_name_the_bad_value(rng):
     buf, _ = _buffer(rng, pages=1)
@@ -369,6 +370,7 @@ def test_prefetch_errors_name_the_bad_value(rng):
         assert buf.hints.state() == (False, None, frozenset(), None)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_empty_and_closed_buffers():
     from umem_numba import BufferClosedError

@@ -75,6 +75,7 @@ def kernels():
     return sleep, um.coherent(sleep_then_fill), um.coherent(add)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", BUFFER_KINDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex128])
@@ -96,6 +97,7 @@ def test_to_host_and_from_host_every_kind(kind, dtype, staging, rng):
     pinned.close()
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ("managed", "device"))
 def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch):
@@ -116,6 +118,7 @@ def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch
     _copy._Staging._by_device.clear()
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("src_kind", KINDS)
 @pytest.mark.parametrize("dst_kind", KINDS)
@@ -235,6 +238,7 @@ def test_numpy_to_managed_then_kernel_and_device_resident_read_back(kernels, rng
         assert mb.hints.last_prefetch_location == um.Location.device(mb.device_id)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_copy_refuses_overlap_closed_and_mismatch(rng):
     data = random_array(rng, 100, np.float32)

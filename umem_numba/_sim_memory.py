@@ -309,6 +309,11 @@ class _SimBuffer(ArgHint):
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Not under the simulator: no other CUDA library can use host memory as device memory."""
         self._live()
+        if not self._device_accessible:
+            raise _NoDeviceViewError(
+                f"this {type(self).__name__} is not accessible from the device "
+                "(pinned memory needs HostAllocFlags.DEVICEMAP)"
+            )
         raise _NoDeviceViewError(
             f"{type(self).__name__}.__cuda_array_interface__ needs a real GPU: under numba's CUDA simulator "
             "the memory is host memory (use .host or np.asarray)"
@@ -470,11 +475,11 @@ def _as_operand(obj: Any, what: str, side: str) -> np.ndarray:
         arr = obj._ary
     else:
         raise TypeError(
-            f"{what}: the {side} must be a umem_numba buffer or a device array, got {type(obj).__name__} "
+            f"{what}: the {side} must be a numba device array or a umem_numba buffer, got {type(obj).__name__} "
             "(numpy arrays go through copy_to_host / copy_from_host)"
         )
     if not arr.flags.c_contiguous:
-        raise ValueError(f"{what}: the {side} is not C-contiguous")
+        raise ValueError(f"{what}: the {side} is not C-contiguous")  # as on the GPU
     return arr
 
 
@@ -493,7 +498,9 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
     d = _as_operand(dst, "copy", "destination")
     s = _as_operand(src, "copy", "source")
     if d.shape != s.shape or d.dtype != s.dtype:
-        raise ValueError(f"copy: mismatched arrays: {d.shape} {d.dtype} vs {s.shape} {s.dtype}")
+        raise ValueError(
+            f"copy: mismatched arrays: {s.shape} {s.dtype} vs {d.shape} {d.dtype} (source vs destination)"
+        )
     _stream(stream, "copy")
     if s.size and np.shares_memory(d, s):
         raise ValueError("copy: source and destination overlap in memory")
