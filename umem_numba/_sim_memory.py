@@ -498,9 +498,7 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
     d = _as_operand(dst, "copy", "destination")
     s = _as_operand(src, "copy", "source")
     if d.shape != s.shape or d.dtype != s.dtype:
-        raise ValueError(
-            f"copy: mismatched arrays: {s.shape} {s.dtype} vs {d.shape} {d.dtype} (source vs destination)"
-        )
+        raise ValueError(f"copy: mismatched arrays: {s.shape} {s.dtype} vs {d.shape} {d.dtype} (source vs destination)")
     _stream(stream, "copy")
     if s.size and np.shares_memory(d, s):
         raise ValueError("copy: source and destination overlap in memory")
@@ -549,7 +547,7 @@ class ManagedBuffer(_SimBuffer):
         alloc = _Allocation("managed", nbytes)
         if attach == "host":
             alloc.attached = "host"
-        return cls._new(alloc, shp, dt)  # type: ignore[no-any-return]
+        return cls._new(alloc, shp, dt)
 
     @classmethod
     def zeros(
@@ -916,7 +914,7 @@ class PinnedBuffer(_SimBuffer):
         buf = cls._new(_Allocation("pinned", nbytes), shp, dt)
         buf._flags = fl
         buf._device_accessible = HostAllocFlags.DEVICEMAP in fl
-        return buf  # type: ignore[no-any-return]
+        return buf
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
@@ -935,13 +933,13 @@ class PinnedBuffer(_SimBuffer):
     @property
     def flags(self) -> HostAllocFlags:
         """The flags the memory was allocated with."""
-        return self._flags  # type: ignore[no-any-return]
+        return self._flags
 
     @property
     def driver_flags(self) -> HostAllocFlags:
         """The flags given (there is no driver to ask under the simulator)."""
         self._live()
-        return self._flags  # type: ignore[no-any-return]
+        return self._flags
 
     def _repr_extra(self) -> str:
         return f", flags={self._flags!r}"
@@ -968,7 +966,7 @@ class DeviceBuffer(_SimBuffer):
         shp, dt, nbytes = _new_layout(shape, dtype)
         _no_pool(pool, "DeviceBuffer.empty")
         _stream(stream, "DeviceBuffer.empty")
-        return cls._new(_Allocation("device", nbytes), shp, dt)  # type: ignore[no-any-return]
+        return cls._new(_Allocation("device", nbytes), shp, dt)
 
     @classmethod
     def zeros(cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
@@ -1055,7 +1053,7 @@ class VMMBuffer(_SimBuffer):
         buf._end = -1
         if nbytes:
             buf._map_more(alloc, round_up(nbytes, GRANULARITY))
-        return buf  # type: ignore[no-any-return]
+        return buf
 
     @classmethod
     def zeros(
@@ -1129,7 +1127,7 @@ class VMMBuffer(_SimBuffer):
     @property
     def capacity(self) -> int:
         """Largest first-axis length the buffer can grow to."""
-        return self._capacity  # type: ignore[no-any-return]
+        return self._capacity
 
     @property
     def mapped_nbytes(self) -> int:
@@ -1157,13 +1155,13 @@ class VMMBuffer(_SimBuffer):
     def chunk_bytes(self) -> int | None:
         """Largest chunk size new memory comes in (``None``: one chunk per growth step)."""
         self._live()
-        return self._chunk_bytes  # type: ignore[no-any-return]
+        return self._chunk_bytes
 
     @property
     def exportable(self) -> bool:
         """Whether it was created exportable (exporting still needs a GPU)."""
         self._live()
-        return self._exportable  # type: ignore[no-any-return]
+        return self._exportable
 
     def grow(self, new_length: int) -> None:
         """Grow the first axis to ``new_length`` in place (the address and contents stay)."""
