@@ -24,6 +24,11 @@ and prints the bandwidth achieved
 Heat spreads about sqrt(steps) cells, so on the default 8192^2 plate the
 discs only soften at the edges; try --size 512 --steps 20000 to watch it flow.
 
+Without a GPU it says so in one line and runs a small plate (64 x 64, 60 steps,
+unless --size / --steps say otherwise) on numba's CUDA simulator instead: the
+same code, with umem_numba's buffers in host memory (NUMBA_ENABLE_CUDASIM=1
+chooses the simulator on a machine with a GPU too).
+
 Examples:
   python examples/heat2d.py
   python examples/heat2d.py --memory managed --steps 100
@@ -33,15 +38,20 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 import numpy as np
+from numba import config as numba_config
 from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
 
 MEMORY_KINDS = ("device", "managed", "managed-prefetch", "vmm")
+#: (--size, --steps) by default on a GPU and on numba's simulator (which runs every thread in Python).
+DEFAULTS = {"gpu": (8192, 500), "simulator": (64, 60)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,11 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--size",
         type=int,
-        default=8192,
         metavar="N",
-        help="plate side in cells (default 8192: two 256 MiB grids in float32)",
+        help="plate side in cells (default 8192: two 256 MiB grids in float32; 64 on the simulator)",
     )
-    p.add_argument("--steps", type=int, default=500, metavar="N", help="time steps (default 500)")
+    p.add_argument("--steps", type=int, metavar="N", help="time steps (default 500; 60 on the simulator)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision (default float32)")
     p.add_argument(
         "--alpha", type=float, default=0.25, help="diffusion number D*dt/dx^2; stable up to 0.25 (the default)"
@@ -79,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run even if the grids do not fit in free GPU memory (pages then thrash; may take very long)",
     )
     args = p.parse_args(argv)
+    # No GPU: the run goes to the simulator (see run_on_simulator), with its smaller defaults.
+    size, steps = DEFAULTS["simulator" if numba_config.ENABLE_CUDASIM or not um.gpu_available() else "gpu"]
+    args.size = size if args.size is None else args.size
+    args.steps = steps if args.steps is None else args.steps
     if args.size < 3:
         p.error(f"--size must be at least 3 (a plate with an interior), got {args.size}")
     if args.steps < 1:
@@ -142,15 +155,17 @@ def run(args: argparse.Namespace) -> int:
     dtype = np.dtype(args.dtype)
     n = args.size
     grid_bytes = n * n * dtype.itemsize
+    simulated = numba_config.ENABLE_CUDASIM
     try:
-        kernels.require_free_memory(
-            2 * grid_bytes, f"2 grids of {n}x{n} {dtype}", allow_oversubscribe=args.allow_oversubscribe
-        )
+        if not simulated:  # the simulator's buffers are host memory
+            kernels.require_free_memory(
+                2 * grid_bytes, f"2 grids of {n}x{n} {dtype}", allow_oversubscribe=args.allow_oversubscribe
+            )
     except kernels.MemoryBudgetError as exc:
         print(f"heat2d: {exc}", file=sys.stderr)
         return 2
 
-    device = cuda.get_current_device().id
+    device = 0 if numba_config.ENABLE_CUDASIM else cuda.get_current_device().id  # the simulator has one
     stream = cuda.stream()
     print(
         f"heat2d: {n} x {n} {dtype} plate on {args.memory} memory "
@@ -160,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     kernels.heat2d_compile((n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
     try:
+        wall = time.perf_counter()
         start = cuda.event()
         start.record(stream)
         chunk = max(1, args.steps // 50)
@@ -181,20 +197,23 @@ def run(args: argparse.Namespace) -> int:
             end, steps_done = marks.pop()
             end.synchronize()
             bar.update(steps_done - bar.n)
-        seconds = start.elapsed_time(end) / 1e3
-
         plate = fetch(args.memory, a, stream)
-        print(
-            f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-            f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
-        )
+        if simulated:  # the simulator's events hold no times, and its speed says nothing about a GPU's
+            print(f"{args.steps} steps in {time.perf_counter() - wall:.1f} s on numba's CUDA simulator")
+        else:
+            seconds = start.elapsed_time(end) / 1e3
+            print(
+                f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
+                f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
+            )
         kernels.save_field(
             args.out,
             plate,
             vmin=0.0,
             vmax=1.0,
             label="temperature",
-            title=f"heat2d: {n} x {n} {dtype} plate after {args.steps} steps ({args.memory})",
+            title=f"heat2d: {n} x {n} {dtype} plate after {args.steps} steps ({args.memory}"
+            + (", simulator)" if simulated else ")"),
         )
         print(f"wrote {args.out}")
 
@@ -214,6 +233,23 @@ def check(plate: np.ndarray, n: int, dtype: np.dtype, steps: int, alpha: float) 
     return kernels.report_check(plate, kernels.heat2d_reference(start, steps, alpha), steps)
 
 
+def run_on_simulator(args: argparse.Namespace, argv: list[str]) -> int:
+    """No GPU: say so in one line and run this script again under numba's CUDA simulator.
+
+    The simulator must be chosen before ``numba.cuda`` is first imported, so a
+    fresh interpreter runs it (``NUMBA_ENABLE_CUDASIM=1``); this process is
+    replaced and its exit status is the run's.
+    """
+    print(
+        f"heat2d: no CUDA GPU here (`python -m umem_numba info` says why): running a {args.size} x {args.size} "
+        f"plate for {args.steps} steps on numba's CUDA simulator instead",
+        flush=True,
+    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+    return 1  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -221,12 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     except kernels.MissingExtraError as exc:
         print(f"heat2d: {exc}", file=sys.stderr)
         return 1
-    if not um.gpu_available():
-        print(
-            "heat2d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
-            file=sys.stderr,
-        )
-        return 1
+    if not um.gpu_available() and not numba_config.ENABLE_CUDASIM:
+        return run_on_simulator(args, sys.argv[1:] if argv is None else argv)
     if args.memory == "vmm" and not hasattr(um, "VMMBuffer"):
         print("heat2d: this build of umem_numba has no VMMBuffer; choose another --memory", file=sys.stderr)
         return 1

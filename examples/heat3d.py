@@ -14,6 +14,10 @@ lets the first step fault the pages over; ``device`` uses numba device
 arrays).  At the end it writes a PNG (matplotlib) of the vertical slice through the centre
 and prints the bandwidth achieved (2 * N^3 * itemsize bytes per step).
 
+Without a GPU it says so in one line and runs a small cube (20^3, 20 steps,
+unless --size / --steps say otherwise) on numba's CUDA simulator instead, as
+heat2d.py does.
+
 Examples:
   python examples/heat3d.py
   python examples/heat3d.py --size 128 --steps 2000 --out ball.png
@@ -23,15 +27,22 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 import numpy as np
+from numba import config as numba_config
 from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
 
 MEMORY_KINDS = ("device", "managed", "managed-prefetch")
+
+
+#: (--size, --steps) by default on a GPU and on numba's simulator (which runs every thread in Python).
+DEFAULTS = {"gpu": (512, 200), "simulator": (20, 20)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,11 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--size",
         type=int,
-        default=512,
         metavar="N",
-        help="cube side in cells (default 512: two 512 MiB grids in float32)",
+        help="cube side in cells (default 512: two 512 MiB grids in float32; 20 on the simulator)",
     )
-    p.add_argument("--steps", type=int, default=200, metavar="N", help="time steps (default 200)")
+    p.add_argument("--steps", type=int, metavar="N", help="time steps (default 200; 20 on the simulator)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="precision (default float32)")
     p.add_argument(
         "--alpha", type=float, default=1 / 6, help="diffusion number D*dt/dx^2; stable up to 1/6 (the default)"
@@ -70,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run even if the grids do not fit in free GPU memory (may take very long)",
     )
     args = p.parse_args(argv)
+    # No GPU: the run goes to the simulator (see run_on_simulator), with its smaller defaults.
+    size, steps = DEFAULTS["simulator" if numba_config.ENABLE_CUDASIM or not um.gpu_available() else "gpu"]
+    args.size = size if args.size is None else args.size
+    args.steps = steps if args.steps is None else args.steps
     if args.size < 3:
         p.error(f"--size must be at least 3 (a cube with an interior), got {args.size}")
     if args.steps < 1:
@@ -111,15 +125,17 @@ def run(args: argparse.Namespace) -> int:
     dtype = np.dtype(args.dtype)
     n = args.size
     grid_bytes = n**3 * dtype.itemsize
+    simulated = bool(numba_config.ENABLE_CUDASIM)
     try:
-        kernels.require_free_memory(
-            2 * grid_bytes, f"2 grids of {n}^3 {dtype}", allow_oversubscribe=args.allow_oversubscribe
-        )
+        if not simulated:  # the simulator's buffers are host memory
+            kernels.require_free_memory(
+                2 * grid_bytes, f"2 grids of {n}^3 {dtype}", allow_oversubscribe=args.allow_oversubscribe
+            )
     except kernels.MemoryBudgetError as exc:
         print(f"heat3d: {exc}", file=sys.stderr)
         return 2
 
-    device = cuda.get_current_device().id
+    device = 0 if simulated else cuda.get_current_device().id  # the simulator has one device
     stream = cuda.stream()
     print(
         f"heat3d: {n}^3 {dtype} cube on {args.memory} memory (2 grids of {kernels.human_bytes(grid_bytes)}), "
@@ -129,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     kernels.heat3d_compile((n, n, n), dtype)
     a, b = allocate(args.memory, n, dtype, device, stream)
     try:
+        wall = time.perf_counter()
         start, end = cuda.event(), cuda.event()
         start.record(stream)
         chunk = max(1, args.steps // 50)
@@ -143,17 +160,20 @@ def run(args: argparse.Namespace) -> int:
                 # update, negligible at 50 updates (heat2d.py overlaps them instead).
                 stream.synchronize()
                 bar.update(min(first + chunk, args.steps) - bar.n)
-        seconds = start.elapsed_time(end) / 1e3
 
         if args.memory == "device":
             cube = a.copy_to_host(stream=stream)
             stream.synchronize()
         else:
             cube = a.host  # waits for exactly the last kernel that wrote a
-        print(
-            f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
-            f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
-        )
+        if simulated:  # the simulator's events hold no times, and its speed says nothing about a GPU's
+            print(f"{args.steps} steps in {time.perf_counter() - wall:.1f} s on numba's CUDA simulator")
+        else:
+            seconds = start.elapsed_time(end) / 1e3
+            print(
+                f"{args.steps} steps in {seconds:.3f} s: {2 * grid_bytes * args.steps / seconds / 1e9:.1f} GB/s "
+                f"achieved (each step reads and writes {kernels.human_bytes(2 * grid_bytes)})"
+            )
         # The x-z slice through the centre shows both the hot floor and the ball.
         kernels.save_field(
             args.out,
@@ -164,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
             label="temperature",
             xlabel="x (cell)",
             ylabel="z (cell)",
-            title=f"heat3d: slice y = {n // 2} of a {n}^3 cube after {args.steps} steps",
+            title=f"heat3d: slice y = {n // 2} of a {n}^3 cube after {args.steps} steps"
+            + (" (simulator)" if simulated else ""),
         )
         print(f"wrote {args.out} (the vertical slice y = {n // 2}, bottom face at the bottom)")
         return check(cube, n, dtype, args.steps, args.alpha) if args.check else 0
@@ -188,13 +209,26 @@ def main(argv: list[str] | None = None) -> int:
     except kernels.MissingExtraError as exc:
         print(f"heat3d: {exc}", file=sys.stderr)
         return 1
-    if not um.gpu_available():
-        print(
-            "heat3d: this example needs a CUDA GPU (`python -m umem_numba info` says why there is none)",
-            file=sys.stderr,
-        )
-        return 1
+    if not um.gpu_available() and not numba_config.ENABLE_CUDASIM:
+        return run_on_simulator(args, sys.argv[1:] if argv is None else argv)
     return run(args)
+
+
+def run_on_simulator(args: argparse.Namespace, argv: list[str]) -> int:
+    """No GPU: say so in one line and run this script again under numba's CUDA simulator.
+
+    The simulator must be chosen before ``numba.cuda`` is first imported, so a
+    fresh interpreter runs it (``NUMBA_ENABLE_CUDASIM=1``); this process is
+    replaced and its exit status is the run's.
+    """
+    print(
+        f"heat3d: no CUDA GPU here (`python -m umem_numba info` says why): running a {args.size}^3 cube for "
+        f"{args.steps} steps on numba's CUDA simulator instead",
+        flush=True,
+    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+    return 1  # not reached
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan, _driver
@@ -186,7 +187,6 @@ def test_argument_types_checked_before_the_driver():
 @pytest.fixture(scope="module")
 def affine():
     """``a[i] = a[i] * s + t`` over any 1-d array, grid-stride."""
-    from numba import cuda
 
     @cuda.jit
     def kernel(a, s, t):
@@ -221,7 +221,6 @@ def test_read_mostly_set_and_unset_read_back(rng):
 
 @pytest.mark.gpu
 def test_preferred_location_set_and_unset_read_back(rng):
-    from numba import cuda
 
     buf, _ = _buffer(rng)
     with buf:
@@ -290,7 +289,6 @@ def test_state_reads_all_four(rng):
 
 @pytest.mark.gpu
 def test_last_prefetch_location_device_then_host(rng):
-    from numba import cuda
 
     buf, data = _buffer(rng)
     stream = cuda.stream()
@@ -327,7 +325,6 @@ def test_prefetch_range_moves_only_its_elements(rng):
 
 @pytest.mark.gpu
 def test_kernel_after_prefetch_both_ways(rng, affine):
-    from numba import cuda
 
     buf, data = _buffer(rng)
     stream = cuda.stream()
@@ -339,6 +336,7 @@ def test_kernel_after_prefetch_both_ways(rng, affine):
         assert buf.hints.last_prefetch_location == HOST
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_prefetch_errors_name_the_bad_value(rng):
     buf, _ = _buffer(rng, pages=1)
@@ -372,6 +370,7 @@ def test_prefetch_errors_name_the_bad_value(rng):
         assert buf.hints.state() == (False, None, frozenset(), None)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_empty_and_closed_buffers():
     from umem_numba import BufferClosedError
@@ -394,7 +393,6 @@ def test_empty_and_closed_buffers():
 
 @pytest.mark.gpu
 def test_memory_that_is_not_managed_is_refused(rng):
-    from numba import cuda
 
     from umem_numba import UnsupportedError
 
@@ -416,7 +414,6 @@ def test_memory_that_is_not_managed_is_refused(rng):
 
 @pytest.mark.gpu
 def test_numba_managed_array_is_accepted(rng, affine):
-    from numba import cuda
 
     data = random_array(rng, 4 * PAGE, np.float32)
     arr = cuda.managed_array(data.shape, np.float32)
@@ -519,7 +516,6 @@ def test_policy_removes_hand_given_advice_too(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", POLICIES, ids=repr)
 def test_kernels_and_host_see_right_values_under_each_policy(rng, affine, policy):
-    from numba import cuda
 
     buf, data = _buffer(rng)
     stream = cuda.stream()
@@ -546,7 +542,6 @@ def test_kernels_and_host_see_right_values_under_each_policy(rng, affine, policy
 @pytest.mark.gpu
 @pytest.mark.parametrize("own_stream", [False, True], ids=["default-stream", "own-stream"])
 def test_plan_prefetches_every_entry_where_it_says(rng, own_stream):
-    from numba import cuda
 
     from umem_numba import _prefetch
 
@@ -580,7 +575,6 @@ def test_plan_prefetches_every_entry_where_it_says(rng, own_stream):
 
 @pytest.mark.gpu
 def test_plan_with_one_bad_entry_issues_nothing(rng):
-    from numba import cuda
 
     from umem_numba import BufferClosedError
 
@@ -608,7 +602,6 @@ def test_plan_with_one_bad_entry_issues_nothing(rng):
 
 @pytest.mark.multigpu
 def test_targets_reach_device_n(rng, affine):
-    from numba import cuda
 
     last = _driver.device_count() - 1
     dev_n = Location.device(last)

@@ -24,7 +24,6 @@ N = 256
 
 @pytest.fixture(scope="module")
 def k():
-    from numba import cuda
 
     @cuda.jit
     def sleep_then_copy(dst, src, sleeps):
@@ -49,7 +48,6 @@ def _sentinel(buf):
 
 def test_the_race_is_real_without_checks(k, rng):
     _raw, coh, _ = k
-    from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
@@ -63,7 +61,6 @@ def test_the_race_is_real_without_checks(k, rng):
 
 def test_sync_policy_200_trials(k, rng):
     _, coh, _ = k
-    from numba import cuda
 
     rows = random_array(rng, (200, N), np.float64)
     srcs = cuda.to_device(rows)
@@ -80,7 +77,6 @@ def test_sync_policy_200_trials(k, rng):
 
 def test_raise_policy_names_the_stream(k, rng):
     _, coh, _ = k
-    from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
@@ -103,7 +99,6 @@ def test_raise_policy_names_the_stream(k, rng):
 
 def test_warn_policy(k, rng):
     _, coh, _ = k
-    from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
@@ -134,7 +129,6 @@ def test_launch_function_and_jit_decorator(rng):
 
 def test_raw_numba_launch_is_noticed(k, rng):
     raw, _, _ = k
-    from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
@@ -163,7 +157,6 @@ def test_host_hold_blocks_launches(k, rng):
 
 def test_precision_unrelated_work_is_not_waited_for(k, rng):
     _, coh, scale = k
-    from numba import cuda
 
     slow_stream, fast_stream = cuda.stream(), cuda.stream()
     src = cuda.to_device(random_array(rng, N, np.float64))
@@ -182,7 +175,6 @@ def test_precision_unrelated_work_is_not_waited_for(k, rng):
 
 def test_close_waits_for_pending_work(k, rng):
     _, coh, _ = k
-    from numba import cuda
 
     src = cuda.to_device(random_array(rng, N, np.float64))
     dst = um.managed_empty(N, np.float64)
@@ -200,7 +192,6 @@ def test_close_waits_for_pending_work(k, rng):
 def test_device_without_concurrent_access_waits_for_whole_device(k, rng):
     """Simulate concurrentManagedAccess=0: host access must wait for *any* kernel."""
     _, coh, scale = k
-    from numba import cuda
 
     other = um.managed_empty(N, np.float64)
     src = cuda.to_device(random_array(rng, N, np.float64))
@@ -263,7 +254,6 @@ def test_eight_threads(rng):
 def test_coherent_wrapper_validation():
     with pytest.raises(TypeError, match=r"numba @cuda.jit kernel"):
         um.coherent(lambda x: x)
-    from numba import cuda
 
     @cuda.jit
     def noop(a):

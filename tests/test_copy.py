@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 
@@ -15,7 +16,6 @@ BUFFER_KINDS = ("managed", "pinned", "vmm", "device")
 
 
 def _make(kind, data):
-    from numba import cuda
 
     if kind == "managed":
         return um.ManagedBuffer.from_array(data)
@@ -29,7 +29,6 @@ def _make(kind, data):
 
 
 def _empty(kind, shape, dtype):
-    from numba import cuda
 
     if kind == "managed":
         return um.ManagedBuffer.empty(shape, dtype)
@@ -43,7 +42,6 @@ def _empty(kind, shape, dtype):
 
 
 def _read(obj):
-    from numba import cuda
 
     if isinstance(obj, um.PinnedBuffer):
         return obj.host.copy()  # waits for the copy (coherence)
@@ -54,7 +52,6 @@ def _read(obj):
 
 @pytest.fixture(scope="module")
 def kernels():
-    from numba import cuda
 
     @cuda.jit
     def sleep(ms):
@@ -78,6 +75,7 @@ def kernels():
     return sleep, um.coherent(sleep_then_fill), um.coherent(add)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", BUFFER_KINDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex128])
@@ -99,6 +97,7 @@ def test_to_host_and_from_host_every_kind(kind, dtype, staging, rng):
     pinned.close()
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ("managed", "device"))
 def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch):
@@ -119,11 +118,11 @@ def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch
     _copy._Staging._by_device.clear()
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("src_kind", KINDS)
 @pytest.mark.parametrize("dst_kind", KINDS)
 def test_copy_every_pair_of_kinds(src_kind, dst_kind, rng):
-    from numba import cuda
 
     data = random_array(rng, (123, 45), np.float64)
     src = _make(src_kind, data)
@@ -171,7 +170,6 @@ def test_contiguous_views_and_strided_sources(rng):
 
 @pytest.mark.gpu
 def test_copy_waits_for_a_kernel_on_another_stream(kernels, rng):
-    from numba import cuda
 
     _, sleep_then_fill, _ = kernels
     src = um.ManagedBuffer.from_array(random_array(rng, 4096, np.float32))
@@ -186,7 +184,6 @@ def test_copy_waits_for_a_kernel_on_another_stream(kernels, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dst_kind", ("device", "pinned", "vmm"))
 def test_host_write_to_the_source_waits_for_the_async_copy(kernels, dst_kind, rng):
-    from numba import cuda
 
     sleep, _, _ = kernels
     data = random_array(rng, 1 << 16, np.float32)
@@ -208,7 +205,6 @@ def test_host_write_to_the_source_waits_for_the_async_copy(kernels, dst_kind, rn
 
 @pytest.mark.gpu
 def test_host_write_to_a_pinned_source_waits_for_the_upload(kernels, rng):
-    from numba import cuda
 
     sleep, _, add = kernels
     data = random_array(rng, 1 << 16, np.float32)
@@ -225,7 +221,6 @@ def test_host_write_to_a_pinned_source_waits_for_the_upload(kernels, rng):
 
 @pytest.mark.gpu
 def test_numpy_to_managed_then_kernel_and_device_resident_read_back(kernels, rng):
-    from numba import cuda
 
     _, _, add = kernels
     a = random_array(rng, 1 << 20, np.float32)
@@ -243,6 +238,7 @@ def test_numpy_to_managed_then_kernel_and_device_resident_read_back(kernels, rng
         assert mb.hints.last_prefetch_location == um.Location.device(mb.device_id)
 
 
+@pytest.mark.sim
 @pytest.mark.gpu
 def test_copy_refuses_overlap_closed_and_mismatch(rng):
     data = random_array(rng, 100, np.float32)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numba import cuda
 
 import umem_numba as um
 
@@ -49,7 +50,6 @@ def _affine():
     """``dst = src * a + b`` over a 2-D grid, launched through umem_numba."""
     global _KERNEL
     if _KERNEL is None:
-        from numba import cuda
 
         @um.jit
         def affine(src, dst, a, b):
@@ -87,7 +87,6 @@ def _expected(host: np.ndarray, a: float, b: float) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_numba_device_array(rng, kind):
-    from numba import cuda
 
     host, src, dst = _pair(kind, rng)
     a, b = float(rng.uniform(1, 3)), float(rng.uniform(-1, 1))
@@ -169,7 +168,6 @@ def test_jax_through_dlpack(rng, kind):
     if not gpus:
         pytest.skip("this JAX build has no GPU backend")
     import jax.numpy as jnp
-    from numba import cuda
 
     host, src, dst = _pair(kind, rng)
     a, b = float(rng.uniform(1, 3)), float(rng.uniform(-1, 1))

@@ -9,6 +9,7 @@ import weakref
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import _driver
@@ -20,7 +21,6 @@ DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint16, np.complex64]
 
 @pytest.fixture(scope="module")
 def kernels():
-    from numba import cuda
 
     @cuda.jit
     def scale1d(a, s):
@@ -49,6 +49,7 @@ def _ptr_attr(name: str, ptr: int) -> int:
     return int(_driver.call("cuPointerGetAttribute", attr, ptr))
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_on_buffer_every_dtype(kernels, rng, dtype):
     scale1d = kernels[0]
@@ -75,6 +76,7 @@ def test_driver_reports_managed_range(rng):
     buf.close()
 
 
+@pytest.mark.sim
 def test_host_write_then_kernel_then_host_read(kernels, rng):
     scale1d = kernels[0]
     buf = um.managed_empty(4096, np.float32)
@@ -88,6 +90,7 @@ def test_host_write_then_kernel_then_host_read(kernels, rng):
 VIEWS = [np.s_[5:300], np.s_[::3], np.s_[::-1], np.s_[17], np.s_[100:40:-2]]
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("key", VIEWS, ids=str)
 def test_kernel_on_1d_views(kernels, rng, key):
     scale1d = kernels[0]
@@ -117,6 +120,7 @@ VIEWS2D = [
 ]
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("key", VIEWS2D, ids=str)
 def test_kernel_on_2d_views(kernels, rng, key):
     scale1d, scale2d, _ = kernels
@@ -135,7 +139,6 @@ def test_kernel_on_2d_views(kernels, rng, key):
 
 def test_numba_managed_array_slice_fails_but_ours_works(kernels, rng):
     """The motivating bug: numba's managed_array view fails at launch; ours runs."""
-    from numba import cuda
 
     scale2d = kernels[1]
     data = random_array(rng, (32, 32), np.float32)
@@ -150,6 +153,7 @@ def test_numba_managed_array_slice_fails_but_ours_works(kernels, rng):
         cuda.synchronize()
 
 
+@pytest.mark.sim
 def test_several_buffers_in_one_kernel(kernels, rng):
     axpy = kernels[2]
     x, y = random_array(rng, 5000, np.float32), random_array(rng, 5000, np.float32)
@@ -158,6 +162,7 @@ def test_several_buffers_in_one_kernel(kernels, rng):
     np.testing.assert_allclose(out.host, np.float32(1.5) * x + y, rtol=1e-6)
 
 
+@pytest.mark.sim
 def test_views_share_memory_and_keep_allocation_alive(kernels, rng):
     scale1d = kernels[0]
     data = random_array(rng, 512, np.float32)
@@ -176,6 +181,7 @@ def test_views_share_memory_and_keep_allocation_alive(kernels, rng):
     assert um.stats()["managed"].live_count == live - 1
 
 
+@pytest.mark.sim
 def test_close_semantics(rng):
     data = random_array(rng, 64, np.float32)
     buf = um.managed_from(data)
@@ -200,6 +206,7 @@ def test_close_semantics(rng):
     assert "closed" in repr(buf)
 
 
+@pytest.mark.sim
 def test_host_view_defers_release(rng):
     data = random_array(rng, 1 << 16, np.float64)
     buf = um.managed_from(data)
@@ -214,6 +221,7 @@ def test_host_view_defers_release(rng):
     assert um.stats()["managed"].live_count == before - 1
 
 
+@pytest.mark.sim
 def test_kernel_after_close_is_refused(kernels):
     scale1d = kernels[0]
     buf = um.managed_zeros(16)
@@ -243,12 +251,12 @@ def test_cuda_array_interface_contents(rng):
     assert cai["data"] == (buf.ptr, False) and cai["strides"] is None and cai["stream"] is None
     v = buf[:, ::2].__cuda_array_interface__
     assert v["strides"] == (48, 8) and v["shape"] == (10, 6)
-    from numba import cuda
 
     dv = cuda.as_cuda_array(buf[2:4])
     np.testing.assert_array_equal(dv.copy_to_host(), buf.host[2:4])
 
 
+@pytest.mark.sim
 def test_zeros_really_zeroes_after_garbage(rng):
     a = um.managed_from(random_array(rng, 1 << 16, np.float32))
     a.close()
@@ -267,6 +275,7 @@ def test_attach_host(kernels, rng):
     assert _ptr_attr("IS_MANAGED", buf.ptr) == 1
 
 
+@pytest.mark.sim
 def test_managed_like_and_reshape_and_view(kernels, rng):
     scale1d = kernels[0]
     data = random_array(rng, (6, 8), np.float32)
@@ -284,6 +293,7 @@ def test_managed_like_and_reshape_and_view(kernels, rng):
         buf.view(np.float64)
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     "args,exc,match",
     [
@@ -317,6 +327,7 @@ def test_out_of_memory_is_clear_and_survivable(device_memory):
     device_memory()
 
 
+@pytest.mark.sim
 def test_stats_go_up_and_down():
     um.reset_peak()
     s0 = um.stats()["managed"]
@@ -348,6 +359,7 @@ def test_ten_thousand_buffers_do_not_leak(device_memory, rng):
     device_memory()
 
 
+@pytest.mark.sim
 def test_index_errors_on_buffer():
     buf = um.managed_zeros((4, 5))
     with pytest.raises(IndexError, match="out of bounds for axis 1 with size 5"):

@@ -1,7 +1,9 @@
 """Behaviour without a usable GPU: importing works, the first GPU call raises one clear error.
 
-These run everywhere: where a GPU exists, a subprocess with numba's simulator
-switched on stands in for a machine without one.
+These run everywhere: where a GPU exists, a subprocess that sees no device
+(``CUDA_VISIBLE_DEVICES=""``, numba's simulator off) stands in for a machine
+without one.  Under numba's simulator umem_numba works on host memory instead
+(tests/test_sim.py).
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ import pytest
 import umem_numba
 
 
+def _no_gpu_env() -> dict[str, str]:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return env
+
+
 def _run_without_gpu(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = _no_gpu_env()
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], check=False, env=env, capture_output=True, text=True, timeout=120
     )
@@ -54,7 +62,7 @@ def test_import_and_first_call_raise_one_clear_error():
 
 
 def test_cli_info_without_gpu():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = _no_gpu_env()
     proc = subprocess.run(
         [sys.executable, "-m", "umem_numba", "info"], check=False, env=env, capture_output=True, text=True, timeout=120
     )

@@ -8,6 +8,7 @@ import gc
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import HostAllocFlags as F
@@ -50,6 +51,7 @@ def test_flags_reach_the_driver(flags, rng):
     buf.close()
 
 
+@pytest.mark.sim
 def test_zeros_clears_every_byte(rng):
     junk = um.PinnedBuffer.from_array(random_array(rng, 4096, np.float64))
     junk.close()
@@ -58,8 +60,8 @@ def test_zeros_clears_every_byte(rng):
     z.close()
 
 
+@pytest.mark.sim
 def test_async_roundtrip_with_device_array(rng):
-    from numba import cuda
 
     data = random_array(rng, (512, 300), np.float32)
     src = um.PinnedBuffer.from_array(data)
@@ -73,8 +75,8 @@ def test_async_roundtrip_with_device_array(rng):
     assert not dst.busy
 
 
+@pytest.mark.sim
 def test_copy_into_managed_buffer_then_kernel(rng):
-    from numba import cuda
 
     @cuda.jit
     def add_one(a):
@@ -95,7 +97,6 @@ def test_copy_into_managed_buffer_then_kernel(rng):
 
 
 def test_device_mapped_kernel_access(rng):
-    from numba import cuda
 
     @cuda.jit
     def triple(a):
@@ -114,6 +115,7 @@ def test_device_mapped_kernel_access(rng):
     np.testing.assert_array_equal(buf.host, expected)
 
 
+@pytest.mark.sim
 def test_unmapped_pinned_has_no_device_view():
     buf = um.PinnedBuffer.empty(16)
     assert not hasattr(buf, "__cuda_array_interface__")
@@ -122,11 +124,11 @@ def test_unmapped_pinned_has_no_device_view():
     buf.close()
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     "shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"), ((11,), np.float64, "float64")]
 )
 def test_mismatched_copies_are_refused(shape, dtype, match):
-    from numba import cuda
 
     dev = cuda.device_array(11, np.float32)
     buf = um.PinnedBuffer.empty(shape, dtype)
@@ -139,6 +141,7 @@ def test_mismatched_copies_are_refused(shape, dtype, match):
     buf.close()
 
 
+@pytest.mark.sim
 def test_pinned_stats_and_no_leak():
     gc.collect()  # buffers dropped by earlier tests are freed first, not counted below
     base = um.stats()["pinned"]
@@ -156,6 +159,7 @@ def test_pinned_stats_and_no_leak():
     assert um.stats()["pinned"].live_count == base.live_count
 
 
+@pytest.mark.sim
 def test_bad_flags():
     with pytest.raises(ValueError, match="unknown host allocation flag bits"):
         um.PinnedBuffer.empty(4, np.float32, 0x10)

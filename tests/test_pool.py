@@ -10,6 +10,7 @@ import gc
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import _driver
@@ -39,7 +40,6 @@ def _buffer(kind, pool, shape, dtype, stream):
 
 @pytest.fixture(scope="module")
 def kernels():
-    from numba import cuda
 
     @cuda.jit
     def affine(a, s, c):
@@ -61,7 +61,6 @@ def kernels():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
-    from numba import cuda
 
     affine, _ = kernels
     pool = _pool(kind)
@@ -94,7 +93,6 @@ def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memory):
-    from numba import cuda
 
     pool = _pool(kind)
     assert pool.release_threshold == (1 << 64) - 1  # keep everything until trim()
@@ -131,7 +129,6 @@ def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memo
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_no_leak_after_100k_cycles(kind, device_memory):
-    from numba import cuda
 
     pool = _pool(kind)
     s = cuda.stream()
@@ -160,7 +157,6 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
 
 @pytest.mark.gpu
 def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
-    from numba import cuda
 
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
@@ -184,7 +180,6 @@ def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
 
 @pytest.mark.gpu
 def test_free_waits_for_work_on_every_stream(kernels):
-    from numba import cuda
 
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
@@ -205,7 +200,6 @@ def test_free_waits_for_work_on_every_stream(kernels):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["managed", "device"])
 def test_out_of_memory_is_clear_and_the_pool_stays_usable(kind, rng):
-    from numba import cuda
 
     pool = _pool(kind)
     _, total = _driver.mem_get_info()
@@ -231,7 +225,6 @@ def test_out_of_memory_is_clear_and_the_pool_stays_usable(kind, rng):
 
 @pytest.mark.gpu
 def test_hints_and_prefetch_on_managed_pool_memory(kernels, rng):
-    from numba import cuda
 
     affine, _ = kernels
     pool = _managed_pool_or_skip()

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 from helpers import random_array
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import kernels
@@ -35,7 +36,6 @@ def _vmm_class():
 
 def _pair(memory: str, u0: np.ndarray):
     """Two buffers of ``u0``'s shape in ``memory`` (the first holding ``u0``) and a reader."""
-    from numba import cuda
 
     device = cuda.get_current_device().id
     if memory == "device":
@@ -123,7 +123,6 @@ def test_heat3d_matches_reference(rng, memory, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_other_tilings_match_reference(rng, dtype):
     """Register-blocking factors and blocks other than the tuned ones (the kernels are factories)."""
-    from numba import cuda
 
     for rows, block in [(1, (32, 4)), (3, (64, 2)), (8, (128, 2)), (32, (32, 1))]:
         u0 = random_array(rng, (203, 301), dtype)

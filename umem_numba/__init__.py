@@ -1,11 +1,15 @@
 """umem_numba: managed, pinned and VMM memory for Numba-CUDA kernels, with enforced coherence.
 
 Importing never touches the GPU; the first call that needs one raises
-:class:`CudaUnavailableError` if there is none.
+:class:`CudaUnavailableError` if there is none.  Under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1`` when umem_numba is imported) the same names give
+buffers backed by host memory that the simulator's kernels use (see
+:mod:`umem_numba._sim_memory`).
 """
 
 from __future__ import annotations
 
+from . import _sim
 from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
 from ._copy import copy
 from ._device_buffer import DeviceBuffer
@@ -33,6 +37,13 @@ from ._vmm_access import AccessFlags, allocation_granularity
 from ._vmm_buffer import VMMBuffer
 
 __version__ = "0.1.0"
+
+# numba's CUDA simulator: chosen once, here; the GPU modules above stay as they are.
+if _sim.active():
+    from . import _sim_memory
+
+    globals().update(_sim_memory.public())
+    del _sim_memory
 
 
 def __getattr__(name: str) -> type:

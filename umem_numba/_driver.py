@@ -128,8 +128,8 @@ def _probe() -> str:
     global _api
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         return (
-            "numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM); "
-            "umem_numba allocates real CUDA memory and needs a real GPU"
+            "numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM): umem_numba's buffers are host memory "
+            "there, and this call needs the CUDA driver of a real GPU"
         )
     try:
         from cuda import bindings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _driver
+from . import _driver, _sim
 
 
 def _versions() -> dict[str, str]:
@@ -57,9 +57,14 @@ def info() -> dict[str, Any]:
         ``{"available": bool, "reason": str, "driver_version": int,
         "versions": {...}, "devices": [ {...}, ... ]}``.  On a machine with no
         GPU, ``available`` is False, ``reason`` says why, and ``devices`` is
-        empty; nothing raises.
+        empty; nothing raises.  ``"simulator"`` is True under numba's CUDA
+        simulator (``NUMBA_ENABLE_CUDASIM=1``): ``reason`` then says that
+        buffers are host memory and nothing migrates.
     """
-    out: dict[str, Any] = {"versions": _versions()}
+    out: dict[str, Any] = {"versions": _versions(), "simulator": _sim.active()}
+    if out["simulator"]:
+        out.update(available=False, reason=_sim.NOTE, devices=[])
+        return out
     reason = _driver.unavailable_reason()
     out["available"] = not reason
     out["reason"] = reason
@@ -77,6 +82,9 @@ def format_info(data: dict[str, Any]) -> str:
     lines = []
     v = data["versions"]
     lines.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    if data.get("simulator"):
+        lines.append(f"CUDA: no GPU in use, {data['reason']}")
+        return "\n".join(lines)
     if not data["available"]:
         lines.append(f"CUDA: not available ({data['reason']})")
         return "\n".join(lines)
