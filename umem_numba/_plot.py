@@ -10,6 +10,7 @@ and are imported only when a picture or a progress bar is asked for, so
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -244,7 +245,10 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
         matplotlib is not installed.
     """
     drawn = [r for r in rows if isinstance(r.get("value"), (int, float)) and np.isfinite(r["value"])]
-    fig = _figure(8.0, 0.85 * max(len(drawn), 1) + (0.6 if title else 0.2))
+    # Long figure names are wrapped, so the bars keep their width whatever the labels.
+    labels = [textwrap.fill(str(r["name"]), 44) for r in drawn]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig = _figure(10.0, 0.55 * max(len(drawn), 1) + 0.3 * lines + (0.6 if title else 0.2))
     if title:
         fig.suptitle(title)
     if not drawn:
@@ -252,7 +256,7 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
         fig.savefig(path, dpi=dpi)
         return 0
     axes = fig.subplots(len(drawn), 1, squeeze=False)[:, 0]
-    for ax, r in zip(axes, drawn, strict=True):  # one axis per drawn row
+    for ax, r, label in zip(axes, drawn, labels, strict=True):  # one axis per drawn row
         value, goal, unit = float(r["value"]), r.get("goal"), r.get("unit", "x")
         met = r.get("met")
         color = "tab:gray" if goal is None else ("tab:green" if met else "tab:red")
@@ -264,15 +268,18 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
             ax.axvline(float(goal), color="k", ls="--", lw=1.2)
             sign = "\u2265" if r.get("higher_is_better", True) else "\u2264"
             text += f"  (goal {sign} {_fmt(float(goal), unit)}: {'met' if met else 'MISSED'})"
-        ax.text(
-            value,
-            0,
-            " " + text,
+        ax.text(  # inside the panel's right edge: text past the axes would squeeze the layout
+            0.99,
+            0.5,
+            text,
+            transform=ax.transAxes,
+            ha="right",
             va="center",
             fontsize=8,
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0},
+            in_layout=False,
         )
-        ax.set_yticks([0], [r["name"]], fontsize=8)
+        ax.set_yticks([0], [label], fontsize=8)
         ax.set_ylim(-0.6, 0.6)
         ax.tick_params(axis="x", labelsize=7)
     fig.savefig(path, dpi=dpi)
