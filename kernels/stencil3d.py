@@ -93,7 +93,7 @@ __all__ = [
 #: shape per dtype, for the :data:`DEFAULT_VARIANT_3D` of the dtype, chosen by
 #: ``bench stencil --variants`` (docs/stencil-performance.md).
 TUNED_3D = {
-    np.dtype(np.float32): (4, (32, 2)),
+    np.dtype(np.float32): (8, (32, 4)),
     np.dtype(np.float64): (4, (32, 4)),
 }
 

@@ -194,7 +194,9 @@ def test_bench_all_quick_on_the_gpu(tmp_path):
         if entry["status"] == "skipped":
             continue
         figures = entry["result"]["figures"]
-        assert figures and all(np.isfinite(f["value"]) and f["value"] > 0 for f in figures)
+        assert figures and all(np.isfinite(f["value"]) for f in figures)
+        # Ratios are positive; a difference (e.g. coherence per extra argument, in µs) may be negative.
+        assert all(f["value"] > 0 for f in figures if f["unit"] == "x"), figures
         assert (out / f"{name}.png").exists()
         for f in figures:
             assert f"| {name} | {f['name']} |" in md.replace("\\|", "|")
