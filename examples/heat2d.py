@@ -38,7 +38,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -88,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run even if the grids do not fit in free GPU memory (pages then thrash; may take very long)",
     )
     args = p.parse_args(argv)
-    # No GPU: the run goes to the simulator (see run_on_simulator), with its smaller defaults.
+    # No GPU: the run goes to the simulator (see kernels.rerun_on_simulator), with its smaller defaults.
     size, steps = DEFAULTS["simulator" if numba_config.ENABLE_CUDASIM or not um.gpu_available() else "gpu"]
     args.size = size if args.size is None else args.size
     args.steps = steps if args.steps is None else args.steps
@@ -233,23 +232,6 @@ def check(plate: np.ndarray, n: int, dtype: np.dtype, steps: int, alpha: float) 
     return kernels.report_check(plate, kernels.heat2d_reference(start, steps, alpha), steps)
 
 
-def run_on_simulator(args: argparse.Namespace, argv: list[str]) -> int:
-    """No GPU: say so in one line and run this script again under numba's CUDA simulator.
-
-    The simulator must be chosen before ``numba.cuda`` is first imported, so a
-    fresh interpreter runs it (``NUMBA_ENABLE_CUDASIM=1``); this process is
-    replaced and its exit status is the run's.
-    """
-    print(
-        f"heat2d: no CUDA GPU here (`python -m umem_numba info` says why): running a {args.size} x {args.size} "
-        f"plate for {args.steps} steps on numba's CUDA simulator instead",
-        flush=True,
-    )
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
-    return 1  # not reached
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -258,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat2d: {exc}", file=sys.stderr)
         return 1
     if not um.gpu_available() and not numba_config.ENABLE_CUDASIM:
-        return run_on_simulator(args, sys.argv[1:] if argv is None else argv)
+        what = f"a {args.size} x {args.size} plate for {args.steps} steps"
+        kernels.rerun_on_simulator(__file__, sys.argv[1:] if argv is None else argv, what)
     if args.memory == "vmm" and not hasattr(um, "VMMBuffer"):
         print("heat2d: this build of umem_numba has no VMMBuffer; choose another --memory", file=sys.stderr)
         return 1

@@ -27,7 +27,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -80,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run even if the grids do not fit in free GPU memory (may take very long)",
     )
     args = p.parse_args(argv)
-    # No GPU: the run goes to the simulator (see run_on_simulator), with its smaller defaults.
+    # No GPU: the run goes to the simulator (see kernels.rerun_on_simulator), with its smaller defaults.
     size, steps = DEFAULTS["simulator" if numba_config.ENABLE_CUDASIM or not um.gpu_available() else "gpu"]
     args.size = size if args.size is None else args.size
     args.steps = steps if args.steps is None else args.steps
@@ -210,25 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat3d: {exc}", file=sys.stderr)
         return 1
     if not um.gpu_available() and not numba_config.ENABLE_CUDASIM:
-        return run_on_simulator(args, sys.argv[1:] if argv is None else argv)
+        what = f"a {args.size}^3 cube for {args.steps} steps"
+        kernels.rerun_on_simulator(__file__, sys.argv[1:] if argv is None else argv, what)
     return run(args)
-
-
-def run_on_simulator(args: argparse.Namespace, argv: list[str]) -> int:
-    """No GPU: say so in one line and run this script again under numba's CUDA simulator.
-
-    The simulator must be chosen before ``numba.cuda`` is first imported, so a
-    fresh interpreter runs it (``NUMBA_ENABLE_CUDASIM=1``); this process is
-    replaced and its exit status is the run's.
-    """
-    print(
-        f"heat3d: no CUDA GPU here (`python -m umem_numba info` says why): running a {args.size}^3 cube for "
-        f"{args.steps} steps on numba's CUDA simulator instead",
-        flush=True,
-    )
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
-    return 1  # not reached
 
 
 if __name__ == "__main__":

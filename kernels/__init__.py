@@ -6,7 +6,7 @@
 * :mod:`.reference`: NumPy versions of each, for tests and checks.
 * :mod:`.decomp`: slab decomposition with halos (several GPUs or MPI ranks);
   :mod:`.multigpu`: the heat steps on several GPUs of one process.
-* :func:`human_bytes`, :func:`report_check`, :func:`save_field`,
+* :func:`human_bytes`, :func:`report_check`, :func:`rerun_on_simulator`, :func:`save_field`,
   :func:`progress`: what the examples share (the last two need the ``plot``
   extra: matplotlib and tqdm).
 
@@ -21,7 +21,15 @@ Importing this package compiles nothing and touches no GPU.
 from __future__ import annotations
 
 from ._common import MIN_BLOCKS, SUPPORTED_DTYPES, MemoryBudgetError, require_free_memory, stencil_weights
-from ._report import MissingExtraError, human_bytes, progress, report_check, require_plot_extra, save_field
+from ._report import (
+    MissingExtraError,
+    human_bytes,
+    progress,
+    report_check,
+    require_plot_extra,
+    rerun_on_simulator,
+    save_field,
+)
 from .decomp import (
     Decomposition,
     EdgeBand,
@@ -93,6 +101,7 @@ __all__ = [
     # for the examples
     "human_bytes",
     "report_check",
+    "rerun_on_simulator",
     "save_field",
     "progress",
     "require_plot_extra",

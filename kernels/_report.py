@@ -1,4 +1,4 @@
-"""What the examples share: byte counts, the NumPy check, pictures and progress bars.
+"""What the examples share: byte counts, the NumPy check, pictures, progress bars, the simulator fallback.
 
 Pictures and progress bars come from matplotlib and tqdm (the ``plot`` extra);
 they are imported on first use, with a clear error naming the extra when
@@ -7,13 +7,23 @@ they are missing.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
 import numpy as np
 
 from umem_numba._plot import MissingExtraError, progress, require_plot_extra, save_field
 
-__all__ = ["MissingExtraError", "human_bytes", "progress", "report_check", "require_plot_extra", "save_field"]
+__all__ = [
+    "MissingExtraError",
+    "human_bytes",
+    "progress",
+    "report_check",
+    "require_plot_extra",
+    "rerun_on_simulator",
+    "save_field",
+]
 
 
 def human_bytes(n: float) -> str:
@@ -79,3 +89,29 @@ def report_check(result: Any, expected: Any, steps: int) -> int:
         f"(tolerance {tolerance:.0e}): {verdict}"
     )
     return 0 if error < tolerance else 1
+
+
+def rerun_on_simulator(script: str, argv: list[str], what: str) -> NoReturn:
+    """No GPU: say so in one line and run ``script`` again under numba's CUDA simulator.
+
+    The simulator must be chosen before ``numba.cuda`` is first imported, so a
+    fresh interpreter runs the script (``NUMBA_ENABLE_CUDASIM=1``); this
+    process is replaced and its exit status is the run's.
+
+    Parameters
+    ----------
+    script : str
+        The example's path (its ``__file__``).
+    argv : list of str
+        Its command-line arguments.
+    what : str
+        What will run, e.g. ``"a 64 x 64 plate for 60 steps"``.
+    """
+    name = os.path.splitext(os.path.basename(script))[0]
+    print(
+        f"{name}: no CUDA GPU here (`python -m umem_numba info` says why): running {what} "
+        "on numba's CUDA simulator instead",
+        flush=True,
+    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    os.execve(sys.executable, [sys.executable, os.path.abspath(script), *argv], env)
