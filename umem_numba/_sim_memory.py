@@ -45,6 +45,7 @@ from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
 from . import _launch, _layout, _stats
 from ._advice import HintState, MemAdvice, MigrationPolicy
+from ._advice import ManagedMemoryHints as _DeviceHints
 from ._buffer import Buffer
 from ._errors import BufferClosedError, CoherenceError, UnsupportedError
 from ._location import Location, StreamLike, Target, as_location, stream_handle
@@ -164,11 +165,7 @@ class _SimBuffer(ArgHint):
     #: ``kernels._common`` tells buffers from numba arrays by this attribute.
     _coherence_tracker = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError(
-            f"{type(self).__name__}() cannot be called directly; use {', '.join(self._constructors)} "
-            "(or their zeros / from_array variants)"
-        )
+    __init__ = Buffer.__init__  # refuses direct calls, naming the constructors
 
     def _init(
         self,
@@ -192,16 +189,9 @@ class _SimBuffer(ArgHint):
         buf._init(alloc, 0, shape, _layout.c_strides(shape, dtype.itemsize), dtype, True)
         return buf
 
-    def _view(
-        self, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype | None = None
-    ) -> Any:
-        view = object.__new__(type(self))
-        view._init(self._live(), offset, shape, strides, self._dtype if dtype is None else dtype, False)
-        self._copy_extra(view)
-        return view
-
-    def _copy_extra(self, view: Any) -> None:
-        """Subclasses copy their own per-buffer fields into a new view."""
+    # The window arithmetic is the GPU buffer's (it uses only the fields above and _live).
+    _view = Buffer._view
+    _copy_extra = Buffer._copy_extra
 
     # -- lifetime ---------------------------------------------------------------
     def _live(self) -> _Allocation:
@@ -210,10 +200,7 @@ class _SimBuffer(ArgHint):
             raise BufferClosedError(f"this {type(self).__name__} is closed")
         return alloc
 
-    @property
-    def closed(self) -> bool:
-        """Whether this buffer (or the allocation it views) is closed."""
-        return self._alloc is None or self._alloc.closed
+    closed = Buffer.closed
 
     def close(self) -> None:
         """Release the memory (owner) or drop this view's reference (view); closing twice does nothing.
@@ -786,33 +773,14 @@ class ManagedMemoryHints:
             raise ValueError(f"{what} takes no target (the driver ignores it); got {target!r}")
         self._check(what)
 
-    def set_read_mostly(self) -> None:
-        """Accepted; no effect under the simulator."""
-        self.advise(MemAdvice.SET_READ_MOSTLY)
-
-    def unset_read_mostly(self) -> None:
-        """Accepted; no effect under the simulator."""
-        self.advise(MemAdvice.UNSET_READ_MOSTLY)
-
-    def set_preferred_location(self, target: Target) -> None:
-        """Checked; no effect under the simulator."""
-        self.advise(MemAdvice.SET_PREFERRED_LOCATION, target)
-
-    def unset_preferred_location(self) -> None:
-        """Accepted; no effect under the simulator."""
-        self.advise(MemAdvice.UNSET_PREFERRED_LOCATION)
-
-    def set_accessed_by(self, target: Target) -> None:
-        """Checked; no effect under the simulator."""
-        self.advise(MemAdvice.SET_ACCESSED_BY, target)
-
-    def unset_accessed_by(self, target: Target) -> None:
-        """Checked; no effect under the simulator."""
-        self.advise(MemAdvice.UNSET_ACCESSED_BY, target)
-
-    def clear(self) -> None:
-        """Accepted; no effect under the simulator."""
-        self.apply_policy(MigrationPolicy.DEFAULT)
+    # The named forms are the GPU class's: each is one call of advise() or apply_policy() above.
+    set_read_mostly = _DeviceHints.set_read_mostly
+    unset_read_mostly = _DeviceHints.unset_read_mostly
+    set_preferred_location = _DeviceHints.set_preferred_location
+    unset_preferred_location = _DeviceHints.unset_preferred_location
+    set_accessed_by = _DeviceHints.set_accessed_by
+    unset_accessed_by = _DeviceHints.unset_accessed_by
+    clear = _DeviceHints.clear
 
     def apply_policy(self, policy: MigrationPolicy) -> None:
         """Check ``policy`` (its device must exist); no effect under the simulator."""
