@@ -117,3 +117,38 @@ def test_finalizers_stay_silent_at_interpreter_exit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["COLLECTED"]
+
+
+def test_allocations_alive_at_exit_are_left_to_the_driver():
+    """An Allocation released by collection frees once; one still alive at exit frees nothing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        from umem_numba._lifetime import Allocation, Memory
+        from umem_numba._tracker import Tracker
+
+        class Loud(Memory):
+            kind = "managed"
+            nbytes = 4096
+
+            def __init__(self, name):
+                self.name = name
+
+            def free(self, tracker):
+                print("FREED", self.name)
+
+        held = Allocation("managed", Loud("held"), 0x1000, 0, Tracker(0))
+        gone = Allocation("managed", Loud("gone"), 0x2000, 0, Tracker(0))
+        del gone  # collected before exit: released as usual
+        closed = Allocation("managed", Loud("closed"), 0x3000, 0, Tracker(0))
+        closed.close()
+        closed.close()  # once only
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["FREED gone", "FREED closed"]
+    assert out.stderr == ""

@@ -80,6 +80,8 @@ def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
             if unsupported is None:
                 raise
             raise unsupported from exc
+    if span.memory is not None:
+        span.memory.note_advice()
 
 
 def _range_attr(span: ManagedSpan, attr: Any, size: int = 4) -> list[int]:

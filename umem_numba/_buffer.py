@@ -678,12 +678,36 @@ def _check_same(shape_a: tuple, dtype_a: np.dtype, shape_b: tuple, dtype_b: np.d
         )
 
 
-def new_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]:
+Layout = tuple[tuple[int, ...], np.dtype, int, tuple[int, ...]]
+
+#: Validated layouts of recent constructor calls, by ``(shape, dtype)`` as given:
+#: allocating the same shape in a loop (pool buffers) skips numpy's dtype parsing.
+_layouts: dict[tuple[Any, Any], Layout] = {}
+_LAYOUTS_KEPT = 512
+
+
+def new_layout(shape: Any, dtype: Any) -> Layout:
     """Validate a constructor's shape and dtype: ``(shape, dtype, nbytes, strides)``."""
+    # Only plain ints are keys: True == 1 and hashes alike, but a bool is no size.
+    plain = type(shape) is int or (type(shape) is tuple and all(type(d) is int for d in shape))
+    key = (shape, dtype)
+    if plain:
+        try:
+            hit = _layouts.get(key)
+        except TypeError:  # an unhashable dtype spec (a list of fields)
+            plain = False
+        else:
+            if hit is not None:
+                return hit
     dt = _layout.normalize_dtype(dtype)
     shp = _layout.normalize_shape(shape)
     nbytes = _layout.checked_nbytes(shp, dt)
-    return shp, dt, nbytes, _layout.c_strides(shp, dt.itemsize)
+    layout = (shp, dt, nbytes, _layout.c_strides(shp, dt.itemsize))
+    if plain:
+        if len(_layouts) >= _LAYOUTS_KEPT:
+            _layouts.clear()
+        _layouts[key] = layout
+    return layout
 
 
 def _nothing() -> None:

@@ -97,6 +97,9 @@ class Memory:
         """Words for messages, e.g. ``"managed memory at 0x7f00 (4096 bytes)"``."""
         return f"{self.kind} memory ({self.nbytes} bytes)"
 
+    def note_advice(self) -> None:
+        """Advice (``cuMemAdvise``) was given on this memory (pool memory then never goes to another buffer)."""
+
 
 class DriverMemory(Memory):
     """One driver allocation freed by one call (``cuMemFree``, ``cuMemFreeHost`` ...).
@@ -151,18 +154,24 @@ def _release(memory: Memory, tracker: Tracker, generation: int) -> None:
         # forked child can make no CUDA call.  Only the count goes.
         _stats.record_free(memory.kind, memory.nbytes)
         return
-    what = memory.describe()
     try:
         if not memory.stream_ordered:
-            tracker.wait_all(f"releasing {what}")
+            tracker.wait_all(f"releasing {memory.describe()}")
     except Exception as exc:  # the free below still runs
-        report_failed_free(f"waiting for device work before releasing {what}", exc)
+        report_failed_free(f"waiting for device work before releasing {memory.describe()}", exc)
+    # Counted before the free: a stream-ordered free may hand the memory to the
+    # next allocation of its pool at once (which counts it again).
+    _stats.record_free(memory.kind, memory.nbytes)
     try:
         memory.free(tracker)
     except Exception as exc:
-        report_failed_free(f"releasing {what}", exc)
-    finally:
-        _stats.record_free(memory.kind, memory.nbytes)
+        report_failed_free(f"releasing {memory.describe()}", exc)
+
+
+#: Serialises the export count and the closed flag of every allocation.  Exports
+#: (numpy views, DLPack capsules) are rare next to allocations, so one lock
+#: shared by all costs nothing measurable and saves a lock per allocation.
+_exports_lock = threading.RLock()
 
 
 class Allocation:
@@ -185,13 +194,19 @@ class Allocation:
         Device work on the memory.
     device_ptr : int, optional
         Device address when it differs from ``ptr`` (mapped pinned memory).
+
+    Notes
+    -----
+    The release on collection is ``__del__``, not ``weakref.finalize``: a
+    finalizer costs about 2 µs to create, as much as a whole pool allocation
+    should.  ``__del__`` never runs the release while the interpreter shuts
+    down (the driver reclaims everything then; see :func:`finalizer`).
     """
 
     __slots__ = (
         "__weakref__",
         "_exports",
-        "_finalizer",
-        "_lock",
+        "_released",
         "closed",
         "device_id",
         "device_ptr",
@@ -221,12 +236,22 @@ class Allocation:
         self.memory = memory
         self.generation = _driver.fork_generation
         self._exports = 0
-        self._lock = threading.RLock()
-        if memory is None:
-            self._finalizer: weakref.finalize | None = None
-        else:
+        self._released = memory is None
+        if memory is not None:
             _stats.record_alloc(memory.kind, memory.nbytes)
-            self._finalizer = finalizer(self, _release, memory, tracker, self.generation)
+
+    def __del__(self) -> None:
+        if not self._released:
+            self._released = True
+            if not sys.is_finalizing():
+                _release(self.memory, self.tracker, self.generation)  # type: ignore[arg-type]
+
+    def _release_now(self) -> None:
+        with _exports_lock:
+            if self._released:
+                return
+            self._released = True
+        _release(self.memory, self.tracker, self.generation)  # type: ignore[arg-type]
 
     @property
     def nbytes(self) -> int:
@@ -242,41 +267,55 @@ class Allocation:
         defers the release until it lets go; memory whose device view left
         for another library (CUDA Array Interface) is released when the last
         Python object over it is collected, since that library may still be
-        using it.
+        using it.  Stream-ordered memory (pools) settles nothing on the host:
+        its free is queued after the recorded work, and a launch still being
+        registered is waited for by the free itself.
         """
         if self.closed:
             return
-        with self.tracker.exclusive("closing"):
+        memory = self.memory
+        if memory is not None and memory.stream_ordered:
+            self._mark_closed()
+            return
+        tracker = self.tracker
+        tracker.block("closing")
+        try:
             # No launch can start from here on; those already registered are waited for.
-            if self.memory is None or not self.memory.stream_ordered:
-                self.tracker.before_host_access(f"closing {self.kind} buffer")
-            with self._lock:
-                if self.closed:
-                    return
-                self.closed = True
-                deferred = self._exports > 0 or self.tracker.escaped
-        if not deferred and self._finalizer is not None:
-            self._finalizer()
+            tracker.before_host_access(f"closing {self.kind} buffer")
+            self._mark_closed()
+        finally:
+            tracker.unblock()
+
+    def _mark_closed(self) -> None:
+        """Set ``closed``; release unless exports live or the memory escaped."""
+        with _exports_lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._exports > 0 or self.tracker.escaped or self._released:
+                return
+            self._released = True
+        _release(self.memory, self.tracker, self.generation)  # type: ignore[arg-type]
 
     def add_export(self) -> None:
         """Count an object outside umem_numba over the memory (numpy array, DLPack consumer); refused once closed."""
-        with self._lock:
+        with _exports_lock:
             if self.closed:
                 raise BufferClosedError(f"this {self.kind} buffer is closed")
             self._exports += 1
 
     def drop_export(self) -> None:
         """An export is gone; release if it was the last one after close (and nothing escaped)."""
-        with self._lock:
+        with _exports_lock:
             self._exports -= 1
             release = self.closed and self._exports == 0 and not self.tracker.escaped
-        if release and self._finalizer is not None:
-            self._finalizer()
+        if release:
+            self._release_now()
 
     @property
     def released(self) -> bool:
         """Whether the memory has been returned to the driver."""
-        return self._finalizer is None or not self._finalizer.alive
+        return self._released
 
 
 class Resource:

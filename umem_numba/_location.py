@@ -227,12 +227,16 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
     ValueError
         A negative handle or one wider than 64 bits.
     """
-    prefix = f"{what}: " if what else ""
     if stream is None:
         return 0
+    if type(stream) is int and 0 <= stream < _MAX_HANDLE:
+        return stream
+    prefix = f"{what}: " if what else ""
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value: Any = (proto() if callable(proto) else proto)[1]
+        if type(value) is int and 0 <= value < _MAX_HANDLE:  # numba, CuPy, PyTorch: the common case
+            return value
     elif getattr(stream, "handle", None) is not None:
         value = stream.handle
         value = getattr(value, "value", value)  # a ctypes c_void_p: None means 0

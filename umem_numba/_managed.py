@@ -105,8 +105,10 @@ class ManagedBuffer(Buffer):
             No GPU or driver.
         """
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
-        attach = _check_attach(attach)
+        if attach != "global":
+            attach = _check_attach(attach)
         if pool is not None:
+            # The pool path is a hot loop for some programs: every check is inline or one call.
             check_pool(pool, "managed", "ManagedBuffer.empty")
             if attach != "global":
                 raise ValueError(

@@ -19,6 +19,7 @@ from . import _driver, _layout
 from ._buffer import Buffer
 from ._checks import as_int
 from ._errors import BufferClosedError, CudaError, UnsupportedError
+from ._lifetime import Memory
 from ._tracker import Tracker
 
 __all__ = ["ManagedSpan", "check_range", "element_count", "managed_span", "unsupported_from"]
@@ -33,6 +34,8 @@ class ManagedSpan:
     device_id: int
     tracker: Tracker | None
     label: str
+    #: The allocation's memory (``None`` for a foreign array): told when advice is given on it.
+    memory: Memory | None = None
 
 
 def _index(value: Any, name: str, what: str) -> int:
@@ -85,7 +88,9 @@ def managed_span(obj: Any, lo: int, hi: int, what: str) -> ManagedSpan:
     if isinstance(obj, Buffer):
         alloc = obj._live()
         itemsize = obj.itemsize
-        return ManagedSpan(obj.ptr + lo * itemsize, (hi - lo) * itemsize, alloc.device_id, alloc.tracker, label)
+        return ManagedSpan(
+            obj.ptr + lo * itemsize, (hi - lo) * itemsize, alloc.device_id, alloc.tracker, label, alloc.memory
+        )
     info = _layout.cuda_array_info(obj, what)
     itemsize = info.dtype.itemsize
     device_id = _driver.ensure_context()

@@ -19,6 +19,33 @@ no host synchronisation.  Keep that stream alive until the buffer is closed,
 as with any stream-ordered allocator.  After a launch that bypassed the
 toolkit (stream unknown) the free goes on the legacy default stream, which
 orders after every blocking stream of the device.
+
+The buffers' free lists
+-----------------------
+A driver allocation and free cost about 1 µs each through the binding, and
+a buffer needs bookkeeping on top, so buffers (``ManagedBuffer.empty(...,
+pool=)``, :class:`~umem_numba.DeviceBuffer`) keep the memory of closed
+buffers in free lists of the pool, one per size (rounded up to 512 bytes),
+as CuPy's pool does.  A closed buffer's memory goes on its list together
+with the buffer's coherence record (the events of its last device work): the
+next buffer of that size takes both, so its host access and its work on
+other streams wait for the old work exactly as the driver's stream-ordered
+free would make them, with no driver call on either side.  A plain numba
+launch (which umem_numba cannot order) is safe on the allocation stream: a
+buffer taken on another stream than the old work's first makes that stream
+wait for it (``cuStreamWaitEvent``).  As with any stream-ordered allocator
+(and CuPy's pool), streams are told apart here by their handle: destroy a
+stream only after its work on pool buffers is done.
+
+Memory on the free lists is *used* from the driver's point of view
+(``statistics().used_current``) and reported as ``cached``.  The lists hold
+at most ``release_threshold`` bytes (default: everything); :meth:`MemoryPool.trim`
+and :meth:`MemoryPool.close` give them back to the driver first, and an
+allocation that finds the driver out of memory empties them and tries again.
+Memory that ever took advice (``buf.hints``), escaped to another library, or
+was used by a launch umem_numba could not see goes back to the driver, not on
+a list.  The raw :meth:`MemoryPool.allocate` / :meth:`MemoryPool.free`
+interface has no lists: it is the driver's pool as it is.
 """
 
 from __future__ import annotations
@@ -35,6 +62,9 @@ from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._location import Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
 from ._tracker import Tracker
+
+#: Free-list sizes are multiples of this (bytes), as in CuPy's pool.
+ROUND = 512
 
 __all__ = ["MemoryPool"]
 
@@ -123,7 +153,10 @@ class MemoryPool:
     __slots__ = (
         "__weakref__",
         "_alloc_fn",
+        "_cache",
+        "_cache_limit",
         "_closed",
+        "_finalizer",
         "_free_fn",
         "_handle",
         "_limit",
@@ -169,6 +202,9 @@ class MemoryPool:
         self._closed = False
         self._alloc_fn = drv.cuMemAllocFromPoolAsync
         self._free_fn = drv.cuMemFreeAsync
+        #: The buffers' free lists: rounded size -> memory of closed buffers (see the module notes).
+        self._cache: dict[int, list[_PoolMemory]] = {}
+        self._cache_limit = threshold
         total = int(_driver.call("cuDeviceTotalMem", loc.id))
         if kind == "managed":
             total += _host_ram()
@@ -177,7 +213,7 @@ class MemoryPool:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
             tx.commit()
-        finalizer(self, _destroy, handle)
+        self._finalizer = finalizer(self, _destroy, handle, self._cache)
         _live.add(self)
 
     # -- properties ---------------------------------------------------------------
@@ -218,17 +254,31 @@ class MemoryPool:
 
     @release_threshold.setter
     def release_threshold(self, value: int) -> None:
-        self._set_attr("RELEASE_THRESHOLD", _check_bytes(value, "release_threshold"))
+        value = _check_bytes(value, "release_threshold")
+        self._set_attr("RELEASE_THRESHOLD", value)
+        self._cache_limit = value
+        if self.cached_bytes > value:
+            self.release_cached()
 
     def statistics(self) -> PoolStats:
-        """Reserved and used bytes, current and high-water, read from the driver."""
+        """Reserved and used bytes, current and high-water, read from the driver; ``cached`` from the free lists.
+
+        Memory on the buffers' free lists counts as used for the driver;
+        ``used_current - cached`` is what live buffers and raw allocations hold.
+        """
         return PoolStats(
             1,
             self._attr("RESERVED_MEM_CURRENT"),
             self._attr("RESERVED_MEM_HIGH"),
             self._attr("USED_MEM_CURRENT"),
             self._attr("USED_MEM_HIGH"),
+            self.cached_bytes,
         )
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes on the buffers' free lists (closed buffers' memory kept for the next buffer)."""
+        return sum(size * len(free_list) for size, free_list in list(self._cache.items()))
 
     def reset_high(self) -> None:
         """Reset the reserved and used high-water marks to the current values."""
@@ -308,27 +358,105 @@ class MemoryPool:
         synchronise the streams first for a full trim.
         """
         keep = _check_bytes(keep_bytes, "keep_bytes")
-        _driver.call("cuMemPoolTrimTo", self._live(), keep, detail="trimming a memory pool")
+        self._live()
+        self.release_cached()
+        _driver.call("cuMemPoolTrimTo", self._handle, keep, detail="trimming a memory pool")
 
     def allocation(self, nbytes: int, stream: int, kind: str) -> Allocation:
         """An :class:`~umem_numba._lifetime.Allocation` of ``nbytes`` on ``stream``, freed back stream-ordered.
 
         ``nbytes`` may be 0 (nothing is allocated); ``kind`` is the
-        statistics bucket (``"managed"`` or ``"device"``).
+        statistics bucket (``"managed"`` or ``"device"``).  Memory comes from
+        the free list of its size when one is there (no driver call), else
+        from the driver's pool.
         """
-        tracker = Tracker(self.device_id)
         if not nbytes:
-            return Allocation(kind, None, 0, self.device_id, tracker)
+            return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
+        size = (nbytes + ROUND - 1) & -ROUND
+        free_list = self._cache.get(size)
+        if free_list:
+            try:
+                memory = free_list.pop()  # atomic under the GIL: no lock on this path
+            except IndexError:  # another thread took the last one
+                pass
+            else:
+                tracker = memory.tracker
+                memory.tracker = None
+                memory.nbytes = nbytes
+                if tracker.writes or tracker.reads:  # type: ignore[union-attr]
+                    self._order_reuse(tracker, stream)  # type: ignore[arg-type]
+                return Allocation(kind, memory, memory.ptr, self.device_id, tracker)  # type: ignore[arg-type]
         with _driver.device_context(self.device_id if stream == 0 else None) as dev:
-            ptr = self.allocate(nbytes, stream)
+            ptr = self._allocate_for_buffer(size, stream)
+            tracker = Tracker(self.device_id)
             with Transaction() as tx:
                 tx.append(self.free, ptr, stream)
-                alloc = Allocation(kind, _PoolMemory(self, kind, ptr, nbytes, stream), ptr, self.device_id, tracker)
+                memory = _PoolMemory(self, kind, ptr, nbytes, size)
+                alloc = Allocation(kind, memory, ptr, self.device_id, tracker)
                 tx.commit()
             # Usable once the stream reaches the allocation: host access and
             # copies on other streams wait for this event.
             tracker.add(stream, _events.record(stream, dev))  # the allocation is the first write
         return alloc
+
+    def _allocate_for_buffer(self, size: int, stream: int) -> int:
+        """Driver memory for a buffer; out of memory empties the free lists and tries once more."""
+        try:
+            return self.allocate(size, stream)
+        except OutOfMemoryError:
+            if not self.cached_bytes:
+                raise
+            self.release_cached()
+            # The frees are stream-ordered on the legacy stream: let them run before retrying.
+            _driver.call_on(self.device_id, "cuStreamSynchronize", 0, detail="letting freed pool memory return")
+            return self.allocate(size, stream)
+
+    def _order_reuse(self, tracker: Tracker, stream: int) -> None:
+        """A free-list entry taken on ``stream``: the stream waits for the old buffer's work on other streams.
+
+        A plain numba launch on ``stream`` cannot be ordered by umem_numba, so
+        the stream itself is ordered, as the driver's stream-ordered allocation
+        would order it.  The events stay in ``tracker``: the new buffer's host
+        access and tracked work on other streams wait for them.
+        """
+        dev = self.device_id
+        events = (*tracker.writes.values(), *tracker.reads.values())
+        others = [e for e in events if e.stream != stream or e.device_id != dev]
+        if others:
+            with _driver.device_context(dev if stream == 0 else None):
+                for event in others:
+                    _driver.call("cuStreamWaitEvent", stream, event.handle, 0, detail="ordering a reused pool block")
+
+    def _keep(self, memory: _PoolMemory, tracker: Tracker) -> bool:
+        """Put a closed buffer's memory on its free list (False: it must go back to the driver).
+
+        No lock: list appends and pops are atomic under the GIL, and two
+        threads racing past the limit overshoot it by one block at most.
+        """
+        if self._closed or memory.advised:
+            return False
+        limit = self._cache_limit
+        if limit != KEEP_ALL and self.cached_bytes + memory.size > limit:
+            return False
+        if not tracker.recycle():
+            return False
+        memory.tracker = tracker
+        free_list = self._cache.get(memory.size)
+        if free_list is None:
+            free_list = self._cache.setdefault(memory.size, [])
+        free_list.append(memory)
+        if self._closed:  # close() emptied the lists meanwhile: this entry too
+            _release_lists(self._cache)
+        return True
+
+    def release_cached(self) -> None:
+        """Give the memory on the buffers' free lists back to the driver's pool (stream-ordered).
+
+        Each block's free is queued on the legacy default stream after the
+        last device work of the buffer that held it.  :meth:`trim` and
+        :meth:`close` call this first.
+        """
+        _release_lists(self._cache)
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -339,7 +467,9 @@ class MemoryPool:
         """
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # no closed buffer's memory joins a free list from here on (see _keep)
+        self.release_cached()
+        self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
         _driver.call("cuMemPoolDestroy", self._handle, detail="destroying a memory pool")
 
@@ -358,8 +488,10 @@ def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
 
 
-def _destroy(handle: Any) -> None:
+def _destroy(handle: Any, free_lists: dict[int, list[_PoolMemory]]) -> None:
+    """A collected pool: its free lists back to the driver, then the pool."""
     try:
+        _release_lists(free_lists)
         _driver.api().drv.cuMemPoolDestroy(handle)
     except Exception:  # interpreter exit: the driver releases everything
         pass
@@ -373,31 +505,51 @@ def _host_ram() -> int:
 
 
 class _PoolMemory(Memory):
-    """Pool memory of one buffer: its release is a free queued after its pending work, never on the host."""
+    """Pool memory of one buffer: its release is a free queued after its pending work, never on the host.
 
-    __slots__ = ("alloc_stream", "kind", "nbytes", "pool", "ptr")
+    ``size`` is what the driver allocated (``nbytes`` rounded up to
+    :data:`ROUND`), the free list it returns to.  ``tracker`` is set while it
+    waits on a free list; ``advised`` once advice was given on it (such
+    memory goes back to the driver, so no later buffer inherits the advice).
+    The pool is referred to weakly: the free lists hold these objects, and a
+    pool that is collected must be able to go (its finalizer frees them).
+    """
+
+    __slots__ = ("advised", "device_id", "kind", "nbytes", "pool_ref", "ptr", "size", "tracker")
     stream_ordered = True
 
-    def __init__(self, pool: MemoryPool, kind: str, ptr: int, nbytes: int, alloc_stream: int) -> None:
-        self.pool = pool
+    def __init__(self, pool: MemoryPool, kind: str, ptr: int, nbytes: int, size: int) -> None:
+        self.pool_ref = weakref.ref(pool)
+        self.device_id = pool.device_id
         self.kind = kind
         self.ptr = ptr
         self.nbytes = nbytes
-        self.alloc_stream = alloc_stream
+        self.size = size
+        self.advised = False
+        self.tracker: Tracker | None = None
 
     def describe(self) -> str:
         return f"{self.kind} pool memory at {self.ptr:#x} ({self.nbytes} bytes)"
 
+    def note_advice(self) -> None:
+        self.advised = True
+
     def free(self, tracker: Tracker) -> None:
-        stream = self.alloc_stream
-        pending = list(tracker.pending.items())
-        if tracker.unknown:
-            stream = 0  # legacy default stream: after every blocking stream's work
-        elif pending:
-            stream = pending[-1][0]  # the stream first used most recently
-        with _driver.device_context(self.pool.device_id):
-            for s, event in pending:
-                if s != stream:
+        pool = self.pool_ref()
+        if pool is None or not pool._keep(self, tracker):
+            self.free_to_driver(tracker, None)
+
+    def free_to_driver(self, tracker: Tracker, stream: int | None) -> None:
+        """``cuMemFreeAsync`` after every piece of work recorded in ``tracker`` (on ``stream`` if given)."""
+        events, unknown, _gen, escaped = tracker.pending_work()
+        if stream is None:
+            stream = 0  # the legacy default stream: after every blocking stream's work
+            mine = [e for e in events if e.device_id == self.device_id]
+            if not unknown and not escaped and mine:
+                stream = mine[-1].stream  # the stream first used most recently
+        with _driver.device_context(self.device_id):
+            for event in events:
+                if event.stream != stream or event.device_id != self.device_id:
                     _driver.call(
                         "cuStreamWaitEvent",
                         stream,
@@ -405,7 +557,21 @@ class _PoolMemory(Memory):
                         0,
                         detail="ordering a pool free after the buffer's work",
                     )
-            self.pool.free(self.ptr, stream)
+            _driver.call("cuMemFreeAsync", self.ptr, stream, detail=f"freeing {self.describe()} into its pool")
+
+
+def _release_lists(lists: dict[int, list[_PoolMemory]]) -> None:
+    """Free every entry of the free lists to the driver (each entry exactly once, whoever else pops)."""
+    for free_list in list(lists.values()):
+        while True:
+            try:
+                memory = free_list.pop()
+            except IndexError:
+                break
+            tracker = memory.tracker
+            memory.tracker = None
+            if tracker is not None:
+                memory.free_to_driver(tracker, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -426,6 +592,8 @@ def default_pool(kind: str, device_id: int) -> MemoryPool:
 
 def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     """Validate a ``pool=`` argument of a buffer constructor."""
+    if type(pool) is MemoryPool and pool.kind == kind and not pool._closed:
+        return pool
     if not isinstance(pool, MemoryPool):
         raise TypeError(f"{what}: pool must be a umem_numba.MemoryPool, got {type(pool).__name__}")
     if pool.kind != kind:
@@ -440,7 +608,7 @@ def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
 
 def totals() -> PoolStats:
     """Counters summed over every live pool (read from the driver)."""
-    out = [0, 0, 0, 0, 0]
+    out = [0, 0, 0, 0, 0, 0]
     for pool in list(_live):
         if pool.closed:
             continue
@@ -453,6 +621,7 @@ def totals() -> PoolStats:
         out[2] += s.reserved_high
         out[3] += s.used_current
         out[4] += s.used_high
+        out[5] += s.cached
     return PoolStats(*out)
 
 

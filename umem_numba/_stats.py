@@ -8,6 +8,7 @@ is locked out of the OS's paging and is scarce: watch ``stats()["pinned"]``.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,6 +58,10 @@ class PoolStats:
         Bytes handed out to allocations not yet freed (``USED_MEM_CURRENT``).
     used_high : int
         High-water mark of used bytes.
+    cached : int
+        Of ``used_current``, the bytes on the buffers' free lists: memory of
+        closed buffers kept for the next buffer of its size (umem_numba's
+        count, not the driver's).
     """
 
     pools: int = 0
@@ -64,6 +69,7 @@ class PoolStats:
     reserved_high: int = 0
     used_current: int = 0
     used_high: int = 0
+    cached: int = 0
 
 
 class _Counters:
@@ -77,32 +83,54 @@ class _Counters:
 _lock = threading.Lock()
 _counters = {kind: _Counters() for kind in KINDS}
 
+#: Allocations, releases and resizes not yet folded into the counters, in the
+#: order they happened: ``(counters, count delta, byte delta)``.  Appending to a
+#: deque is atomic, so the allocation paths take no lock (a pool buffer's whole
+#: allocate + free cycle costs about as much as two locked counter updates);
+#: the log is folded, in order, when it grows long and whenever it is read, so
+#: the counters (peak included) are exact.
+_log: deque[tuple[_Counters, int, int]] = deque()
+_FOLD_AT = 4096
+
+
+def _fold() -> None:
+    """Apply the logged changes to the counters, oldest first (call with ``_lock`` held)."""
+    pop = _log.popleft
+    for _ in range(len(_log)):
+        c, count, delta = pop()
+        c.live_count += count
+        live = c.live_bytes = c.live_bytes + delta
+        if delta > 0:
+            c.total_bytes += delta
+            c.peak_bytes = max(c.peak_bytes, live)
+        if count > 0:
+            c.total_allocations += 1
+
+
+def _fold_if_long() -> None:
+    if len(_log) > _FOLD_AT:
+        with _lock:
+            _fold()
+
 
 def record_alloc(kind: str, nbytes: int) -> None:
-    with _lock:
-        c = _counters[kind]
-        c.live_count += 1
-        c.live_bytes += nbytes
-        c.total_allocations += 1
-        c.total_bytes += nbytes
-        c.peak_bytes = max(c.peak_bytes, c.live_bytes)
+    """Count an allocation of ``nbytes`` bytes of ``kind``."""
+    _log.append((_counters[kind], 1, nbytes))
+    if len(_log) > _FOLD_AT:
+        _fold_if_long()
 
 
 def record_resize(kind: str, delta: int) -> None:
     """An allocation changed size in place by ``delta`` bytes (VMM grow: > 0, shrink: < 0)."""
-    with _lock:
-        c = _counters[kind]
-        c.live_bytes += delta
-        if delta > 0:
-            c.total_bytes += delta
-        c.peak_bytes = max(c.peak_bytes, c.live_bytes)
+    _log.append((_counters[kind], 0, delta))
+    _fold_if_long()
 
 
 def record_free(kind: str, nbytes: int) -> None:
-    with _lock:
-        c = _counters[kind]
-        c.live_count -= 1
-        c.live_bytes -= nbytes
+    """Count the release of an allocation of ``nbytes`` bytes of ``kind``."""
+    _log.append((_counters[kind], -1, -nbytes))
+    if len(_log) > _FOLD_AT:
+        _fold_if_long()
 
 
 def stats() -> dict[str, KindStats | PoolStats]:
@@ -124,6 +152,7 @@ def stats() -> dict[str, KindStats | PoolStats]:
     4194304
     """
     with _lock:
+        _fold()
         out: dict[str, KindStats | PoolStats] = {
             k: KindStats(c.live_count, c.live_bytes, c.peak_bytes, c.total_allocations, c.total_bytes)
             for k, c in _counters.items()
@@ -147,5 +176,6 @@ def add_source(name: str, source: Callable[[], PoolStats]) -> None:
 def reset_peak() -> None:
     """Set every kind's ``peak_bytes`` to its current ``live_bytes``."""
     with _lock:
+        _fold()
         for c in _counters.values():
             c.peak_bytes = c.live_bytes

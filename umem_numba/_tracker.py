@@ -175,7 +175,9 @@ class Tracker:
 
     def __init__(self, device_id: int, concurrent: bool = True) -> None:
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        # Made by the first thread that must wait for in-flight registrations
+        # (rare): a Condition costs as much to create as a pool allocation.
+        self._idle: threading.Condition | None = None
         self._waiters = 0  # threads waiting for in-flight registrations to end
         #: Writes not known to be implied by a later one, by identity.  A new
         #: write supersedes exactly the events it was ordered after (see
@@ -313,6 +315,7 @@ class Tracker:
                 self.unknown_devices.add(event_device_fallback(self.device_id))
                 self._unknown_gen += 1
             if not self.inflight and self._waiters:
+                assert self._idle is not None  # made by the waiter
                 self._idle.notify_all()
 
     def _refuse_if_blocked(self, what: str) -> None:
@@ -320,25 +323,55 @@ class Tracker:
             error = BufferClosedError if self._blocked == "closing" else CoherenceError
             raise error(f"{what}: the buffer is being {self._blocked} by another thread")
 
-    @contextlib.contextmanager
-    def exclusive(self, reason: str) -> Iterator[None]:
-        """Refuse new device use while the block runs (``reason``: "closing", "resized").
+    def block(self, reason: str) -> None:
+        """Refuse new device use (``reason``: "closing", "resized") until :meth:`unblock`.
 
-        Work registered before the block is waited for by the settling done
-        inside it; nothing can start between that wait and the block's end.
+        Work registered before is waited for by the settling done while
+        blocked; nothing can start between that wait and :meth:`unblock`.
         """
         with self._lock:
             self._blocked = reason
+
+    def unblock(self) -> None:
+        """End :meth:`block`."""
+        with self._lock:
+            self._blocked = None
+
+    @contextlib.contextmanager
+    def exclusive(self, reason: str) -> Iterator[None]:
+        """:meth:`block` for the ``with`` block."""
+        self.block(reason)
         try:
             yield
         finally:
-            with self._lock:
-                self._blocked = None
+            self.unblock()
 
     def add(self, stream: int, event: _events.Event) -> None:
         """File ``event`` as a write that comes before any other use (a pool allocation)."""
         with self._lock:
             self.writes[id(event)] = event
+
+    def recycle(self) -> bool:
+        """Ready this record for the next buffer over the same memory (a pool's free list).
+
+        The recorded events stay: the next buffer's host access and its work
+        on other streams wait for them, as they would for a stream-ordered
+        free.  Returns ``False`` (and changes nothing) when work umem_numba
+        cannot see may use the memory, or work is being registered: such
+        memory must go back to the driver.
+        """
+        with self._lock:
+            if self.unknown_devices or self.escaped or self.holds or self.inflight:
+                return False
+            self.policy = None
+            self.attached = None
+            self._blocked = None
+            return True
+
+    def pending_work(self) -> tuple[list[_events.Event], set[int], int, bool]:
+        """``(events, unknown devices, generation, escaped)`` once in-flight registrations have ended."""
+        with self._lock:
+            return self._snapshot()
 
     # -- host side -------------------------------------------------------------------
     def effective_policy(self) -> str:
@@ -361,6 +394,8 @@ class Tracker:
     def _snapshot(self) -> tuple[list[_events.Event], set[int], int, bool]:
         """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
         while self.inflight:
+            if self._idle is None:
+                self._idle = threading.Condition(self._lock)
             self._waiters += 1
             try:
                 self._idle.wait()
