@@ -118,6 +118,101 @@ def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch
     _copy._Staging._by_device.clear()
 
 
+@pytest.fixture
+def copier_threads(monkeypatch):
+    """Run the staged path with a given number of copier threads (fresh pool and staging slots)."""
+    from umem_numba import _copy
+
+    def use(n):
+        monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", str(n))
+        monkeypatch.setattr(_copy, "_copiers", None)
+        _copy._Staging._by_device.clear()
+
+    yield use
+    _copy._Staging._by_device.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [1, 3])
+def test_staged_copies_back_to_back_reuse_the_slots_safely(threads, copier_threads, rng, monkeypatch):
+    """Host to device returns with its DMA still pending: the next staged copy must not refill a slot early."""
+    from umem_numba import _copy
+
+    copier_threads(threads)
+    monkeypatch.setattr(_copy, "CHUNK_BYTES", (1 << 16) + 4)  # many chunks, slots not page multiples
+    n = 3 * (1 << 18) + 5
+    sources = [random_array(rng, n, np.float32) for _ in range(4)]
+    bufs = [um.DeviceBuffer.empty(n, np.float32) for _ in sources]
+    s = cuda.stream()
+    for buf, src in zip(bufs, sources, strict=True):
+        buf.copy_from_host(src, stream=s, staging=True)  # each reuses the slots the previous one still reads
+    for buf, src in zip(bufs, sources, strict=True):
+        np.testing.assert_array_equal(buf.copy_to_host(staging=True), src)
+        buf.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_staged_copies_from_threads_share_the_slots(copier_threads, rng):
+    """Eight threads, each on its own stream, copy through the one staging area at once."""
+    import threading
+
+    copier_threads(4)
+    data = [random_array(rng, (1 << 21) + 17, np.float32) for _ in range(8)]
+    bufs = [um.ManagedBuffer.empty(d.shape, np.float32) for d in data]
+    errors: list[BaseException] = []
+
+    def worker(i):
+        try:
+            s = cuda.stream()
+            for _ in range(3):
+                bufs[i].copy_from_host(data[i], stream=s, staging=True)
+                back = bufs[i].copy_to_host(stream=s, staging=True)
+                np.testing.assert_array_equal(back, data[i])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads), "a staged copy hung"
+    assert not errors, errors[0]
+    for b in bufs:
+        b.close()
+
+
+@pytest.mark.gpu
+def test_staged_upload_has_read_the_source_when_it_returns(kernels, rng):
+    """A pageable source may be changed as soon as copy_from_host returns (staged like the driver's path)."""
+    sleep, _, _ = kernels
+    data = random_array(rng, (1 << 22) + 3, np.float32)
+    buf = um.DeviceBuffer.empty(data.shape, np.float32)
+    s = cuda.stream()
+    sleep[1, 1, s](50)  # the DMA queues behind 50 ms of work: only the host side is done at return
+    src = data.copy()
+    buf.copy_from_host(src, stream=s, staging=True)
+    src[:] = -1.0
+    np.testing.assert_array_equal(buf.copy_to_host(stream=s), data)
+    buf.close()
+
+
+def test_copier_threads_setting_is_checked(monkeypatch):
+    from umem_numba import _copy
+
+    monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", "many")
+    with pytest.raises(ValueError, match="UMEM_NUMBA_COPY_THREADS must be a positive int, got 'many'"):
+        _copy.copier_threads()
+    monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", "0")
+    with pytest.raises(ValueError, match="UMEM_NUMBA_COPY_THREADS"):
+        _copy.copier_threads()
+    monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", "5")
+    assert _copy.copier_threads() == 5
+    monkeypatch.delenv("UMEM_NUMBA_COPY_THREADS")
+    assert 1 <= _copy.copier_threads() <= 8
+
+
 @pytest.mark.sim
 @pytest.mark.gpu
 @pytest.mark.parametrize("src_kind", KINDS)

