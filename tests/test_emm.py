@@ -139,25 +139,47 @@ def test_managed_pool_refuses_ipc_clearly():
     """,
         UMEM_NUMBA_EMM_POOL="managed",
     )
-    assert "a managed pool, which the driver cannot export" in r["err"]
+    assert "managed pool here (UMEM_NUMBA_EMM_POOL=managed), which the driver cannot export" in r["err"]
 
 
 @pytest.mark.gpu
-def test_ipc_handle_is_refused_clearly():
-    r = _run("""
-        import json
+@pytest.mark.timeout(600)
+def test_ipc_handles_of_pool_memory_open_in_another_process():
+    """numba's IPC through the plugin: a whole array and a view, opened by children with and without the plugin."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    r = _run(f"""
+        import json, multiprocessing as mp, os, sys
         import numpy as np
-        import umem_numba as um
         from numba import cuda
-        d = cuda.to_device(np.arange(10.0))
-        try:
-            d.get_ipc_handle()
-            err = ""
-        except um.UnsupportedError as exc:
-            err = str(exc)
-        print(json.dumps({"err": err}))
+        sys.path.insert(0, {tests_dir!r})
+        import _emm_ipc_child as child
+
+        x = np.random.default_rng().random(100_003)
+        d = cuda.to_device(x)
+        whole, view = d.get_ipc_handle(), d[17:5017].get_ipc_handle()
+        spawn = mp.get_context("spawn")
+        with spawn.Pool(1) as p:
+            before, child_manager = p.apply(child.read_then_double, (whole,))
+        os.environ.pop("NUMBA_CUDA_MEMORY_MANAGER")  # the next child keeps numba's own manager
+        with spawn.Pool(1) as p:
+            part, other_manager = p.apply(child.read_then_double, (view,))
+        after = d.copy_to_host()
+        expect = 2 * x
+        expect[17:5017] *= 2
+        print(json.dumps({{
+            "handle": type(whole._ipc_handle).__name__,
+            "manager": type(cuda.current_context().memory_manager).__name__,
+            "child_manager": child_manager, "other_manager": other_manager,
+            "before_ok": bool(np.array_equal(before, x)),
+            "part_ok": bool(np.array_equal(part, 2 * x[17:5017])),
+            "after_ok": bool(np.array_equal(after, expect)),
+        }}))
     """)
-    assert "not available through umem_numba's memory manager" in r["err"] and "export_fds" in r["err"]
+    assert r["handle"] == "PoolIpcHandle" and r["manager"] == "UmemNumbaMemoryManager"
+    assert r["child_manager"] == "UmemNumbaMemoryManager" and r["other_manager"] != "UmemNumbaMemoryManager"
+    assert r["before_ok"], "the child read other values than the parent wrote"
+    assert r["part_ok"], "the view's handle opened at the wrong offset"
+    assert r["after_ok"], "the children's writes did not reach the parent's array"
 
 
 @pytest.mark.gpu
@@ -226,3 +248,37 @@ def test_importing_umem_numba_does_not_import_numba_cuda():
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
     assert hasattr(um, "UmemNumbaMemoryManager")
+
+
+def test_numba_suite_reads_every_outcome_of_the_harness():
+    """tests/numba_suite.py (the plugin's acceptance run) reads numba's verbose output test by test."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import numba_suite
+
+    log = textwrap.dedent("""\
+        Parallel: 4. Serial: 0
+        test_a (numba.cuda.tests.cudadrv.test_x.T.test_a) ... ok
+        test_b (numba.cuda.tests.cudadrv.test_x.T.test_b)
+        A docstring line. ... FAIL
+        test_c (numba.cuda.tests.cudapy.test_y.U.test_c) ... skipped 'needs two GPUs'
+        test_d (numba.cuda.tests.cudapy.test_y.U.test_d) ... expected failure
+        test_e (numba.cuda.tests.cudapy.test_y.U.test_e) ... ERROR
+        ======================================================================
+        ERROR: test_e (numba.cuda.tests.cudapy.test_y.U.test_e)
+        """)
+    outcomes = numba_suite.parse(log)
+    assert outcomes == {
+        "numba.cuda.tests.cudadrv.test_x.T.test_a": "ok",
+        "numba.cuda.tests.cudadrv.test_x.T.test_b": "FAIL",
+        "numba.cuda.tests.cudapy.test_y.U.test_c": "skipped",
+        "numba.cuda.tests.cudapy.test_y.U.test_d": "expected failure",
+        "numba.cuda.tests.cudapy.test_y.U.test_e": "ERROR",
+    }
+    assert numba_suite.counts(outcomes) == {
+        "tests": 5,
+        "ok": 1,
+        "FAIL": 1,
+        "ERROR": 1,
+        "skipped": 1,
+        "expected failure": 1,
+    }

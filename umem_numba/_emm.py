@@ -38,16 +38,27 @@ and run when the block ends.
 
 IPC
 ---
-Not available through this manager: ``DeviceNDArray.get_ipc_handle()``
-raises :class:`~umem_numba.UnsupportedError`.  A managed pool cannot be
-exported at all, and the driver refused ``cuMemPoolExportPointer`` for
-device-pool allocations in our tests; use numba's default manager for IPC,
-or share a :class:`~umem_numba.VMMBuffer` (``export_fds()``).
+``DeviceNDArray.get_ipc_handle()`` works for memory of the (default) device
+pool: the pool is created exportable (POSIX file descriptors, where the
+device supports them), and the handle carries the pool's descriptor and the
+allocation's 64-byte export data (``cuMemPoolExportToShareableHandle``,
+``cuMemPoolExportPointer``).  It pickles through :mod:`multiprocessing`
+(the descriptor travels over a Unix socket with ``SCM_RIGHTS``, by
+``multiprocessing.reduction.DupFd``), as numba's own handles do, and the
+receiving process opens it with ``handle.open()`` / ``with handle as arr``
+(``cuMemPoolImportFromShareableHandle``, ``cuMemPoolSetAccess`` where its
+device has no access yet, ``cuMemPoolImportPointer``), whatever memory
+manager that process uses.  As with any CUDA IPC, close the handle in the
+receiving process before the array is freed in the exporting one.  A
+managed pool cannot be exported (the driver shares device pools only):
+``get_ipc_handle()`` then raises :class:`~umem_numba.UnsupportedError`
+saying so, as it does on a device that cannot export pools.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import weakref
 from collections.abc import Iterator
@@ -291,26 +302,47 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
 
     def get_ipc_handle(self, memory: Any) -> Any:
-        """Refuse clearly: IPC of numba allocations is not available through this manager.
+        """A numba IPC handle of device-pool memory (the pool's descriptor and the allocation's export data).
 
-        A managed pool cannot be exported at all; exporting device-pool
-        allocations (``cuMemPoolExportPointer``) was refused by the driver in
-        our tests on an H200 (CUDA 13, driver 580), so rather than hand out
-        handles that fail in the other process, this raises.  Use numba's
-        default memory manager for IPC, or share a
-        :class:`~umem_numba.VMMBuffer` with ``export_fds()``.
+        Raises
+        ------
+        UnsupportedError
+            The memory comes from a managed pool, or the device cannot export
+            pools (the message says which).
         """
         pool = self._pool
-        what = (
-            "a managed pool, which the driver cannot export"
-            if pool is not None and pool.kind == "managed"
-            else "a device pool, whose allocations the driver refused to export here"
-        )
-        raise UnsupportedError(
-            f"numba IPC handles are not available through umem_numba's memory manager: the "
-            f"memory comes from {what}; use numba's default memory manager for IPC, or "
-            "share a VMMBuffer with export_fds()"
-        )
+        owner = memory.owner
+        base = int(owner.handle)
+        if base not in self.allocations:  # not ours (numba cannot hand us another's memory, but be sure)
+            base, _end = nbdriver.device_extents(memory)
+        if pool is None or pool.kind != "device":
+            raise UnsupportedError(
+                "numba IPC handles need device memory, but umem_numba's memory manager allocates from a "
+                "managed pool here (UMEM_NUMBA_EMM_POOL=managed), which the driver cannot export; use "
+                "UMEM_NUMBA_EMM_POOL=device for IPC"
+            )
+        if not pool.exportable:
+            raise UnsupportedError(
+                f"device {pool.device_id} cannot export memory pools as file descriptors, so numba IPC "
+                "handles are unavailable through umem_numba's memory manager"
+            )
+        with self._context_current():
+            data = _driver.call(
+                "cuMemPoolExportPointer", base, detail=f"exporting the pool allocation at {base:#x} for IPC"
+            )
+            fd = int(
+                _driver.call(
+                    "cuMemPoolExportToShareableHandle",
+                    pool.handle,
+                    _driver.consts().vmm_posix_fd,
+                    0,
+                    detail="exporting a memory pool for IPC",
+                )
+            )
+        raw = bytes(ctypes.string_at(data.getPtr(), _EXPORT_BYTES))
+        offset = int(memory.handle) - base
+        source_info = self.context.device.get_device_identity()
+        return PoolIpcHandle(memory, _ExportData(raw), memory.size, source_info, offset=offset, pool_fd=fd)
 
     # -- lifetime --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -329,6 +361,159 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     def interface_version(self) -> int:
         """numba's EMM interface version implemented (1)."""
         return 1
+
+
+_EXPORT_BYTES = 64  # sizeof(CUmemPoolPtrExportData)
+
+
+class _ExportData:
+    """The 64 opaque bytes of ``CUmemPoolPtrExportData`` (as ``.reserved``, like numba's handle)."""
+
+    __slots__ = ("reserved",)
+
+    def __init__(self, reserved: bytes) -> None:
+        self.reserved = bytes(reserved)
+
+    def __reduce__(self) -> Any:
+        return (_ExportData, (self.reserved,))
+
+
+class PoolIpcHandle(nbdriver.IpcHandle):
+    """A numba IPC handle of memory from an exportable device pool.
+
+    Pickles the pool's file descriptor with :mod:`multiprocessing`'s
+    descriptor passing and the allocation's export data; :meth:`open` imports
+    both.  Open it in one process at a time; close it there before the
+    exporting process frees the array.
+
+    Parameters
+    ----------
+    base : numba MemoryPointer or None
+        The exported memory (``None`` in a receiving process).
+    handle : _ExportData
+        The allocation's export data.
+    size : int
+        Bytes of the exported view.
+    source_info : dict, optional
+        The exporting device's identity (numba's ``get_device_identity``).
+    offset : int
+        Bytes from the allocation's start to the view.
+    pool_fd : int or multiprocessing.reduction.DupFd
+        The pool's descriptor (owned by this handle).
+    """
+
+    def __init__(
+        self,
+        base: Any,
+        handle: _ExportData,
+        size: int,
+        source_info: Any = None,
+        offset: int = 0,
+        pool_fd: Any = None,
+    ) -> None:
+        super().__init__(base, handle, size, source_info, offset)
+        self._pool_fd = pool_fd
+        self._imported: tuple[Any, int] | None = None
+        self._opened_mem: Any = None
+        if isinstance(pool_fd, int):
+            weakref.finalize(self, _close_fd, pool_fd)
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+
+        fd = self._pool_fd
+        if isinstance(fd, int):
+            fd = DupFd(fd)  # sent over a Unix socket (SCM_RIGHTS) when the receiver unpickles it
+        return (_rebuild_pool_handle, (self.handle, fd, self.size, self.source_info, self.offset))
+
+    def _descriptor(self) -> int:
+        fd = self._pool_fd
+        if not isinstance(fd, int):
+            if fd is None:
+                raise ValueError("this IPC handle has no pool descriptor (was it closed?)")
+            fd = self._pool_fd = fd.detach()
+            weakref.finalize(self, _close_fd, fd)
+        return fd
+
+    def open(self, context: Any) -> Any:
+        """Import the memory into numba's ``context``; returns a numba memory pointer to the view."""
+        if self.base is not None:
+            raise ValueError("opening IpcHandle from original process")
+        if self._imported is not None:
+            raise ValueError("IpcHandle is already opened")
+        drv = _driver.api().drv
+        fd_type = _driver.consts().vmm_posix_fd
+        dev = int(context.device.id)
+        with _driver.device_context(dev):
+            pool = _driver.call(
+                "cuMemPoolImportFromShareableHandle",
+                self._descriptor(),
+                fd_type,
+                0,
+                detail="importing a memory pool from another process",
+            )
+            try:
+                _grant_access(pool, dev)
+                data = drv.CUmemPoolPtrExportData()
+                ctypes.memmove(data.getPtr(), bytes(self.handle.reserved), _EXPORT_BYTES)
+                ptr = int(
+                    _driver.call(
+                        "cuMemPoolImportPointer", pool, data, detail="importing a pool allocation from another process"
+                    )
+                )
+            except BaseException:
+                drv.cuMemPoolDestroy(pool)
+                raise
+        self._imported = (pool, ptr)
+        mem = nbdriver.MemoryPointer(context, nbdriver.binding.CUdeviceptr(ptr), self.offset + self.size)
+        self._opened_mem = mem
+        return mem.own().view(self.offset)
+
+    open_direct = open
+
+    def open_staged(self, context: Any) -> Any:
+        """As :meth:`open`: an imported pool is mapped for the receiving device itself (no staging needed)."""
+        return self.open(context)
+
+    def close(self) -> None:
+        """Free the imported allocation and pool in this process."""
+        if self._imported is None:
+            raise ValueError("IpcHandle not opened")
+        pool, ptr = self._imported
+        drv = _driver.api().drv
+        self._imported = None
+        self._opened_mem = None
+        try:
+            _driver.check(drv.cuMemFree(ptr), "cuMemFree", "freeing an imported IPC allocation")
+        finally:
+            drv.cuMemPoolDestroy(pool)
+
+
+def _grant_access(pool: Any, device_id: int) -> None:
+    """Read/write access to an imported pool for ``device_id``, unless it has it (``cuMemPoolGetAccess``)."""
+    drv = _driver.api().drv
+    loc = drv.CUmemLocation()
+    loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc.id = device_id
+    rw = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    flags = _driver.call("cuMemPoolGetAccess", pool, loc, detail="reading an imported pool's access")
+    if int(flags) == int(rw):
+        return
+    desc = drv.CUmemAccessDesc()
+    desc.location = loc
+    desc.flags = rw
+    _driver.call("cuMemPoolSetAccess", pool, [desc], 1, detail=f"granting device {device_id} an imported pool")
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _rebuild_pool_handle(handle: _ExportData, fd: Any, size: int, source_info: Any, offset: int) -> PoolIpcHandle:
+    return PoolIpcHandle(None, handle, size, source_info, offset, pool_fd=fd)
 
 
 #: What ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (or ``=umem_numba._emm``) loads.
