@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from umem_numba.kernels._fdpass import MAX_FDS, recv_fds, send_fds
 from umem_numba.kernels.distributed import collective_errors, cuda_aware_mpi, mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
+IPC_WORKER = ROOT / "tests" / "mpi_ipc_worker.py"
 
 
 def _mpirun() -> list[str]:
@@ -288,6 +291,91 @@ def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int)
     plate = np.load(out)
     u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)
     assert not np.array_equal(plate, u0)
+
+
+# -- same-node zero copy (--halo ipc): the descriptor transport on the CPU ----------------------
+def _memfd(text: str) -> int:
+    fd = os.memfd_create("umem-test")
+    os.write(fd, text.encode())
+    return fd
+
+
+def test_fds_pass_over_a_socketpair_with_their_payload() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine = [_memfd("first"), _memfd("second")]
+    try:
+        with a, b:
+            a.settimeout(10)
+            b.settimeout(10)
+            send_fds(a, mine, {"sizes": [1, 2], "note": "x" * 100_000})  # a body larger than one recvmsg
+            got, payload = recv_fds(b)
+        assert payload == {"sizes": [1, 2], "note": "x" * 100_000}
+        assert len(got) == 2 and not set(got) & set(mine)  # new descriptors in this process
+        assert [os.pread(fd, 16, 0) for fd in got] == [b"first", b"second"]
+        for fd in got:
+            os.close(fd)
+    finally:
+        for fd in mine:
+            os.close(fd)
+
+
+def test_fds_receive_refuses_more_than_it_takes_and_closes_what_came() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine = [_memfd(str(i)) for i in range(3)]
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        with a, b:
+            send_fds(a, mine, {})
+            with pytest.raises(ConnectionError, match="more than 1 descriptors"):
+                recv_fds(b, max_fds=1)
+        assert len(os.listdir("/proc/self/fd")) == before - 2  # the socket pair; nothing received leaks
+    finally:
+        for fd in mine:
+            os.close(fd)
+    with socket.socket(socket.AF_UNIX) as c, pytest.raises(ValueError, match=f"at most {MAX_FDS} descriptors"):
+        send_fds(c, [0] * (MAX_FDS + 1), {})
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x05\x00", b"\x05\x00\x00\x00{}", b"\x02\x00\x00\x00[]"])
+def test_fds_receive_names_a_short_or_foreign_message(sent: bytes) -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        b.settimeout(10)
+        a.sendall(sent)
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match=r"closed the socket|not a descriptor message"):
+            recv_fds(b)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_fds_pass_between_mpi_ranks(tmp_path: Path, ranks: int) -> None:
+    """Real ranks: memfd contents and a pipe's write end reach the neighbours; the socket directory goes."""
+    mpirun = _mpirun()
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            str(ranks),
+            *_env_flag(mpirun, "TMPDIR", str(tmp_path)),
+            sys.executable,
+            str(IPC_WORKER),
+            "fds",
+        ],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(ranks):
+        assert f"rank {rank}: descriptors from " in r.stdout and "passed and live" in r.stdout
+    assert not list(tmp_path.glob("umem-fds-*")), "the socket directory was left behind"
+
+
+def test_fds_failure_on_one_rank_raises_on_every_rank() -> None:
+    mpirun = _mpirun()
+    r = _run([*mpirun, "-np", "2", sys.executable, str(IPC_WORKER), "fds-fail"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert f"rank {rank}: FdPassError: passing (SCM_RIGHTS over Unix sockets): " in r.stdout, r.stdout
+    assert "rank 1: passing descriptors to/from ranks [0] failed: OSError" in r.stdout  # the cause, on both
 
 
 def test_bench_scale_cli_without_gpu_says_why() -> None:
