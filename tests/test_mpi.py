@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from umem_numba.kernels._fdpass import MAX_FDS, recv_fds, send_fds
-from umem_numba.kernels.distributed import collective_errors, cuda_aware_mpi, mismatch
+from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
@@ -195,7 +195,7 @@ def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str]) -> Non
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:]], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"simulated GPU path, {ranks} ranks: bitwise equal" in r.stdout
+    assert f"simulated GPU path (mpi halos), {ranks} ranks: bitwise equal" in r.stdout
 
 
 def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
@@ -347,6 +347,17 @@ def test_fds_receive_names_a_short_or_foreign_message(sent: bytes) -> None:
             recv_fds(b)
 
 
+def test_rank_heat_ipc_refuses_the_cpu_path_and_unknown_modes() -> None:
+    from umem_numba.kernels.decomp import Decomposition
+
+    d = Decomposition((8, 8), 1)
+    u = np.zeros((8, 8), np.float32)
+    with pytest.raises(ValueError, match="needs the GPU path"):
+        RankHeat(_FakeComm([None]), d, u, 0.2, cpu=True, halo="ipc")
+    with pytest.raises(ValueError, match="halo must be one of"):
+        RankHeat(_FakeComm([None]), d, u, 0.2, cpu=True, halo="shm")
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_fds_pass_between_mpi_ranks(tmp_path: Path, ranks: int) -> None:
     """Real ranks: memfd contents and a pipe's write end reach the neighbours; the socket directory goes."""
@@ -376,6 +387,21 @@ def test_fds_failure_on_one_rank_raises_on_every_rank() -> None:
     for rank in range(2):
         assert f"rank {rank}: FdPassError: passing (SCM_RIGHTS over Unix sockets): " in r.stdout, r.stdout
     assert "rank 1: passing descriptors to/from ranks [0] failed: OSError" in r.stdout  # the cause, on both
+
+
+@pytest.mark.parametrize(
+    ("ranks", "args"),
+    [(2, ["70", "20", "5"]), (3, ["70", "20", "6"]), (4, ["6", "9", "4"]), (3, ["29", "5", "4", "3d"])],
+)
+def test_mpi_ipc_halos_data_flow_in_simulator(ranks: int, args: list[str]) -> None:
+    """halo='ipc' under numba's simulator: outboxes are memfds really passed and mapped by the neighbours."""
+    mpirun = _mpirun()
+    seed = str(int.from_bytes(os.urandom(4), "little"))
+    worker = ROOT / "tests" / "mpi_sim_worker.py"
+    cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
+    r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], "ipc"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"simulated GPU path (ipc halos), {ranks} ranks: bitwise equal" in r.stdout
 
 
 def test_bench_scale_cli_without_gpu_says_why() -> None:
