@@ -2,21 +2,27 @@
 
     mpirun -np N python tests/mpi_ipc_worker.py fds          # descriptors really pass between ranks
     mpirun -np 2 python tests/mpi_ipc_worker.py fds-fail     # rank 1 fails: every rank raises, none hangs
+    mpirun -np N python tests/mpi_ipc_worker.py two-nodes ARGS...   # heat2d_mpi.py ARGS, ranks as if on N nodes
 
 ``fds``: each rank passes a memfd holding a message and the write end of a
 pipe to its neighbours (``kernels._fdpass.exchange_fds``); each checks the
 memfd's contents it received, writes into the neighbour's pipe through the
 received descriptor, and after a barrier reads its own pipe to its end: the
-descriptors are live in the other process.
+descriptors are live in the other process.  ``two-nodes`` replaces the
+shared-memory split (``distributed.node_ranks``) by one node per rank and runs
+the example's ``main``.
 """
 
 from __future__ import annotations
 
 import os
+import runpy
 import sys
+from pathlib import Path
 
 from mpi4py import MPI
 
+from umem_numba.kernels import distributed
 from umem_numba.kernels._fdpass import FdPassError, exchange_fds
 
 
@@ -70,10 +76,19 @@ def fds_fail() -> int:
     return 1
 
 
+def two_nodes(argv: list[str]) -> int:
+    distributed.node_ranks = lambda comm: [int(comm.Get_rank())]
+    example = Path(__file__).resolve().parents[1] / "examples" / "heat2d_mpi.py"
+    module = runpy.run_path(str(example), run_name="heat2d_mpi")
+    return int(module["main"](argv))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "fds":
         sys.exit(fds())
     if mode == "fds-fail":
         sys.exit(fds_fail())
+    if mode == "two-nodes":
+        sys.exit(two_nodes(sys.argv[2:]))
     sys.exit(f"unknown mode {mode!r}")

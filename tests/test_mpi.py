@@ -8,6 +8,7 @@ with the reason where mpirun or mpi4py is missing.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import socket
@@ -402,6 +403,70 @@ def test_mpi_ipc_halos_data_flow_in_simulator(ranks: int, args: list[str]) -> No
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], "ipc"], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"simulated GPU path (ipc halos), {ranks} ranks: bitwise equal" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cpu"], "--halo ipc maps GPU memory between the ranks: it needs the GPU path, not --cpu"),
+        (["--staging", "pinned"], "--staging pinned chooses the buffers of MPI halos: it does not go with --halo ipc"),
+    ],
+)
+def test_mpi_ipc_bad_options_fail_on_every_rank(extra: list[str], message: str) -> None:
+    mpirun = _mpirun()
+    cmd = [sys.executable, str(EXAMPLE), "--halo", "ipc", "--size", "64", "--steps", "2", "--out", "", *extra]
+    r = _run([*mpirun, "-np", "2", *cmd], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: {message}" in r.stderr, r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+
+
+def test_mpi_ipc_ranks_on_several_nodes_fail_on_every_rank() -> None:
+    """The shared-memory split answering one node per rank (as on a cluster): every rank says why, none hangs."""
+    mpirun = _mpirun()
+    args = ["two-nodes", "--halo", "ipc", "--size", "64", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "3", sys.executable, str(IPC_WORKER), *args], timeout=120)
+    assert r.returncode != 0
+    for rank in range(3):
+        assert (
+            f"[rank {rank}]: error: all ranks: --halo ipc (halo='ipc') needs every rank on one node, but the 3 "
+            "ranks are not on one node" in r.stderr
+        ), r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+
+
+def test_mpi_ipc_without_gpu_fails_on_every_rank() -> None:
+    from umem_numba import _driver
+
+    if _driver.available():
+        pytest.skip("this machine has a GPU (the GPU test runs --halo ipc)")
+    mpirun = _mpirun()
+    cmd = [sys.executable, str(EXAMPLE), "--halo", "ipc", "--size", "64", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "2", *cmd], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: no usable GPU" in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("ranks", "rows", "cols"), [(2, 512, 512), (3, 777, 1000)])
+def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int, cols: int) -> None:
+    """--halo ipc (ranks sharing the GPUs where there are fewer): bitwise the one-GPU run, checked by rank 0."""
+    mpirun = _mpirun()
+    seed = int.from_bytes(os.urandom(4), "little")
+    out, js = tmp_path / "plate.npy", tmp_path / "r.json"
+    args = ["--halo", "ipc", "--size", str(cols), "--rows", str(rows), "--steps", "20", "--init", "random"]
+    args += ["--seed", str(seed), "--check", "--save", str(out), "--json", str(js), "--out", ""]
+    r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *args], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "halos via exported VMM rows read in place" in r.stdout, r.stdout
+    assert "check against the one-GPU run: bitwise equal" in r.stdout, r.stdout
+    assert json.loads(js.read_text())["halo"] == "ipc"
+    plate = np.load(out)
+    u0 = np.random.default_rng(seed).random((rows, cols)).astype(np.float32)
+    assert not np.array_equal(plate, u0)
 
 
 def test_bench_scale_cli_without_gpu_says_why() -> None:
