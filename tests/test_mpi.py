@@ -469,6 +469,55 @@ def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int
     assert not np.array_equal(plate, u0)
 
 
+def test_bench_scale_compares_the_mpi_transports(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """bench scale's MPI bookkeeping with the mpirun points faked: the one-rank point runs once, both
+    transports get their rows and ratios, the comparison and its figures (no goal) come out."""
+    import umem_numba as um
+    from umem_numba import _driver
+    from umem_numba._bench import _common, scale
+
+    calls = []
+
+    def point(mpirun, ranks, rows, args, halo="pinned"):
+        calls.append((ranks, rows, halo))
+        ms = {1: 0.5, 2: {"pinned": 1.2, "ipc": 1.0}}[ranks]
+        ms = ms if ranks == 1 else ms[halo] * (1.5 if rows > args.size else 1.0)
+        return {
+            "ranks": ranks,
+            "shape": [rows, args.size],
+            "ms_per_step": ms,
+            "compute_ms_per_step": 0.5,
+            "halo_us_per_step": (ms - 0.5) * 1e3 if ranks > 1 else 0.0,
+            "host_wait_us_per_step": 7.0,
+            "device_buffers": False,
+            "halo": "ipc" if halo == "ipc" else "mpi",
+            "transport_how": "",
+            "mpi_library": "Open MPI vX",
+        }
+
+    monkeypatch.setattr(um, "gpu_available", lambda: True)
+    monkeypatch.setattr(_driver, "device_count", lambda: 1)
+    monkeypatch.setattr(_common, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(scale, "_mpirun", lambda: (["mpirun"], ""))
+    monkeypatch.setattr(scale, "_mpi_point", point)
+    result = scale.run(["--no-peer", "--size", "64", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert sorted(calls) == [(1, 64, "pinned"), (2, 64, "ipc"), (2, 64, "pinned"), (2, 128, "ipc"), (2, 128, "pinned")]
+    assert result["status"] == 0 and result["simulated"]
+    assert result["mpi"]["strong"]["speedup"] == pytest.approx(0.5 / 1.2)
+    assert result["mpi-ipc"]["weak"]["efficiency"] == pytest.approx(0.5 / 1.5)
+    cmp = result["mpi_ipc_vs_pinned"]
+    assert cmp["strong"]["pinned_over_ipc_step"] == pytest.approx(1.2)
+    assert cmp["weak"]["ipc_halo_us_per_step"] == pytest.approx(1000.0)
+    assert "MPI strong, 2 ranks: ipc 1.000 ms/step vs pinned 1.200 ms/step (pinned / ipc 1.200)" in out
+    assert "ipc (VMM, in place) (Open MPI vX)" in out
+    figures = {f["name"]: f for f in result["figures"]}
+    assert figures["mpi strong step, pinned / ipc (2 ranks)"]["goal"] is None
+    assert "simulated" in figures["mpi-ipc weak efficiency"]["note"]
+    with pytest.raises(SystemExit):
+        scale.run(["--mpi-halos", "pinned,shm"])
+
+
 def test_bench_scale_cli_without_gpu_says_why() -> None:
     from umem_numba import _driver
 
