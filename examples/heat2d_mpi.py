@@ -16,15 +16,20 @@ writes them over the slab step's edge rows: the messages travel while the
 next slab step runs (``umem_numba.kernels.distributed``).  Where the
 MPI library is CUDA-aware (``MPIX_Query_cuda_support``; override with
 ``UMEM_MPI_CUDA_AWARE=0/1``) the halo rows go from device buffers directly,
-otherwise through ``umem_numba.PinnedBuffer`` staging.  Rank 0 gathers the
-plate and writes a PNG (matplotlib if installed, else umem_numba's writer).
+otherwise through ``umem_numba.PinnedBuffer`` staging.  With ``--halo ipc``
+(every rank on one node) no row goes through MPI or host memory: each rank
+exports a small VMM buffer holding the rows its neighbours need, passes its
+file descriptors to them over a Unix socket (``SCM_RIGHTS``), and reads
+theirs in place, device to device; 8-byte MPI messages order the ranks.
+Rank 0 gathers the plate and writes a PNG (matplotlib if installed, else
+umem_numba's writer).
 
 The slabs are aligned to the kernel's strips (``umem_numba.kernels.decomp``),
 so the plate is bitwise the one-GPU (``--cpu``: one-rank NumPy) result;
 ``--check`` verifies that on rank 0.  Bad input (a grid with fewer rows than
-ranks, ranks started with different settings, a rank without a GPU) is
-reported by every rank, and all ranks exit with status 2, before any halo
-moves.
+ranks, ranks started with different settings, a rank without a GPU,
+``--halo ipc`` with ``--cpu`` or on ranks of several nodes) is reported by
+every rank, and all ranks exit with status 2, before any halo moves.
 """
 
 from __future__ import annotations
@@ -66,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--staging",
         choices=("auto", "pinned", "device"),
         default="auto",
-        help="halo buffers: auto (device if MPI is CUDA-aware, else pinned), or force one",
+        help="--halo mpi buffers: auto (device if MPI is CUDA-aware, else pinned), or force one",
+    )
+    p.add_argument(
+        "--halo",
+        choices=("mpi", "ipc"),
+        default="mpi",
+        help="how halo rows move: mpi (messages, --staging) or ipc (ranks of one node read their "
+        "neighbours' exported GPU memory in place; GPU only)",
     )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
@@ -115,7 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat2d_mpi: needs mpi4py and an MPI library (pip install -e '.[mpi]'): {exc}", file=sys.stderr)
         return 1
     from umem_numba.kernels.decomp import Decomposition
-    from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, local_rank, mismatch
+    from umem_numba.kernels.distributed import (
+        RankHeat,
+        collective_errors,
+        cuda_aware_mpi,
+        ipc_unavailable,
+        local_rank,
+        mismatch,
+    )
 
     comm = MPI.COMM_WORLD
     rank, nranks = comm.Get_rank(), comm.Get_size()
@@ -136,16 +155,17 @@ def main(argv: list[str] | None = None) -> int:
             error = f"--steps must be at least 1, got {args.steps}"
         elif not 0.0 <= args.alpha <= 0.25:
             error = f"--alpha must be in [0, 0.25], got {args.alpha}"
-    config = (
-        {}
-        if args is None
-        else {
-            k: getattr(args, k) for k in ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging")
-        }
-    )
+        elif args.halo == "ipc" and args.cpu:
+            error = "--halo ipc maps GPU memory between the ranks: it needs the GPU path, not --cpu"
+        elif args.halo == "ipc" and args.staging != "auto":
+            error = f"--staging {args.staging} chooses the buffers of MPI halos: it does not go with --halo ipc"
+    keys = ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo")
+    config = {} if args is None else {k: getattr(args, k) for k in keys}
     errors = collective_errors(comm, error)
     if not errors:
         errors = collective_errors(comm, mismatch(comm, config))
+    if not errors and args.halo == "ipc":  # every rank takes part: the settings agree
+        errors = collective_errors(comm, ipc_unavailable(comm))
     if errors:
         return _abort(rank, errors)
 
@@ -180,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     # 3. Transport: every rank agrees.
     if args.cpu:
         device_buffers, how = False, "--cpu"
+    elif args.halo == "ipc":
+        device_buffers, how = False, "--halo ipc: all ranks on one node"
     elif args.staging == "auto":
         aware, how = cuda_aware_mpi()
         device_buffers = bool(comm.allreduce(int(aware), op=MPI.MIN))
@@ -203,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             args.alpha,
             cpu=args.cpu,
             device_buffers=device_buffers,
+            halo=args.halo,
         )
     except Exception as exc:  # e.g. no memory left for the slab or the staging buffers: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"
@@ -273,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                     "mpi_library": _library(),
                     "cpu": args.cpu,
                     "device_buffers": device_buffers,
+                    "halo": args.halo,
                     "transport_how": how,
                 },
                 fh,
@@ -293,6 +317,8 @@ def _library() -> str:
 def _transport_name(args: Any, device_buffers: bool) -> str:
     if args.cpu:
         return "host arrays"
+    if args.halo == "ipc":
+        return "exported VMM rows read in place (fds over SCM_RIGHTS, MPI tokens order the ranks)"
     return "device buffers" if device_buffers else "pinned host buffers"
 
 

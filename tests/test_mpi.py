@@ -8,8 +8,10 @@ with the reason where mpirun or mpi4py is missing.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from umem_numba.kernels.distributed import collective_errors, cuda_aware_mpi, mismatch
+from umem_numba.kernels._fdpass import MAX_FDS, recv_fds, send_fds
+from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
+IPC_WORKER = ROOT / "tests" / "mpi_ipc_worker.py"
 
 
 def _mpirun() -> list[str]:
@@ -192,7 +196,7 @@ def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str]) -> Non
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:]], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"simulated GPU path, {ranks} ranks: bitwise equal" in r.stdout
+    assert f"simulated GPU path (mpi halos), {ranks} ranks: bitwise equal" in r.stdout
 
 
 def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
@@ -288,6 +292,230 @@ def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int)
     plate = np.load(out)
     u0 = np.random.default_rng(seed).random((777, 1000)).astype(np.float32)
     assert not np.array_equal(plate, u0)
+
+
+# -- same-node zero copy (--halo ipc): the descriptor transport on the CPU ----------------------
+def _memfd(text: str) -> int:
+    fd = os.memfd_create("umem-test")
+    os.write(fd, text.encode())
+    return fd
+
+
+def test_fds_pass_over_a_socketpair_with_their_payload() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine = [_memfd("first"), _memfd("second")]
+    try:
+        with a, b:
+            a.settimeout(10)
+            b.settimeout(10)
+            send_fds(a, mine, {"sizes": [1, 2], "note": "x" * 100_000})  # a body larger than one recvmsg
+            got, payload = recv_fds(b)
+        assert payload == {"sizes": [1, 2], "note": "x" * 100_000}
+        assert len(got) == 2 and not set(got) & set(mine)  # new descriptors in this process
+        assert [os.pread(fd, 16, 0) for fd in got] == [b"first", b"second"]
+        for fd in got:
+            os.close(fd)
+    finally:
+        for fd in mine:
+            os.close(fd)
+
+
+def test_fds_receive_refuses_more_than_it_takes_and_closes_what_came() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine = [_memfd(str(i)) for i in range(3)]
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        with a, b:
+            send_fds(a, mine, {})
+            with pytest.raises(ConnectionError, match="more than 1 descriptors"):
+                recv_fds(b, max_fds=1)
+        assert len(os.listdir("/proc/self/fd")) == before - 2  # the socket pair; nothing received leaks
+    finally:
+        for fd in mine:
+            os.close(fd)
+    with socket.socket(socket.AF_UNIX) as c, pytest.raises(ValueError, match=f"at most {MAX_FDS} descriptors"):
+        send_fds(c, [0] * (MAX_FDS + 1), {})
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x05\x00", b"\x05\x00\x00\x00{}", b"\x02\x00\x00\x00[]"])
+def test_fds_receive_names_a_short_or_foreign_message(sent: bytes) -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        b.settimeout(10)
+        a.sendall(sent)
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match=r"closed the socket|not a descriptor message"):
+            recv_fds(b)
+
+
+def test_rank_heat_ipc_refuses_the_cpu_path_and_unknown_modes() -> None:
+    from umem_numba.kernels.decomp import Decomposition
+
+    d = Decomposition((8, 8), 1)
+    u = np.zeros((8, 8), np.float32)
+    with pytest.raises(ValueError, match="needs the GPU path"):
+        RankHeat(_FakeComm([None]), d, u, 0.2, cpu=True, halo="ipc")
+    with pytest.raises(ValueError, match="halo must be one of"):
+        RankHeat(_FakeComm([None]), d, u, 0.2, cpu=True, halo="shm")
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_fds_pass_between_mpi_ranks(tmp_path: Path, ranks: int) -> None:
+    """Real ranks: memfd contents and a pipe's write end reach the neighbours; the socket directory goes."""
+    mpirun = _mpirun()
+    r = _run(
+        [
+            *mpirun,
+            "-np",
+            str(ranks),
+            *_env_flag(mpirun, "TMPDIR", str(tmp_path)),
+            sys.executable,
+            str(IPC_WORKER),
+            "fds",
+        ],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(ranks):
+        assert f"rank {rank}: descriptors from " in r.stdout and "passed and live" in r.stdout
+    assert not list(tmp_path.glob("umem-fds-*")), "the socket directory was left behind"
+
+
+def test_fds_failure_on_one_rank_raises_on_every_rank() -> None:
+    mpirun = _mpirun()
+    r = _run([*mpirun, "-np", "2", sys.executable, str(IPC_WORKER), "fds-fail"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert f"rank {rank}: FdPassError: passing (SCM_RIGHTS over Unix sockets): " in r.stdout, r.stdout
+    assert "rank 1: passing descriptors to/from ranks [0] failed: OSError" in r.stdout  # the cause, on both
+
+
+@pytest.mark.parametrize(
+    ("ranks", "args"),
+    [(2, ["70", "20", "5"]), (3, ["70", "20", "6"]), (4, ["6", "9", "4"]), (3, ["29", "5", "4", "3d"])],
+)
+def test_mpi_ipc_halos_data_flow_in_simulator(ranks: int, args: list[str]) -> None:
+    """halo='ipc' under numba's simulator: outboxes are memfds really passed and mapped by the neighbours."""
+    mpirun = _mpirun()
+    seed = str(int.from_bytes(os.urandom(4), "little"))
+    worker = ROOT / "tests" / "mpi_sim_worker.py"
+    cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
+    r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], "ipc"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"simulated GPU path (ipc halos), {ranks} ranks: bitwise equal" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cpu"], "--halo ipc maps GPU memory between the ranks: it needs the GPU path, not --cpu"),
+        (["--staging", "pinned"], "--staging pinned chooses the buffers of MPI halos: it does not go with --halo ipc"),
+    ],
+)
+def test_mpi_ipc_bad_options_fail_on_every_rank(extra: list[str], message: str) -> None:
+    mpirun = _mpirun()
+    cmd = [sys.executable, str(EXAMPLE), "--halo", "ipc", "--size", "64", "--steps", "2", "--out", "", *extra]
+    r = _run([*mpirun, "-np", "2", *cmd], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: {message}" in r.stderr, r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+
+
+def test_mpi_ipc_ranks_on_several_nodes_fail_on_every_rank() -> None:
+    """The shared-memory split answering one node per rank (as on a cluster): every rank says why, none hangs."""
+    mpirun = _mpirun()
+    args = ["two-nodes", "--halo", "ipc", "--size", "64", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "3", sys.executable, str(IPC_WORKER), *args], timeout=120)
+    assert r.returncode != 0
+    for rank in range(3):
+        assert (
+            f"[rank {rank}]: error: all ranks: --halo ipc (halo='ipc') needs every rank on one node, but the 3 "
+            "ranks are not on one node" in r.stderr
+        ), r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+
+
+def test_mpi_ipc_without_gpu_fails_on_every_rank() -> None:
+    from umem_numba import _driver
+
+    if _driver.available():
+        pytest.skip("this machine has a GPU (the GPU test runs --halo ipc)")
+    mpirun = _mpirun()
+    cmd = [sys.executable, str(EXAMPLE), "--halo", "ipc", "--size", "64", "--steps", "2", "--out", ""]
+    r = _run([*mpirun, "-np", "2", *cmd], timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"[rank {rank}]: error: all ranks: no usable GPU" in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("ranks", "rows", "cols"), [(2, 512, 512), (3, 777, 1000)])
+def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int, cols: int) -> None:
+    """--halo ipc (ranks sharing the GPUs where there are fewer): bitwise the one-GPU run, checked by rank 0."""
+    mpirun = _mpirun()
+    seed = int.from_bytes(os.urandom(4), "little")
+    out, js = tmp_path / "plate.npy", tmp_path / "r.json"
+    args = ["--halo", "ipc", "--size", str(cols), "--rows", str(rows), "--steps", "20", "--init", "random"]
+    args += ["--seed", str(seed), "--check", "--save", str(out), "--json", str(js), "--out", ""]
+    r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *args], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "halos via exported VMM rows read in place" in r.stdout, r.stdout
+    assert "check against the one-GPU run: bitwise equal" in r.stdout, r.stdout
+    assert json.loads(js.read_text())["halo"] == "ipc"
+    plate = np.load(out)
+    u0 = np.random.default_rng(seed).random((rows, cols)).astype(np.float32)
+    assert not np.array_equal(plate, u0)
+
+
+def test_bench_scale_compares_the_mpi_transports(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """bench scale's MPI bookkeeping with the mpirun points faked: the one-rank point runs once, both
+    transports get their rows and ratios, the comparison and its figures (no goal) come out."""
+    import umem_numba as um
+    from umem_numba import _driver
+    from umem_numba._bench import _common, scale
+
+    calls = []
+
+    def point(mpirun, ranks, rows, args, halo="pinned"):
+        calls.append((ranks, rows, halo))
+        ms = {1: 0.5, 2: {"pinned": 1.2, "ipc": 1.0}}[ranks]
+        ms = ms if ranks == 1 else ms[halo] * (1.5 if rows > args.size else 1.0)
+        return {
+            "ranks": ranks,
+            "shape": [rows, args.size],
+            "ms_per_step": ms,
+            "compute_ms_per_step": 0.5,
+            "halo_us_per_step": (ms - 0.5) * 1e3 if ranks > 1 else 0.0,
+            "host_wait_us_per_step": 7.0,
+            "device_buffers": False,
+            "halo": "ipc" if halo == "ipc" else "mpi",
+            "transport_how": "",
+            "mpi_library": "Open MPI vX",
+        }
+
+    monkeypatch.setattr(um, "gpu_available", lambda: True)
+    monkeypatch.setattr(_driver, "device_count", lambda: 1)
+    monkeypatch.setattr(_common, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(scale, "_mpirun", lambda: (["mpirun"], ""))
+    monkeypatch.setattr(scale, "_mpi_point", point)
+    result = scale.run(["--no-peer", "--size", "64", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert sorted(calls) == [(1, 64, "pinned"), (2, 64, "ipc"), (2, 64, "pinned"), (2, 128, "ipc"), (2, 128, "pinned")]
+    assert result["status"] == 0 and result["simulated"]
+    assert result["mpi"]["strong"]["speedup"] == pytest.approx(0.5 / 1.2)
+    assert result["mpi-ipc"]["weak"]["efficiency"] == pytest.approx(0.5 / 1.5)
+    cmp = result["mpi_ipc_vs_pinned"]
+    assert cmp["strong"]["pinned_over_ipc_step"] == pytest.approx(1.2)
+    assert cmp["weak"]["ipc_halo_us_per_step"] == pytest.approx(1000.0)
+    assert "MPI strong, 2 ranks: ipc 1.000 ms/step vs pinned 1.200 ms/step (pinned / ipc 1.200)" in out
+    assert "ipc (VMM, in place) (Open MPI vX)" in out
+    figures = {f["name"]: f for f in result["figures"]}
+    assert figures["mpi strong step, pinned / ipc (2 ranks)"]["goal"] is None
+    assert "simulated" in figures["mpi-ipc weak efficiency"]["note"]
+    with pytest.raises(SystemExit):
+        scale.run(["--mpi-halos", "pinned,shm"])
 
 
 def test_bench_scale_cli_without_gpu_says_why() -> None:

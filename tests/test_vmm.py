@@ -195,6 +195,8 @@ def no_driver(monkeypatch):
         (lambda: VMMBuffer.from_shareable_handle([(3,)], 8), TypeError, "pairs"),
         (lambda: VMMBuffer.from_shareable_handle(5, 0), ValueError, "empty shape"),
         (lambda: VMMBuffer.from_shareable_handle(-2, 8), ValueError, "file descriptor must be >= 0"),
+        (lambda: VMMBuffer.from_shareable_handle(5, 8, access=AccessFlags.NONE), ValueError, "access=NONE"),
+        (lambda: VMMBuffer.from_shareable_handle(5, 8, access=2), ValueError, "no write-only access"),
     ],
 )
 def test_validation_before_any_driver_call(no_driver, call, exc, match):

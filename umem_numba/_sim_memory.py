@@ -1061,7 +1061,9 @@ class VMMBuffer(_SimBuffer):
         return buf
 
     @classmethod
-    def from_shareable_handle(cls, handle: Any, shape: Any, dtype: Any = np.float32, *, device: Target = None) -> Any:
+    def from_shareable_handle(
+        cls, handle: Any, shape: Any, dtype: Any = np.float32, *, device: Target = None, access: Any = None
+    ) -> Any:
         """Needs a real GPU (raises :class:`~umem_numba.UnsupportedError`)."""
         raise _unsupported("VMMBuffer.from_shareable_handle (memory shared between processes)")
 

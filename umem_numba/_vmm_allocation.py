@@ -120,8 +120,13 @@ class VMMChunks(Memory):
             tx.commit()
         done.append(chunk)
 
-    def import_chunks(self, pieces: list[tuple[int, int]]) -> None:
-        """Map exported allocations (``(fd, nbytes)`` in order) back to back; all or nothing."""
+    def import_chunks(self, pieces: list[tuple[int, int]], access: AccessFlags = AccessFlags.READ_WRITE) -> None:
+        """Map exported allocations (``(fd, nbytes)`` in order) back to back, ``access`` for this device.
+
+        All or nothing.  The import, the mapping and the grant run in this
+        device's context: the memory may sit on another device (a peer),
+        which is then reached over the peer link.
+        """
         drv = _driver.api().drv
         kind = _driver.consts().vmm_posix_fd
         new: list[_Chunk] = []
@@ -139,8 +144,8 @@ class VMMChunks(Memory):
             set_access(
                 self.base,
                 offset,
-                {self.device_id: AccessFlags.READ_WRITE},
-                f"granting device {self.device_id} READ_WRITE access to imported memory",
+                {self.device_id: access},
+                f"granting device {self.device_id} {access.name} access to imported memory",
             )
             tx.commit()
         self.chunks.extend(new)

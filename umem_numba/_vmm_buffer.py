@@ -243,7 +243,13 @@ class VMMBuffer(Buffer):
 
     @classmethod
     def from_shareable_handle(
-        cls, handle: int | Sequence[tuple[int, int]], shape: Any, dtype: Any = np.float32, *, device: Target = None
+        cls,
+        handle: int | Sequence[tuple[int, int]],
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        device: Target = None,
+        access: AccessFlags = AccessFlags.READ_WRITE,
     ) -> VMMBuffer:
         """Map memory that another process exported (:meth:`export_fd` / :meth:`export_fds`).
 
@@ -258,8 +264,14 @@ class VMMBuffer(Buffer):
         shape, dtype
             The array the exporter shared (must fit in the imported memory).
         device : int, numba device or None
-            The device the memory is on, as this process numbers it; it is
-            granted READ_WRITE.
+            The device that maps the memory and is granted ``access``, as this
+            process numbers it: the device the memory is on, or one with peer
+            access to it (``cuDeviceCanAccessPeer``), which then reads and
+            writes it over the peer link.
+        access : AccessFlags
+            What ``device`` may do: ``READ_WRITE`` (default), or ``READ`` for
+            memory this process must only read (a kernel's store through it
+            then faults, as with :meth:`set_access`).
 
         Returns
         -------
@@ -274,10 +286,14 @@ class VMMBuffer(Buffer):
             Bad descriptors, sizes not multiples of the granularity, or a
             shape larger than the imported memory (before any driver call).
         CudaError
-            A descriptor that is not an exported CUDA allocation.
+            A descriptor that is not an exported CUDA allocation, or a
+            ``device`` without peer access to the memory.
         """
         shape, dtype, nbytes, strides, _ = _layout_of(shape, dtype)
         pieces = _import_pieces(handle, nbytes)
+        fl = as_access(access)
+        if fl == AccessFlags.NONE:
+            raise ValueError("from_shareable_handle: access=NONE would map memory that no device may use")
         device_id = as_device(device, what="VMMBuffer.from_shareable_handle")
         gran = granularity(device_id, exportable=True)
         sized = [(fd, round_up(nbytes, gran) if size is None else size) for fd, size in pieces]
@@ -291,8 +307,9 @@ class VMMBuffer(Buffer):
         alloc = VMMAllocation(chunks, gran, None)
         with Transaction() as tx:
             tx.append(alloc.close)
-            chunks.import_chunks(sized)
+            chunks.import_chunks(sized, fl)
             tx.commit()
+        alloc.grants = {device_id: fl}
         alloc.length_nbytes = nbytes
         return cls._wrap(alloc, shape, strides, dtype, shape[0])
 

@@ -1,7 +1,7 @@
 """Scaling benchmark: the 2-D heat step on 1 and N GPUs, single-process peer path and MPI path.
 
 ``python -m umem_numba bench scale [--gpus N] [--size N] [--weak-rows N] [--steps N] [--no-mpi]
-[--json PATH] [--png PATH]``
+[--mpi-halos LIST] [--json PATH] [--png PATH]``
 
 *Weak scaling*: ``--weak-rows`` x ``--size`` cells per GPU (default 16384 x
 16384 float32), so N GPUs step an ``N*rows x size`` plate; efficiency
@@ -25,6 +25,12 @@ MPI path: ``mpirun -np N python examples/heat2d_mpi.py --staging pinned``
 subprocess per point; the example reports ms per step, the same steps again
 without the exchange (its *halo time per step* is the difference, as for the
 peer path) and the longest host wait for messages of any rank (``--json``).
+Once per ``--mpi-halos`` mode: ``pinned`` (rows in MPI messages through pinned
+host buffers) and ``ipc`` (``--halo ipc``: ranks of one node read their
+neighbours' rows in place from exported VMM memory; 8-byte MPI messages order
+them).  The one-rank points have no exchange, so they are run once and shared;
+the N-rank points of both modes are compared (step time and halo time per
+step, ``mpi_ipc_vs_pinned`` in the JSON).
 Skipped, with the reason, when mpirun, mpi4py or the example is missing.
 
 With fewer GPUs than ``--gpus`` the slabs share GPUs (a simulated
@@ -51,6 +57,8 @@ from ._common import BenchSkipped, command_line, goal_row, goal_text, print_tabl
 GOAL_WEAK = 0.95
 GOAL_STRONG_PEER = 1.85
 GOAL_STRONG_MPI = 1.75
+#: MPI path transports: rows in MPI messages through pinned buffers, or read in place on one node.
+MPI_HALOS = ("pinned", "ipc")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
 
 
@@ -76,6 +84,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="LIST",
         help="peer path halo modes to measure, from copy,vmm (default both)",
     )
+    ap.add_argument(
+        "--mpi-halos",
+        default="pinned,ipc",
+        metavar="LIST",
+        help="MPI path halo transports, from pinned,ipc (default both; ipc: examples/heat2d_mpi.py --halo ipc)",
+    )
     ap.add_argument("--quick", action="store_true", help="8192 wide, 30 steps (a smoke run)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--png", metavar="PATH", help="write a chart (matplotlib)")
@@ -90,6 +104,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.halos = [h.strip() for h in args.halos.split(",") if h.strip()]
     if not args.halos or any(h not in ("copy", "vmm") for h in args.halos):
         ap.error(f"--halos takes copy and/or vmm, got {args.halos}")
+    args.mpi_halos = list(dict.fromkeys(h.strip() for h in args.mpi_halos.split(",") if h.strip()))
+    if not args.mpi_halos or any(h not in MPI_HALOS for h in args.mpi_halos):
+        ap.error(f"--mpi-halos takes pinned and/or ipc, got {args.mpi_halos}")
     return args
 
 
@@ -156,7 +173,7 @@ def _mpirun() -> tuple[list[str] | None, str]:
     return cmd, ""
 
 
-def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace) -> dict:
+def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespace, halo: str = "pinned") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [
@@ -179,8 +196,7 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             "",
             "--json",
             out,
-            "--staging",
-            "pinned",
+            *(["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]),
         ]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
@@ -198,9 +214,15 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
         "halo_us_per_step": data["halo_us_per_step"] if exposed is None else exposed,
         "host_wait_us_per_step": data["halo_us_per_step"],
         "device_buffers": data["device_buffers"],
+        "halo": data.get("halo", "mpi"),
         "transport_how": data["transport_how"],
         "mpi_library": data.get("mpi_library", ""),
     }
+
+
+def _mpi_transport(p: dict) -> str:
+    kind = "device bufs" if p["device_buffers"] else "pinned"
+    return ("ipc (VMM, in place)" if p.get("halo") == "ipc" else kind) + f" ({p['mpi_library']})"
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -291,40 +313,52 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             result["mpi"] = {"skipped": why}
             print(f"MPI path skipped: {why}", file=sys.stderr)
         else:
-            mpi: dict[str, Any] = {}
-            for mode, pts in (
-                ("weak", [(1, args.weak_rows), (n, n * args.weak_rows)]),
-                ("strong", [(1, args.size), (n, args.size)]),
-            ):
-                p1, pn = (_mpi_point(mpirun, r, h, args) for r, h in pts)
-                mpi[mode] = {"one": p1, "n": pn}
-                for p in (p1, pn):
-                    if "error" in p:
-                        rows.append(("mpi", mode, p["ranks"], "", "error", "", p["error"][-120:]))
-                    else:
-                        rows.append(
-                            (
-                                "mpi",
-                                mode,
-                                p["ranks"],
-                                "x".join(map(str, p["shape"])),
-                                f"{p['ms_per_step']:.3f}",
-                                f"{p['halo_us_per_step']:.1f}",
-                                ("device bufs" if p["device_buffers"] else "pinned") + f" ({p['mpi_library']})",
+            points = {
+                "weak": [(1, args.weak_rows), (n, n * args.weak_rows)],
+                "strong": [(1, args.size), (n, args.size)],
+            }
+            # One rank exchanges nothing: its point is the same for every transport (and for weak and
+            # strong scaling when --weak-rows is --size), so each distinct one runs once.
+            cache: dict[tuple[int, int], dict] = {}
+            for pts in points.values():
+                if pts[0] not in cache:
+                    cache[pts[0]] = _mpi_point(mpirun, *pts[0], args)
+            one = {mode: cache[pts[0]] for mode, pts in points.items()}
+            for halo in args.mpi_halos:
+                key = "mpi" if halo == "pinned" else f"mpi-{halo}"
+                mpi: dict[str, Any] = {}
+                for mode, pts in points.items():
+                    p1, pn = one[mode], _mpi_point(mpirun, *pts[1], args, halo)
+                    mpi[mode] = {"one": p1, "n": pn}
+                    for p in (p1, pn):
+                        if "error" in p:
+                            rows.append((key, mode, p["ranks"], "", "error", "", p["error"][-120:]))
+                        else:
+                            rows.append(
+                                (
+                                    key,
+                                    mode,
+                                    p["ranks"],
+                                    "x".join(map(str, p["shape"])),
+                                    f"{p['ms_per_step']:.3f}",
+                                    f"{p['halo_us_per_step']:.1f}",
+                                    _mpi_transport(p),
+                                )
                             )
-                        )
-                if "error" not in p1 and "error" not in pn:
-                    mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
-                else:
-                    status = 1
-            result["mpi"] = mpi
-            if "efficiency" in mpi["weak"]:
-                goals["mpi weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
-            if "speedup" in mpi["strong"]:
-                goals[f"mpi strong speedup ({n} ranks)"] = (
-                    mpi["strong"]["speedup"],
-                    GOAL_STRONG_MPI if n == 2 else None,
-                )
+                    if "error" not in p1 and "error" not in pn:
+                        mpi[mode]["efficiency" if mode == "weak" else "speedup"] = p1["ms_per_step"] / pn["ms_per_step"]
+                    else:
+                        status = 1
+                result[key] = mpi
+                if "efficiency" in mpi["weak"]:
+                    goals[f"{key} weak efficiency"] = (mpi["weak"]["efficiency"], GOAL_WEAK)
+                if "speedup" in mpi["strong"]:
+                    goals[f"{key} strong speedup ({n} ranks)"] = (
+                        mpi["strong"]["speedup"],
+                        GOAL_STRONG_MPI if n == 2 else None,
+                    )
+            if "mpi" in result and "mpi-ipc" in result:
+                result["mpi_ipc_vs_pinned"] = _compare_ipc(result["mpi"], result["mpi-ipc"], n, goals)
     print()
     print_table(rows, ["path", "scaling", "GPUs", "grid", "ms/step", "halo us/step", "transport"])
     print()
@@ -350,6 +384,34 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _compare_ipc(pinned: dict, ipc: dict, n: int, goals: dict[str, tuple[float, float | None]]) -> dict:
+    """The N-rank points of both MPI transports side by side; their ratios go into ``goals`` without a goal."""
+    out: dict[str, Any] = {}
+    for mode in ("weak", "strong"):
+        a, b = pinned[mode]["n"], ipc[mode]["n"]
+        if "error" in a or "error" in b:
+            continue
+        c = {
+            "pinned_ms_per_step": a["ms_per_step"],
+            "ipc_ms_per_step": b["ms_per_step"],
+            # > 1: the ipc path's step is shorter
+            "pinned_over_ipc_step": a["ms_per_step"] / b["ms_per_step"],
+            "pinned_halo_us_per_step": a["halo_us_per_step"],
+            "ipc_halo_us_per_step": b["halo_us_per_step"],
+            "pinned_host_wait_us_per_step": a["host_wait_us_per_step"],
+            "ipc_host_wait_us_per_step": b["host_wait_us_per_step"],
+        }
+        out[mode] = c
+        goals[f"mpi {mode} step, pinned / ipc ({n} ranks)"] = (c["pinned_over_ipc_step"], None)
+        print(
+            f"MPI {mode}, {n} ranks: ipc {c['ipc_ms_per_step']:.3f} ms/step vs pinned "
+            f"{c['pinned_ms_per_step']:.3f} ms/step (pinned / ipc {c['pinned_over_ipc_step']:.3f}); halo "
+            f"{c['ipc_halo_us_per_step']:.1f} vs {c['pinned_halo_us_per_step']:.1f} us/step; host wait "
+            f"{c['ipc_host_wait_us_per_step']:.1f} vs {c['pinned_host_wait_us_per_step']:.1f} us/step"
+        )
+    return out
+
+
 def _chart(path: str, result: dict) -> None:
     try:
         import matplotlib
@@ -366,13 +428,13 @@ def _chart(path: str, result: dict) -> None:
         (axes[1], "strong", "speedup", GOAL_STRONG_PEER, GOAL_STRONG_MPI),
     ):
         labels, values, goals = [], [], []
-        for path_name, goal in (("peer", goal_peer), ("mpi", goal_mpi)):
+        for path_name, goal in (("peer", goal_peer), ("mpi", goal_mpi), ("mpi-ipc", goal_mpi)):
             value = result.get(path_name, {}).get(mode, {}).get(key)
             if value is not None:
                 labels.append(path_name)
                 values.append(value)
                 goals.append(goal)
-        ax.bar(labels, values, color=["C0", "C1"][: len(labels)])
+        ax.bar(labels, values, color=["C0", "C1", "C2"][: len(labels)])
         for i, (v, g) in enumerate(zip(values, goals, strict=True)):
             ax.text(i, v, f"{v:.3f}", ha="center", va="bottom")
             ax.hlines(g, i - 0.4, i + 0.4, colors="k", linestyles="--")
