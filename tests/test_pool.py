@@ -85,8 +85,11 @@ def test_pool_buffers_work_in_kernels_and_show_in_stats(kind, kernels, rng):
     assert total.pools >= 1 and total.used_current >= data.nbytes
     buf.close()
     s.synchronize()
-    assert pool.statistics().used_current == 0
+    st = pool.statistics()
+    assert st.cached == pool.cached_bytes == -(-data.nbytes // 512) * 512  # on its free list
+    assert st.used_current == st.cached  # nothing else is in use
     assert um.stats()[kind].live_count == live
+    assert um.stats()["pool"].cached >= st.cached
     pool.close()
 
 
@@ -113,8 +116,13 @@ def test_memory_returns_to_the_pool_then_to_the_driver_on_trim(kind, device_memo
         b.close()
     s.synchronize()
     st = pool.statistics()
-    assert st.used_current == 0 and st.reserved_current >= 256 * MiB  # back in the pool, not the driver
-    assert st.used_high >= 256 * MiB
+    assert st.cached == st.used_current == 256 * MiB  # on the free lists: still the pool's, not the driver's
+    assert st.reserved_current >= 256 * MiB and st.used_high >= 256 * MiB
+    pool.release_cached()  # back in the driver's pool
+    s.synchronize()
+    cuda.synchronize()  # the frees are queued on the legacy stream
+    st = pool.statistics()
+    assert st.used_current == 0 and st.cached == 0 and st.reserved_current >= 256 * MiB
     pool.trim(0)
     st = pool.statistics()
     assert st.reserved_current == 0, st
@@ -143,7 +151,7 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
     gc.collect()
     s.synchronize()
     st = pool.statistics()
-    assert st.used_current == 0
+    assert st.used_current == st.cached == MiB  # one block went round and round
     assert st.reserved_high <= 64 * MiB, f"the pool kept growing: {st}"  # memory was reused
     assert _driver.mem_get_info()[0] >= free_warm - 8 * MiB  # the loop itself leaked nothing
     pool.trim(0)
@@ -175,6 +183,146 @@ def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
     np.testing.assert_array_equal(b.copy_to_host(), np.full(n, 2.0, np.float32))
     print("reused a's memory:", b.ptr == a_ptr)
     b.close()
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def plain_fill():
+    """A kernel launched the plain numba way: umem_numba cannot order it, only its stream can."""
+
+    @cuda.jit
+    def fill(a, value):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = value
+
+    return fill
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["managed", "device"])
+def test_a_closed_buffers_memory_goes_to_the_next_buffer_after_its_work(kind, kernels, plain_fill):
+    """The free lists hand a block to the next buffer on another stream only after the old work, even for
+    a plain numba launch (the stream is made to wait) and for host access (managed)."""
+    _, sleep_then_fill = kernels
+    pool = _pool(kind)
+    s1, s2 = cuda.stream(), cuda.stream()
+    n = 1 << 18
+    for trial in range(3):
+        a = _buffer(kind, pool, n, np.float32, s1)
+        sleep_then_fill[n // 256, 256, s1](a, 1.0, 60)  # writes a after ~60 ms
+        a_ptr = a.ptr
+        a.close()  # no host wait: the block goes on its free list with a's record
+        assert pool.cached_bytes == n * 4
+        b = _buffer(kind, pool, n, np.float32, s2)
+        assert b.ptr == a_ptr and pool.cached_bytes == 0  # the same block, from the free list
+        if kind == "managed" and trial == 2:
+            b.host[:] = 3.0  # host access waits for a's kernel
+            expect = 3.0
+        else:
+            plain_fill[n // 256, 256, s2](b, 2.0)  # not tracked: ordered by s2 waiting for a's work
+            expect = 2.0
+        cuda.synchronize()
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(n, expect, np.float32))
+        b.close()
+    pool.close()
+
+
+@pytest.mark.gpu
+def test_free_lists_keep_out_advised_escaped_and_over_threshold_memory():
+    pool = _managed_pool_or_skip(release_threshold=3 * MiB)
+    s = cuda.stream()
+    advised = um.ManagedBuffer.empty(MiB, np.uint8, pool=pool, stream=s)
+    try:
+        advised.hints.set_preferred_location("cpu")
+    except um.UnsupportedError:
+        pytest.skip("this driver takes no advice on pool memory")
+    advised.close()
+    assert pool.cached_bytes == 0, "memory with advice must not reach another buffer"
+    escaped = um.ManagedBuffer.empty(MiB, np.uint8, pool=pool, stream=s)
+    view = cuda.as_cuda_array(escaped)  # another library holds it: its work cannot be seen
+    escaped.close()
+    del view, escaped
+    gc.collect()
+    assert pool.cached_bytes == 0, "escaped memory must go back to the driver"
+    bufs = [um.ManagedBuffer.empty(MiB, np.uint8, pool=pool, stream=s) for _ in range(5)]
+    for b in bufs:
+        b.close()
+    assert pool.cached_bytes == 3 * MiB  # the release threshold bounds the lists
+    pool.release_threshold = MiB
+    assert pool.cached_bytes <= MiB
+    pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_out_of_memory_empties_the_free_lists_and_retries(device_memory):
+    """Device memory parked on the free lists in one size is given back when another size needs it."""
+    pool = um.MemoryPool("device")
+    free, _ = _driver.mem_get_info()
+    chunk = 1 << 30
+    count = int(free * 0.8) // chunk
+    parked = [um.DeviceBuffer.empty(chunk, np.uint8, pool=pool) for _ in range(count)]
+    for b in parked:
+        b.close()
+    assert pool.cached_bytes == count * chunk
+    big = um.DeviceBuffer.empty(int(free * 0.6), np.uint8, pool=pool)  # fits only once the lists are emptied
+    assert pool.cached_bytes == 0
+    big.close()
+    pool.close()
+    cuda.synchronize()
+    device_memory()
+
+
+@pytest.mark.gpu
+def test_a_pool_collected_with_memory_on_its_lists_gives_it_back(device_memory):
+    free0, _ = _driver.mem_get_info()
+    pool = um.MemoryPool("device")
+    for b in [um.DeviceBuffer.empty(256 * MiB, np.uint8, pool=pool) for _ in range(2)]:
+        b.close()
+    assert pool.cached_bytes == 512 * MiB
+    del pool, b
+    gc.collect()
+    cuda.synchronize()
+    assert _driver.mem_get_info()[0] >= free0 - 8 * MiB
+    device_memory()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_threads_share_one_pool_and_its_free_lists(kernels, rng):
+    """Eight threads allocate, fill and close buffers of three sizes from one pool, each on its stream."""
+    import threading
+
+    affine, _ = kernels
+    pool = um.MemoryPool("device")
+    sizes = (1000, 4096, 70_001)
+    errors: list[BaseException] = []
+
+    def worker(seed):
+        try:
+            r = np.random.default_rng(seed)
+            s = cuda.stream()
+            for i in range(60):
+                data = r.random(sizes[i % 3]).astype(np.float32)
+                b = um.DeviceBuffer.from_array(data, pool=pool, stream=s)
+                affine[(b.size + 255) // 256, 256, s](b, 2.0, 1.0)
+                np.testing.assert_array_equal(b.copy_to_host(stream=s), data * np.float32(2) + np.float32(1))
+                b.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(int(rng.integers(1 << 30)),)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[0]
+    cuda.synchronize()
+    st = pool.statistics()
+    assert st.used_current == st.cached  # every buffer came back
+    assert st.cached <= 8 * sum(-(-4 * n // 512) * 512 for n in sizes)  # at most one block per thread and size
     pool.close()
 
 

@@ -407,8 +407,10 @@ class MemoryPool:
             if not self.cached_bytes:
                 raise
             self.release_cached()
-            # The frees are stream-ordered on the legacy stream: let them run before retrying.
+            # The frees are stream-ordered on the legacy stream: let them run, then give what the
+            # pool holds unused back to the driver, so that an allocation of another size can use it.
             _driver.call_on(self.device_id, "cuStreamSynchronize", 0, detail="letting freed pool memory return")
+            _driver.call("cuMemPoolTrimTo", self._handle, 0, detail="trimming a memory pool out of memory")
             return self.allocate(size, stream)
 
     def _order_reuse(self, tracker: Tracker, stream: int) -> None:
