@@ -151,7 +151,7 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
     gc.collect()
     s.synchronize()
     st = pool.statistics()
-    assert st.used_current == st.cached == MiB  # one block went round and round
+    assert st.used_current == st.cached == 2 * MiB  # one raw block and one buffer's went round and round
     assert st.reserved_high <= 64 * MiB, f"the pool kept growing: {st}"  # memory was reused
     assert _driver.mem_get_info()[0] >= free_warm - 8 * MiB  # the loop itself leaked nothing
     pool.trim(0)
@@ -420,6 +420,14 @@ def test_pool_argument_checks_on_the_gpu():
     assert z.copy_to_host().shape == (0, 3)
     with pytest.raises(ValueError, match="nbytes must be positive"):
         dpool.allocate(0)
+    ptr = dpool.allocate(1000)
+    dpool.free(ptr)
+    with pytest.raises(ValueError, match=r"free: 0x[0-9a-f]+ is not memory of this pool's allocate\(\) in use"):
+        dpool.free(ptr + 8)
+    with pytest.raises(ValueError, match="freed twice"):
+        dpool.free(ptr)
+    assert dpool.allocate(900) == ptr  # the same 1024-byte block, from the free list of stream 0
+    dpool.free(ptr)
     dpool.close()
     with pytest.raises(ValueError, match="closed"):
         um.DeviceBuffer.empty(4, pool=dpool)

@@ -70,7 +70,7 @@ from ._tracker import DeviceUse, Tracker
 __all__ = ["copy"]
 
 #: Auto choice for pageable numpy destinations (device -> host): staged or the driver's path.
-STAGE_TO_HOST = False
+STAGE_TO_HOST = True
 #: Auto choice for pageable numpy sources (host -> device).
 STAGE_FROM_HOST = True
 #: Copies smaller than this take the driver's path under ``staging=None`` (threads cost more than they save).

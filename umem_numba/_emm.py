@@ -298,7 +298,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         for pool in (self._pool, self._managed_pool):
             if pool is not None and pool.kind == "device" and not pool.closed:
                 s = pool.statistics()
-                idle += s.reserved_current - s.used_current
+                idle += s.reserved_current - s.used_current + s.cached  # the free lists are free for numba
         return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
 
     def get_ipc_handle(self, memory: Any) -> Any:
@@ -327,9 +327,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                 "handles are unavailable through umem_numba's memory manager"
             )
         with self._context_current():
-            data = _driver.call(
-                "cuMemPoolExportPointer", base, detail=f"exporting the pool allocation at {base:#x} for IPC"
-            )
+            # The pool first: the driver exports allocations of an already shared pool only.
             fd = int(
                 _driver.call(
                     "cuMemPoolExportToShareableHandle",
@@ -339,6 +337,13 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                     detail="exporting a memory pool for IPC",
                 )
             )
+            try:
+                data = _driver.call(
+                    "cuMemPoolExportPointer", base, detail=f"exporting the pool allocation at {base:#x} for IPC"
+                )
+            except BaseException:
+                os.close(fd)
+                raise
         raw = bytes(ctypes.string_at(data.getPtr(), _EXPORT_BYTES))
         offset = int(memory.handle) - base
         source_info = self.context.device.get_device_identity()

@@ -45,7 +45,9 @@ allocation that finds the driver out of memory empties them and tries again.
 Memory that ever took advice (``buf.hints``), escaped to another library, or
 was used by a launch umem_numba could not see goes back to the driver, not on
 a list.  The raw :meth:`MemoryPool.allocate` / :meth:`MemoryPool.free`
-interface has no lists: it is the driver's pool as it is.
+interface (addresses, no coherence record) keeps free lists per size *and
+stream*, as CuPy's pool does: an address freed on a stream is handed out again
+for an allocation on that stream only, where stream order makes it safe.
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ class MemoryPool:
         "_free_fn",
         "_handle",
         "_limit",
+        "_raw_lists",
+        "_raw_sizes",
         "device_id",
         "exportable",
         "kind",
@@ -204,6 +208,10 @@ class MemoryPool:
         self._free_fn = drv.cuMemFreeAsync
         #: The buffers' free lists: rounded size -> memory of closed buffers (see the module notes).
         self._cache: dict[int, list[_PoolMemory]] = {}
+        #: The raw interface's free lists: (rounded size, stream handle) -> addresses.
+        self._raw_lists: dict[tuple[int, int], list[int]] = {}
+        #: Rounded size of every address allocate() handed out that is in use (not freed).
+        self._raw_sizes: dict[int, int] = {}
         self._cache_limit = threshold
         total = int(_driver.call("cuDeviceTotalMem", loc.id))
         if kind == "managed":
@@ -213,7 +221,7 @@ class MemoryPool:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
             tx.commit()
-        self._finalizer = finalizer(self, _destroy, handle, self._cache)
+        self._finalizer = finalizer(self, _destroy, handle, self._cache, self._raw_lists, loc.id)
         _live.add(self)
 
     # -- properties ---------------------------------------------------------------
@@ -278,7 +286,8 @@ class MemoryPool:
     @property
     def cached_bytes(self) -> int:
         """Bytes on the buffers' free lists (closed buffers' memory kept for the next buffer)."""
-        return sum(size * len(free_list) for size, free_list in list(self._cache.items()))
+        buffers = sum(size * len(free_list) for size, free_list in list(self._cache.items()))
+        return buffers + sum(size * len(free_list) for (size, _), free_list in list(self._raw_lists.items()))
 
     def reset_high(self) -> None:
         """Reset the reserved and used high-water marks to the current values."""
@@ -296,7 +305,10 @@ class MemoryPool:
 
         The low-level interface (the memory-manager plugin and the benchmark
         use it); buffers come from ``ManagedBuffer.empty(..., pool=pool)`` and
-        :class:`~umem_numba.DeviceBuffer`.  Free with :meth:`free`.
+        :class:`~umem_numba.DeviceBuffer`.  Free with :meth:`free`.  Memory
+        freed on the same stream (by handle), of the same size rounded up to
+        512 bytes, is handed out again without a driver call, as CuPy's pool
+        does; otherwise ``cuMemAllocFromPoolAsync``.
 
         Raises
         ------
@@ -310,6 +322,21 @@ class MemoryPool:
         handle = stream if type(stream) is int else stream_handle(stream)
         if self._closed:
             self._live()
+        size = (nbytes + ROUND - 1) & -ROUND
+        free_list = self._raw_lists.get((size, handle))
+        ptr = 0
+        if free_list:
+            try:
+                ptr = free_list.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        if not ptr:
+            ptr = self._allocate_or_empty_lists(size, handle)
+        self._raw_sizes[ptr] = size
+        return ptr
+
+    def _driver_allocate(self, nbytes: int, handle: int) -> int:
+        """``cuMemAllocFromPoolAsync`` (out of memory: a clear :class:`OutOfMemoryError`)."""
         if nbytes > self._limit:
             raise OutOfMemoryError(
                 "cuMemAllocFromPoolAsync",
@@ -323,6 +350,21 @@ class MemoryPool:
         if err != 0:
             return self._retry(err, nbytes, handle)
         return int(ptr)
+
+    def _allocate_or_empty_lists(self, size: int, handle: int) -> int:
+        """Driver memory; out of memory empties the free lists, trims the pool and tries once more."""
+        try:
+            return self._driver_allocate(size, handle)
+        except OutOfMemoryError:
+            if not self.cached_bytes:
+                raise
+            with _driver.device_context(self.device_id):
+                self.release_cached()
+                # The frees are stream-ordered on the legacy stream: let them run, then give what
+                # the pool holds unused back to the driver, so that another size can use it.
+                _driver.call("cuStreamSynchronize", 0, detail="letting freed pool memory return")
+                _driver.call("cuMemPoolTrimTo", self._handle, 0, detail="trimming a memory pool out of memory")
+            return self._driver_allocate(size, handle)
 
     def _retry(self, err: Any, nbytes: int, handle: int) -> int:
         if _name(err) == "CUDA_ERROR_INVALID_CONTEXT":  # a thread with no current context
@@ -341,8 +383,34 @@ class MemoryPool:
         raise AssertionError("unreachable")
 
     def free(self, ptr: int, stream: StreamLike = None) -> None:
-        """Return memory from :meth:`allocate` to the pool, ordered on ``stream``."""
+        """Return memory from :meth:`allocate` to the pool, ordered on ``stream``.
+
+        It goes on the free list of its size and stream (within the release
+        threshold), else back to the driver (``cuMemFreeAsync``).
+
+        Raises
+        ------
+        ValueError
+            ``ptr`` is not memory of this pool's :meth:`allocate` that is in use.
+        """
         handle = stream if type(stream) is int else stream_handle(stream)
+        size = self._raw_sizes.pop(ptr, None)
+        if size is None:
+            raise ValueError(
+                f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
+            )
+        limit = self._cache_limit
+        if not self._closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit):
+            free_list = self._raw_lists.get((size, handle))
+            if free_list is None:
+                free_list = self._raw_lists.setdefault((size, handle), [])
+            free_list.append(ptr)
+            if self._closed:  # close() emptied the lists meanwhile: this entry too
+                self.release_cached()
+            return
+        self._driver_free(ptr, handle)
+
+    def _driver_free(self, ptr: int, handle: int) -> None:
         err = self._free_fn(ptr, handle)[0]
         if err != 0:
             if _name(err) == "CUDA_ERROR_INVALID_CONTEXT":
@@ -354,12 +422,18 @@ class MemoryPool:
     def trim(self, keep_bytes: int = 0) -> None:
         """Give free memory back to the driver until at most ``keep_bytes`` stay reserved.
 
-        Memory whose stream-ordered free has not run yet cannot be released:
-        synchronise the streams first for a full trim.
+        The free lists are emptied first (and the legacy stream synchronised,
+        so that their frees have run).  Memory whose stream-ordered free on
+        another stream has not run yet cannot be released: synchronise those
+        streams first for a full trim.
         """
         keep = _check_bytes(keep_bytes, "keep_bytes")
         self._live()
-        self.release_cached()
+        if self.cached_bytes:
+            with _driver.device_context(self.device_id):
+                self.release_cached()
+                # Their frees are queued on the legacy stream: a trim can only release them once they ran.
+                _driver.call("cuStreamSynchronize", 0, detail="letting freed pool memory return before a trim")
         _driver.call("cuMemPoolTrimTo", self._handle, keep, detail="trimming a memory pool")
 
     def allocation(self, nbytes: int, stream: int, kind: str) -> Allocation:
@@ -387,10 +461,10 @@ class MemoryPool:
                     self._order_reuse(tracker, stream)  # type: ignore[arg-type]
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)  # type: ignore[arg-type]
         with _driver.device_context(self.device_id if stream == 0 else None) as dev:
-            ptr = self._allocate_for_buffer(size, stream)
+            ptr = self._allocate_or_empty_lists(size, stream)
             tracker = Tracker(self.device_id)
             with Transaction() as tx:
-                tx.append(self.free, ptr, stream)
+                tx.append(self._driver_free, ptr, stream)
                 memory = _PoolMemory(self, kind, ptr, nbytes, size)
                 alloc = Allocation(kind, memory, ptr, self.device_id, tracker)
                 tx.commit()
@@ -398,20 +472,6 @@ class MemoryPool:
             # copies on other streams wait for this event.
             tracker.add(stream, _events.record(stream, dev))  # the allocation is the first write
         return alloc
-
-    def _allocate_for_buffer(self, size: int, stream: int) -> int:
-        """Driver memory for a buffer; out of memory empties the free lists and tries once more."""
-        try:
-            return self.allocate(size, stream)
-        except OutOfMemoryError:
-            if not self.cached_bytes:
-                raise
-            self.release_cached()
-            # The frees are stream-ordered on the legacy stream: let them run, then give what the
-            # pool holds unused back to the driver, so that an allocation of another size can use it.
-            _driver.call_on(self.device_id, "cuStreamSynchronize", 0, detail="letting freed pool memory return")
-            _driver.call("cuMemPoolTrimTo", self._handle, 0, detail="trimming a memory pool out of memory")
-            return self.allocate(size, stream)
 
     def _order_reuse(self, tracker: Tracker, stream: int) -> None:
         """A free-list entry taken on ``stream``: the stream waits for the old buffer's work on other streams.
@@ -459,6 +519,7 @@ class MemoryPool:
         :meth:`close` call this first.
         """
         _release_lists(self._cache)
+        _release_raw_lists(self._raw_lists, self.device_id)
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -490,10 +551,36 @@ def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
 
 
-def _destroy(handle: Any, free_lists: dict[int, list[_PoolMemory]]) -> None:
+def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) -> list[int]:
+    """Free the raw interface's listed addresses to the driver; returns them.
+
+    An entry was freed on its stream, which may be gone by now: the device is
+    synchronised first, then each address is freed on the legacy stream.
+    """
+    raw = [free_list for free_list in list(lists.values()) if free_list]
+    done: list[int] = []
+    if not raw:
+        return done
+    with _driver.device_context(device_id):
+        _driver.call("cuCtxSynchronize", detail="settling raw pool memory before giving it back")
+        for free_list in raw:
+            while True:
+                try:
+                    ptr = free_list.pop()
+                except IndexError:
+                    break
+                done.append(ptr)
+                _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
+    return done
+
+
+def _destroy(
+    handle: Any, free_lists: dict[int, list[_PoolMemory]], raw_lists: dict[tuple[int, int], list[int]], device_id: int
+) -> None:
     """A collected pool: its free lists back to the driver, then the pool."""
     try:
         _release_lists(free_lists)
+        _release_raw_lists(raw_lists, device_id)
         _driver.api().drv.cuMemPoolDestroy(handle)
     except Exception:  # interpreter exit: the driver releases everything
         pass

@@ -360,13 +360,15 @@ class Tracker:
         cannot see may use the memory, or work is being registered: such
         memory must go back to the driver.
         """
-        with self._lock:
-            if self.unknown_devices or self.escaped or self.holds or self.inflight:
-                return False
-            self.policy = None
-            self.attached = None
-            self._blocked = None
-            return True
+        # No lock: the buffer is closed, so no new work can start on it; a launch
+        # that was still registering files its event here, which the next buffer
+        # then waits for (conservative, never unsafe: the memory stays the pool's).
+        if self.unknown_devices or self.escaped or self.holds or self.inflight:
+            return False
+        self.policy = None
+        self.attached = None
+        self._blocked = None
+        return True
 
     def pending_work(self) -> tuple[list[_events.Event], set[int], int, bool]:
         """``(events, unknown devices, generation, escaped)`` once in-flight registrations have ended."""
