@@ -9,6 +9,7 @@ handle, or any object with ``__cuda_stream__``).
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +232,29 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
         return 0
     if type(stream) is int and 0 <= stream < _MAX_HANDLE:
         return stream
+    known = _handles.get(id(stream))
+    if known is not None and known[0]() is stream:
+        return known[1]
+    handle = _parse_stream(stream, what)
+    try:
+        ref = weakref.ref(stream)
+    except TypeError:  # no weak references (a numpy integer): nothing to remember
+        return handle
+    if len(_handles) >= _HANDLES_KEPT:
+        _handles.clear()
+    _handles[id(stream)] = (ref, handle)
+    return handle
+
+
+#: Handles of recently used stream objects, by id, with a weak reference that
+#: proves the id still names the same object: a stream's handle never changes,
+#: and asking a numba or CuPy stream for it costs as much as a pool allocation.
+_handles: dict[int, tuple[weakref.ref[Any], int]] = {}
+_HANDLES_KEPT = 256
+
+
+def _parse_stream(stream: Any, what: str) -> int:
+    """:func:`stream_handle` for an object that is not a plain int."""
     prefix = f"{what}: " if what else ""
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
