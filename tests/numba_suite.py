@@ -60,10 +60,15 @@ def run(tests: list[str], plugin: bool, log_path: Path, processes: int, timeout:
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "umem_numba"
     cmd = [sys.executable, "-m", "numba.runtests", "-v", "-m", str(processes), *tests]
     t0 = time.perf_counter()
+    note = ""
     with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    log = proc.stdout + proc.stderr
-    log_path.write_text(f"$ {' '.join(cmd)}  (plugin: {plugin}, {time.perf_counter() - t0:.0f} s)\n{log}")
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+            log = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:  # keep what ran: each outcome is a line of its own
+            log = "".join(b.decode() if isinstance(b, bytes) else (b or "") for b in (exc.stdout, exc.stderr))
+            note = f", STOPPED after {timeout:.0f} s"
+    log_path.write_text(f"$ {' '.join(cmd)}  (plugin: {plugin}, {time.perf_counter() - t0:.0f} s{note})\n{log}")
     return parse(log)
 
 
