@@ -457,8 +457,11 @@ class MemoryPool:
                 tracker = memory.tracker
                 memory.tracker = None
                 memory.nbytes = nbytes
-                if tracker.writes or tracker.reads:  # type: ignore[union-attr]
+                if memory.ordered_on != stream and (tracker.writes or tracker.reads):  # type: ignore[union-attr]
                     self._order_reuse(tracker, stream)  # type: ignore[arg-type]
+                    # The stream now comes after every carried event: the next reuse on it
+                    # need not look again, unless a new buffer records work (see _keep).
+                    memory.ordered_on = stream
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)  # type: ignore[arg-type]
         with _driver.device_context(self.device_id if stream == 0 else None) as dev:
             ptr = self._allocate_or_empty_lists(size, stream)
@@ -502,6 +505,9 @@ class MemoryPool:
             return False
         if not tracker.recycle():
             return False
+        if tracker.recorded_since(memory.ordered_mark):
+            memory.ordered_on = -1  # new work was recorded: the next reuse orders its stream again
+        memory.ordered_mark = tracker.mark()
         memory.tracker = tracker
         free_list = self._cache.get(memory.size)
         if free_list is None:
@@ -523,10 +529,13 @@ class MemoryPool:
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
-        """Destroy the pool (``cuMemPoolDestroy``).
+        """Destroy the pool (``cuMemPoolDestroy``), after giving the free lists back.
 
         Allocations still alive stay valid; the driver releases the pool's
-        memory once they are all freed.  Closing twice does nothing.
+        memory once they are all freed.  The device is synchronised first:
+        destroying a pool while its allocations or frees are still queued on a
+        stream crashed the driver in our tests (an H200, driver 580).  Closing
+        twice does nothing.
         """
         if self._closed:
             return
@@ -534,7 +543,7 @@ class MemoryPool:
         self.release_cached()
         self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
-        _driver.call("cuMemPoolDestroy", self._handle, detail="destroying a memory pool")
+        _destroy_settled(self._handle, self.device_id)
 
     def __enter__(self) -> MemoryPool:
         return self
@@ -574,6 +583,13 @@ def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) 
     return done
 
 
+def _destroy_settled(handle: Any, device_id: int) -> None:
+    """``cuMemPoolDestroy`` once nothing is queued on the device (see :meth:`MemoryPool.close`)."""
+    with _driver.device_context(device_id):
+        _driver.call("cuCtxSynchronize", detail="settling a memory pool's queued work before destroying it")
+        _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
+
+
 def _destroy(
     handle: Any, free_lists: dict[int, list[_PoolMemory]], raw_lists: dict[tuple[int, int], list[int]], device_id: int
 ) -> None:
@@ -581,8 +597,8 @@ def _destroy(
     try:
         _release_lists(free_lists)
         _release_raw_lists(raw_lists, device_id)
-        _driver.api().drv.cuMemPoolDestroy(handle)
-    except Exception:  # interpreter exit: the driver releases everything
+        _destroy_settled(handle, device_id)
+    except Exception:  # the context is gone: the driver released everything with it
         pass
 
 
@@ -604,7 +620,18 @@ class _PoolMemory(Memory):
     pool that is collected must be able to go (its finalizer frees them).
     """
 
-    __slots__ = ("advised", "device_id", "kind", "nbytes", "pool_ref", "ptr", "size", "tracker")
+    __slots__ = (
+        "advised",
+        "device_id",
+        "kind",
+        "nbytes",
+        "ordered_mark",
+        "ordered_on",
+        "pool_ref",
+        "ptr",
+        "size",
+        "tracker",
+    )
     stream_ordered = True
 
     def __init__(self, pool: MemoryPool, kind: str, ptr: int, nbytes: int, size: int) -> None:
@@ -616,6 +643,10 @@ class _PoolMemory(Memory):
         self.size = size
         self.advised = False
         self.tracker: Tracker | None = None
+        #: The stream (handle) already ordered after every event of ``tracker``, -1 if none;
+        #: valid while the tracker's record count is still ``ordered_mark``.
+        self.ordered_on = -1
+        self.ordered_mark = -1
 
     def describe(self) -> str:
         return f"{self.kind} pool memory at {self.ptr:#x} ({self.nbytes} bytes)"

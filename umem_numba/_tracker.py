@@ -159,6 +159,7 @@ class Tracker:
         "_blocked",
         "_idle",
         "_lock",
+        "_records",
         "_unknown_gen",
         "_waiters",
         "attached",
@@ -188,6 +189,8 @@ class Tracker:
         #: Devices on which a launch the toolkit did not make used the memory.
         self.unknown_devices: set[int] = set()
         self._unknown_gen = 0
+        #: Events filed so far (see mark()).
+        self._records = 0
         #: A device view left the toolkit: work on it can appear at any time.
         self.escaped = False
         #: Toolkit work between its begin and its recorded event.
@@ -301,6 +304,7 @@ class Tracker:
         with self._lock:
             self.inflight -= 1
             if event is not None:
+                self._records += 1
                 if write:  # ordered after every covered write and read: they are implied by this event
                     for old in covered:
                         self.writes.pop(id(old), None)
@@ -350,6 +354,7 @@ class Tracker:
         """File ``event`` as a write that comes before any other use (a pool allocation)."""
         with self._lock:
             self.writes[id(event)] = event
+            self._records += 1
 
     def recycle(self) -> bool:
         """Ready this record for the next buffer over the same memory (a pool's free list).
@@ -369,6 +374,14 @@ class Tracker:
         self.attached = None
         self._blocked = None
         return True
+
+    def mark(self) -> int:
+        """A token for :meth:`recorded_since`: how many events were filed so far."""
+        return self._records
+
+    def recorded_since(self, mark: int) -> bool:
+        """Whether an event was filed after :meth:`mark` returned ``mark``."""
+        return self._records != mark
 
     def pending_work(self) -> tuple[list[_events.Event], set[int], int, bool]:
         """``(events, unknown devices, generation, escaped)`` once in-flight registrations have ended."""
