@@ -7,9 +7,9 @@ synchronised after each batch), same run for every row:
   ``DeviceBuffer.empty`` then ``close``), managed and device: goal <= 2 µs per
   cycle (what a program pays; the memory comes back from the pool's free
   lists, see :mod:`umem_numba._pool`);
-* the raw interface (``MemoryPool.allocate`` / ``free``): the driver's pool
-  as it is, one ``cuMemAllocFromPoolAsync`` and one ``cuMemFreeAsync`` through
-  the binding (no goal: this is the driver's cost);
+* the raw interface (``MemoryPool.allocate`` / ``free``: addresses, no
+  coherence record, free lists per size and stream like CuPy's pool): goal
+  <= 2 µs per cycle, the figure to set beside CuPy's;
 * ``cuMemAllocManaged`` + ``cuMemFree`` (the driver, no Python layer above the
   binding), ``ManagedBuffer.empty`` without a pool, numba's ``managed_array``;
 * CuPy's managed-memory pool where CuPy is importable.
@@ -105,10 +105,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     for kind, make_buf in (("managed", managed_buf), ("device", device_buf)):
         pool = pools[kind]
         if isinstance(pool, str):
-            cases.append((f"umem {kind} pool (raw)", pool, False))
+            cases.append((f"umem {kind} pool (addresses)", pool, True))
             cases.append((f"umem {kind} pool (buffer)", pool, True))
         else:
-            cases.append((f"umem {kind} pool (raw allocate/free: the driver's pool)", raw(pool), False))
+            cases.append((f"umem {kind} pool (allocate + free: addresses)", raw(pool), True))
             cases.append(
                 (
                     f"umem {kind} pool ({'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}.empty + close)",
