@@ -76,7 +76,7 @@ STAGE_FROM_HOST = True
 #: Copies smaller than this take the driver's path under ``staging=None`` (threads cost more than they save).
 STAGE_MIN_BYTES = 16 << 20
 #: Size of one internal staging slot.
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20
 
 
 def copier_threads() -> int:
