@@ -110,3 +110,23 @@ def test_streams_that_do_not_parse(stream, error, message):
 
 def test_public_as_location_is_the_parser():
     assert um.as_location is as_location
+
+
+def test_stream_handles_are_remembered_per_object_not_per_id():
+    """The parser remembers a stream object's handle; a new object at a reused id is parsed again."""
+
+    class Stream:
+        def __init__(self, handle: int) -> None:
+            self.handle_value = handle
+            self.asked = 0
+
+        def __cuda_stream__(self) -> tuple[int, int]:
+            self.asked += 1
+            return (0, self.handle_value)
+
+    for value in range(1, 50):  # CPython reuses the id of a collected object for the next one
+        s = Stream(0x1000 + value)
+        assert stream_handle(s) == stream_handle(s) == 0x1000 + value
+        assert s.asked == 1  # parsed once, then remembered
+        del s
+    assert stream_handle(np.uint64(7)) == 7  # no weak reference possible: parsed every time
