@@ -271,7 +271,7 @@ class MemoryPool:
     def statistics(self) -> PoolStats:
         """Reserved and used bytes, current and high-water, read from the driver; ``cached`` from the free lists.
 
-        Memory on the buffers' free lists counts as used for the driver;
+        Memory on the free lists counts as used for the driver;
         ``used_current - cached`` is what live buffers and raw allocations hold.
         """
         return PoolStats(
@@ -285,7 +285,7 @@ class MemoryPool:
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes on the buffers' free lists (closed buffers' memory kept for the next buffer)."""
+        """Bytes on the free lists: closed buffers' memory and freed addresses, kept for reuse."""
         buffers = sum(size * len(free_list) for size, free_list in list(self._cache.items()))
         return buffers + sum(size * len(free_list) for (size, _), free_list in list(self._raw_lists.items()))
 
