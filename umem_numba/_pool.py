@@ -560,16 +560,15 @@ def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
 
 
-def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) -> list[int]:
-    """Free the raw interface's listed addresses to the driver; returns them.
+def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) -> None:
+    """Free the raw interface's listed addresses to the driver.
 
     An entry was freed on its stream, which may be gone by now: the device is
     synchronised first, then each address is freed on the legacy stream.
     """
     raw = [free_list for free_list in list(lists.values()) if free_list]
-    done: list[int] = []
     if not raw:
-        return done
+        return
     with _driver.device_context(device_id):
         _driver.call("cuCtxSynchronize", detail="settling raw pool memory before giving it back")
         for free_list in raw:
@@ -578,9 +577,7 @@ def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) 
                     ptr = free_list.pop()
                 except IndexError:
                     break
-                done.append(ptr)
                 _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
-    return done
 
 
 def _destroy_settled(handle: Any, device_id: int) -> None:
