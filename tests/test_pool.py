@@ -488,3 +488,39 @@ def test_pool_stats_without_pools_need_no_gpu():
     st = um.stats()
     assert set(st) >= {"managed", "pinned", "vmm", "device", "emm", "pool"}
     assert isinstance(st["pool"], um.PoolStats)
+
+
+def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkeypatch):
+    """CPU: the free-list path decides when the new stream must wait (no driver: the ordering is counted)."""
+    from types import SimpleNamespace
+
+    from umem_numba import _pool
+    from umem_numba._tracker import Tracker
+
+    pool = object.__new__(um.MemoryPool)
+    pool.kind, pool.device_id, pool.exportable = "device", 0, False
+    pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
+    pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
+    ordered: list[int] = []
+    monkeypatch.setattr(um.MemoryPool, "_order_reuse", lambda self, tracker, stream: ordered.append(stream))
+    tracker = Tracker(0)
+    tracker.add(7, SimpleNamespace(stream=7, device_id=0, handle=None))  # the block's last work, on stream 7
+    memory = _pool._PoolMemory(pool, "device", 0x10000, MiB, MiB)
+    assert pool._keep(memory, tracker)
+
+    def cycle(stream):
+        alloc = pool.allocation(MiB, stream, "device")
+        assert alloc.ptr == 0x10000  # always the listed block: no driver call
+        alloc.close()
+        return alloc
+
+    cycle(5)
+    cycle(5)
+    assert ordered == [5]  # ordered once on stream 5
+    cycle(9)
+    assert ordered == [5, 9]  # another stream is ordered too
+    alloc = pool.allocation(MiB, 9, "device")
+    alloc.tracker.add(3, SimpleNamespace(stream=3, device_id=0, handle=None))  # new work recorded
+    alloc.close()
+    cycle(9)
+    assert ordered == [5, 9, 9]  # the new event makes stream 9 wait again

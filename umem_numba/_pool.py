@@ -455,14 +455,19 @@ class MemoryPool:
                 pass
             else:
                 tracker = memory.tracker
+                assert tracker is not None  # every entry of a list carries its record
                 memory.tracker = None
                 memory.nbytes = nbytes
-                if memory.ordered_on != stream and (tracker.writes or tracker.reads):  # type: ignore[union-attr]
-                    self._order_reuse(tracker, stream)  # type: ignore[arg-type]
+                if (memory.ordered_on != stream or tracker.recorded_since(memory.ordered_mark)) and (
+                    tracker.writes or tracker.reads
+                ):
+                    self._order_reuse(tracker, stream)
                     # The stream now comes after every carried event: the next reuse on it
-                    # need not look again, unless a new buffer records work (see _keep).
+                    # need not look again, unless an event is filed meanwhile (checked here,
+                    # so that one filed by a launch racing the close is caught too).
                     memory.ordered_on = stream
-                return Allocation(kind, memory, memory.ptr, self.device_id, tracker)  # type: ignore[arg-type]
+                    memory.ordered_mark = tracker.mark()
+                return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
         with _driver.device_context(self.device_id if stream == 0 else None) as dev:
             ptr = self._allocate_or_empty_lists(size, stream)
             tracker = Tracker(self.device_id)
@@ -505,9 +510,6 @@ class MemoryPool:
             return False
         if not tracker.recycle():
             return False
-        if tracker.recorded_since(memory.ordered_mark):
-            memory.ordered_on = -1  # new work was recorded: the next reuse orders its stream again
-        memory.ordered_mark = tracker.mark()
         memory.tracker = tracker
         free_list = self._cache.get(memory.size)
         if free_list is None:
