@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _driver, _events
-from ._buffer import Buffer
+from ._buffer import Buffer, device_arrays
 from ._errors import CoherenceError, CudaError
 from ._kernel_call import KernelCall, scalar_type, supports
 from ._location import stream_handle
@@ -288,7 +288,10 @@ class _ConfiguredLaunch:
             if call is None or not self._direct(call, values, handle):
                 _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
                 try:
-                    self._configured(*args)
+                    if _driver.api().simulated:  # numba's simulator: run when the stream's work is needed
+                        _driver.api().drv.queue_kernel(handle, self._configured, device_arrays(args))
+                    else:
+                        self._configured(*args)
                 finally:
                     _launching.current = ()
         except BaseException:
