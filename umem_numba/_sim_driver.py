@@ -63,6 +63,8 @@ DEFAULT_SEED = 0
 TOTAL_MEM = 16 << 30
 #: Page size of advice and prefetch bookkeeping (the driver's is the OS page).
 PAGE = 4096
+#: VMM granularity (the driver's minimum on current GPUs).
+GRANULARITY = 2 << 20
 #: Chance that a synchronisation also runs an operation no one waits for.
 SPREAD = 0.2
 #: Chance that a query of unfinished work answers "not ready" without running anything.
@@ -82,8 +84,8 @@ _DEVICE_ATTRIBUTES = {
     "MANAGED_MEMORY": 1,
     "MEMORY_POOLS_SUPPORTED": 1,
     "MEMPOOL_SUPPORTED_HANDLE_TYPES": 0,
-    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 0,
-    "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 0,
+    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 1,
+    "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 1,
     "MULTIPROCESSOR_COUNT": 4,
     "HOST_NUMA_ID": -1,
     "PAGEABLE_MEMORY_ACCESS": 0,
@@ -159,12 +161,16 @@ class _Memory:
         "size",
     )
 
-    def __init__(self, kind: str, size: int, flags: int = 0, pool: int = 0) -> None:
+    def __init__(self, kind: str, size: int, flags: int = 0, pool: int = 0, base: int | None = None) -> None:
         pages = max(1, -(-size // PAGE))
-        # Page aligned, as the driver's allocations are (at least 256 bytes).
-        self.array = np.zeros(pages * PAGE + PAGE, np.uint8)
-        addr = self.array.ctypes.data
-        self.base = addr + (-addr % PAGE)
+        if base is None:
+            # Page aligned, as the driver's allocations are (at least 256 bytes).
+            self.array: np.ndarray | None = np.zeros(pages * PAGE + PAGE, np.uint8)
+            addr = self.array.ctypes.data
+            self.base = addr + (-addr % PAGE)
+        else:  # a VMM mapping: the memory is a shared mapping of a memfd at a reserved address
+            self.array = None
+            self.base = base
         self.size = size
         self.kind = kind  # "device", "managed", "pinned"
         self.flags = flags
@@ -242,6 +248,8 @@ class SimDriver:
         self._bases: list[int] = []
         self._events: dict[int, _Event] = {}
         self._pools: dict[int, _Pool] = {}
+        self._reserved: dict[int, int] = {}
+        self._physical: dict[int, tuple[int, int, bool]] = {}
         self._legacy = _Stream(0, next(self._ids), "legacy", True)
         self._streams: dict[int, _Stream] = {}
         self._per_thread: dict[int, _Stream] = {}
@@ -395,11 +403,16 @@ class SimDriver:
 
     def _check_live(self, ptr: int, nbytes: int, what: str) -> None:
         """Raise (an illegal address, as a GPU would fault) unless ``[ptr, ptr + nbytes)`` is simulated memory."""
-        if not nbytes:
-            return
-        mem = self._find(ptr)
-        if mem is None or ptr + nbytes > mem.base + mem.size:
-            raise SimulatedFault(f"{what}: {nbytes} bytes at {ptr:#x} are not allocated memory (freed, or never)")
+        end = ptr + nbytes
+        while ptr < end:
+            mem = self._find(ptr)
+            if mem is None:
+                raise SimulatedFault(
+                    f"{what}: {end - ptr} bytes at {ptr:#x} are not allocated memory (freed, unmapped, or never)"
+                )
+            if mem.kind == "vmm" and not mem.flags:
+                raise SimulatedFault(f"{what}: the device has no access to the VMM mapping at {mem.base:#x}")
+            ptr = mem.base + mem.size
 
     def owns(self, ptr: int) -> bool:
         """Whether ``ptr`` lies in memory this driver allocated."""
@@ -627,7 +640,7 @@ class SimDriver:
 
             def run() -> None:
                 # Freed memory holds garbage: work that reads it after the free shows it.
-                mem.array[:] = 0xFF
+                ctypes.memset(mem.base, 0xFF, mem.size)
                 if mem.generation == generation and mem.base in self._memory:
                     self._remove_memory(mem)  # not handed out again meanwhile: gone
 
@@ -891,6 +904,8 @@ class SimDriver:
         values: dict[str, Any] = {
             "IS_MANAGED": mem.kind == "managed",
             "MEMORY_TYPE": mt.CU_MEMORYTYPE_HOST if mem.kind == "pinned" else mt.CU_MEMORYTYPE_DEVICE,
+            "MAPPING_BASE_ADDR": mem.base,
+            "MAPPING_SIZE": mem.size,
             "DEVICE_POINTER": p,
             "HOST_POINTER": p,
             "DEVICE_ORDINAL": 0,
@@ -1005,12 +1020,159 @@ class SimDriver:
             f"cuMemRangeGetAttribute({name}): not supported under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
         )
 
+    # -- virtual memory management: reserved host address space, memfd "physical" memory ----------
+    def cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> tuple[Any, ...]:
+        return (_SUCCESS, GRANULARITY)
+
+    def cuMemAddressReserve(self, size: Any, alignment: Any, addr: Any, flags: Any) -> tuple[Any, ...]:
+        n, align = _int(size), max(_int(alignment), GRANULARITY)
+        if n <= 0 or n % GRANULARITY:
+            return (_INVALID_VALUE, None)
+        raw = _mmap(0, n + align, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1)
+        if raw is None:
+            return (_OUT_OF_MEMORY, None)
+        base = raw + (-raw % align)
+        if base > raw:
+            _libc().munmap(ctypes.c_void_p(raw), ctypes.c_size_t(base - raw))
+        tail = raw + n + align - (base + n)
+        if tail:
+            _libc().munmap(ctypes.c_void_p(base + n), ctypes.c_size_t(tail))
+        with self._lock:
+            self._reserved[base] = n
+        return (_SUCCESS, base)
+
+    def cuMemAddressFree(self, ptr: Any, size: Any) -> tuple[Any, ...]:
+        p, n = _int(ptr), _int(size)
+        with self._lock:
+            if self._reserved.get(p) != n:
+                return (_INVALID_VALUE,)
+            if any(p <= m.base < p + n for m in self._memory.values() if m.kind == "vmm"):
+                return (_INVALID_VALUE,)  # still mapped
+            del self._reserved[p]
+        _libc().munmap(ctypes.c_void_p(p), ctypes.c_size_t(n))
+        return (_SUCCESS,)
+
+    def cuMemCreate(self, size: Any, prop: Any, flags: Any) -> tuple[Any, ...]:
+        n = _int(size)
+        if n <= 0 or n % GRANULARITY:
+            return (_INVALID_VALUE, None)
+        if int(prop.location.id) != 0:
+            return (101, None)
+        fd = os.memfd_create("umem-sim-vmm", os.MFD_CLOEXEC)
+        os.ftruncate(fd, n)
+        with self._lock:
+            handle = next(self._handles)
+            self._physical[handle] = (fd, n, bool(int(prop.requestedHandleTypes)))
+        return (_SUCCESS, handle)
+
+    def cuMemRelease(self, handle: Any) -> tuple[Any, ...]:
+        with self._lock:
+            entry = self._physical.pop(_int(handle), None)
+        if entry is None:
+            return (_INVALID_VALUE,)
+        os.close(entry[0])  # mappings keep the memory, as the driver's do
+        return (_SUCCESS,)
+
+    def cuMemExportToShareableHandle(self, handle: Any, kind: Any, flags: Any) -> tuple[Any, ...]:
+        with self._lock:
+            entry = self._physical.get(_int(handle))
+        if entry is None:
+            return (_INVALID_VALUE, None)
+        if not entry[2]:
+            return (800, None)  # CUDA_ERROR_NOT_PERMITTED: not created exportable
+        return (_SUCCESS, os.dup(entry[0]))
+
+    def cuMemImportFromShareableHandle(self, fd: Any, kind: Any) -> tuple[Any, ...]:
+        try:
+            mine = os.dup(_int(fd))
+            n = os.fstat(mine).st_size
+        except OSError:
+            return (_INVALID_VALUE, None)
+        with self._lock:
+            handle = next(self._handles)
+            self._physical[handle] = (mine, n, True)
+        return (_SUCCESS, handle)
+
+    def cuMemMap(self, ptr: Any, size: Any, offset: Any, handle: Any, flags: Any) -> tuple[Any, ...]:
+        p, n, off = _int(ptr), _int(size), _int(offset)
+        with self._lock:
+            entry = self._physical.get(_int(handle))
+            if entry is None or off + n > entry[1] or n <= 0:
+                return (_INVALID_VALUE,)
+            if not any(b <= p and p + n <= b + sz for b, sz in self._reserved.items()):
+                return (_INVALID_VALUE,)
+            if any(self._find(q) is not None for q in (p, p + n - 1)):
+                return (_INVALID_VALUE,)  # already mapped
+            if _mmap(p, n, _PROT_READ | _PROT_WRITE, _MAP_SHARED | _MAP_FIXED, entry[0], off) is None:
+                return (_OUT_OF_MEMORY,)
+            self._add_memory(_Memory("vmm", n, 0, 0, base=p))
+        return (_SUCCESS,)
+
+    def cuMemUnmap(self, ptr: Any, size: Any) -> tuple[Any, ...]:
+        p, n = _int(ptr), _int(size)
+        with self._lock:
+            maps = [m for m in self._memory.values() if m.kind == "vmm" and p <= m.base < p + n]
+            if not maps or any(m.base + m.size > p + n for m in maps):
+                return (_INVALID_VALUE,)
+            for m in maps:
+                self._remove_memory(m)
+        _mmap(p, n, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED, -1)
+        return (_SUCCESS,)
+
+    def cuMemSetAccess(self, ptr: Any, size: Any, descs: Any, count: Any) -> tuple[Any, ...]:
+        p, n = _int(ptr), _int(size)
+        flags = 0
+        for d in list(descs)[: _int(count)]:
+            if int(d.location.id) != 0:
+                return (101,)
+            flags = int(d.flags)
+        with self._lock:
+            maps = [m for m in self._memory.values() if m.kind == "vmm" and p <= m.base < p + n]
+            if not maps:
+                return (_INVALID_VALUE,)
+            for m in maps:
+                m.flags = flags
+        return (_SUCCESS,)
+
+    def cuMemGetAccess(self, location: Any, ptr: Any) -> tuple[Any, ...]:
+        with self._lock:
+            mem = self._find(_int(ptr))
+        if mem is None or mem.kind != "vmm":
+            return (_INVALID_VALUE, None)
+        if int(location.id) != 0:
+            return (_SUCCESS, 0)
+        return (_SUCCESS, mem.flags)
+
     # -- what the GPU path would launch directly ---------------------------------------------
     def cuLaunchKernel(self, *args: Any) -> tuple[Any, ...]:
         raise UnsupportedError(
             "cuLaunchKernel: under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels are run by the "
             "simulator (umem_numba queues them on their stream)"
         )
+
+
+_PROT_NONE, _PROT_READ, _PROT_WRITE = 0, 1, 2
+_MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x01, 0x02, 0x10, 0x20, 0x4000
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _LIBC = lib
+    return _LIBC
+
+
+def _mmap(addr: int, size: int, prot: int, flags: int, fd: int, offset: int = 0) -> int | None:
+    """libc's mmap (Python's cannot map at a given address); ``None`` on failure."""
+    res = _libc().mmap(ctypes.c_void_p(addr or None), size, prot, flags, fd, offset)
+    if res is None or res == ctypes.c_void_p(-1).value:
+        return None
+    return int(res)
 
 
 class _Error(Exception):
