@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import zlib
 
 import numpy as np
 import pytest
@@ -10,22 +10,26 @@ from helpers import test_seed
 
 from umem_numba import _driver, _sim
 
-#: Under numba's simulator: why a GPU test that is not marked ``sim`` is skipped.
-SIM_SKIP = "reads driver state or needs real device memory: needs a real GPU (not marked `sim`)"
-
-
 def _gpu_reason() -> str:
     return _driver.unavailable_reason()
 
 
+#: Under numba's simulator (the simulated driver): why a test marked ``real_gpu`` skips is its own
+#: reason (``@pytest.mark.real_gpu("reads numba's real driver objects")``); these are the others.
+SIM_ONE_DEVICE = "needs 2 GPUs; the simulated driver (NUMBA_ENABLE_CUDASIM=1) has one device"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _sim.active():
-        # numba's CUDA simulator: the GPU tests marked `sim` run on host-backed buffers.
+        # numba's CUDA simulator: the GPU tests run over umem_numba's simulated driver.
         for item in items:
             if "multigpu" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason="needs 2 GPUs; numba's simulator has one device"))
-            elif "gpu" in item.keywords and "sim" not in item.keywords and not os.environ.get("UMEM_SIM_ALL"):
-                item.add_marker(pytest.mark.skip(reason=SIM_SKIP))
+                item.add_marker(pytest.mark.skip(reason=SIM_ONE_DEVICE))
+                continue
+            mark = item.get_closest_marker("real_gpu")
+            if mark is not None:
+                why = mark.args[0] if mark.args else "needs a real GPU"
+                item.add_marker(pytest.mark.skip(reason=f"needs a real GPU, not the simulated driver: {why}"))
         return
     reason = _gpu_reason()
     many = None
@@ -37,6 +41,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 many = _driver.device_count()
             if many < 2:
                 item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, this machine has {many}"))
+
+
+@pytest.fixture(autouse=True)
+def _sim_seed(request: pytest.FixtureRequest) -> None:
+    """Under the simulated driver: each test draws its stream order from ``UMEM_SIM_SEED`` and its own name.
+
+    A test's order therefore does not depend on the tests run before it:
+    ``UMEM_SIM_SEED=<seed> pytest <node id>`` replays it.
+    """
+    if not _sim.active():
+        return
+    from umem_numba import _sim_driver
+
+    base = _sim_driver.seed()
+    drv = _driver.api().drv
+    drv.cuCtxSynchronize()  # the previous test's leftover work runs under its own order
+    drv.reseed(zlib.crc32(request.node.nodeid.encode()) ^ base)
+    request.node.user_properties.append(("simulator seed", base))
 
 
 @pytest.fixture
@@ -56,15 +78,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         for name, value in item.user_properties:
             if name == "random seed":
                 report.sections.append(("random seed", f"UMEM_TEST_SEED={value}"))
+            elif name == "simulator seed":
+                report.sections.append(("simulator seed", f"UMEM_SIM_SEED={value} (stream order of the simulated driver)"))
 
 
 @pytest.fixture
 def device_memory():
     """Assert that a test gives back the device memory it took (cuMemGetInfo)."""
     from numba import cuda
-
-    if _sim.active():
-        pytest.skip("cuMemGetInfo: needs a real GPU")
 
     cuda.synchronize()
     before, _ = _driver.mem_get_info()

@@ -18,8 +18,8 @@ Streams run late, in an adversarial order
     Each stream is a queue.  Work on it (kernels launched through umem_numba,
     copies, memsets, prefetches, event records, waits, stream-ordered frees)
     runs only when something needs it: a synchronisation of an event, a
-    stream or the context, a query that then answers "done" (a query may also
-    answer "not ready"), or a pageable copy that the real driver also
+    stream or the context, a query that then answers "done" (the first query of
+    unfinished work answers "not ready", later ones at random), or a pageable copy that the real driver also
     completes before returning.  The work a synchronisation needs is run
     one operation at a time, each picked at random, with a seeded
     :class:`random.Random` (``UMEM_SIM_SEED``), among the streams whose next
@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import gc
 import itertools
 import os
 import random
@@ -112,7 +113,7 @@ def seed() -> int:
 class _Op:
     """One operation queued on a stream."""
 
-    __slots__ = ("deps", "done", "run", "stream", "what")
+    __slots__ = ("deps", "done", "polls", "run", "stream", "what")
 
     def __init__(self, stream: _Stream, run: Callable[[], None] | None, deps: list[_Op], what: str) -> None:
         self.stream = stream
@@ -120,6 +121,7 @@ class _Op:
         self.deps = deps
         self.done = False
         self.what = what
+        self.polls = 0
 
 
 class _Stream:
@@ -372,11 +374,17 @@ class SimDriver:
         if self.keep_trace:
             self.trace.append((op.stream.sid, op.what))
         if op.run is not None:
+            # No garbage collection while simulated work runs: a finalizer run by a kernel's
+            # threads would call this driver, whose lock this thread holds while it waits for them.
+            collecting = gc.isenabled()
+            gc.disable()
             self._running = True
             try:
                 op.run()
             finally:
                 self._running = False
+                if collecting:
+                    gc.enable()
 
     def _drain(self) -> None:
         self._drive(list(self._pending))
@@ -552,8 +560,10 @@ class SimDriver:
             mem = self._memory.get(p)
             if mem is None or mem.kind not in kinds or mem.pool:
                 return (_INVALID_VALUE,)
-            # The driver's free waits for the device work queued before it.
-            self._drain()
+            # The driver's free waits for the device work queued before it (not possible from
+            # a finalizer run while simulated work runs: that work holds what it uses).
+            if not self._running:
+                self._drain()
             self._remove_memory(mem)
         return (_SUCCESS,)
 
@@ -748,11 +758,17 @@ class SimDriver:
             return self._query(self._stream_targets(s))
 
     def _query(self, targets: list[_Op]) -> tuple[Any, ...]:
-        if all(t.done for t in targets):
+        """Done if the work has run; else "not ready" the first time, then at random (or run it: done)."""
+        pending = [t for t in targets if not t.done]
+        if not pending:
             return (_SUCCESS,)
-        if self._rng.random() < NOT_READY:
+        last = pending[-1]
+        last.polls += 1
+        # Work just queued is still running, as a GPU's would be (a check right after a
+        # launch sees it busy); a program that keeps polling sees it finish, at a random poll.
+        if last.polls == 1 or self._rng.random() < NOT_READY:
             return (_NOT_READY,)
-        self._drive(targets)
+        self._drive(pending)
         return (_SUCCESS,)
 
     def cuStreamWaitEvent(self, handle: Any, event: Any, flags: Any) -> tuple[Any, ...]:
@@ -1307,7 +1323,79 @@ def install_numba(drv: SimDriver) -> None:
     def synchronize() -> None:
         drv.cuCtxSynchronize()
 
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    def interface(self: Any) -> dict[str, Any]:
+        a = self._ary
+        return {
+            "shape": a.shape,
+            "typestr": a.dtype.str,
+            "descr": a.dtype.descr if a.dtype.fields else [("", a.dtype.str)],
+            "data": (a.ctypes.data if a.size else 0, False),
+            "strides": None if a.flags.c_contiguous else a.strides,
+            "version": 3,
+            "stream": None,
+        }
+
+    # numba's simulated device arrays are host numpy arrays: they offer the CUDA Array
+    # Interface over that memory (which the simulated driver treats as pageable host memory).
+    FakeCUDAArray.__cuda_array_interface__ = property(interface)
+
+    def from_cuda_array_interface(desc: dict[str, Any], owner: Any = None, sync: bool = True) -> Any:
+        shape = tuple(desc["shape"])
+        dtype = np.dtype(desc.get("descr") or desc["typestr"]) if desc.get("descr") else np.dtype(desc["typestr"])
+        ptr = desc["data"][0]
+        if not ptr or 0 in shape:
+            return FakeCUDAArray(np.empty(shape, dtype))
+        iface = {"shape": shape, "typestr": dtype.str, "data": (ptr, False), "strides": desc.get("strides"), "version": 3}
+        holder = type("_Interface", (), {"__array_interface__": iface, "owner": owner})()
+        return FakeCUDAArray(np.asarray(holder))
+
+    def as_cuda_array(obj: Any, sync: bool = True) -> Any:
+        if not hasattr(obj, "__cuda_array_interface__"):
+            raise TypeError("*obj* doesn't implement the cuda array interface.")
+        return from_cuda_array_interface(obj.__cuda_array_interface__, owner=obj, sync=sync)
+
+    def is_cuda_array(obj: Any) -> bool:
+        return hasattr(obj, "__cuda_array_interface__")
+
+    def managed_array(
+        shape: Any, dtype: Any = np.float64, strides: Any = None, order: str = "C", stream: Any = 0,
+        attach_global: bool = True,
+    ) -> Any:
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        if not nbytes:
+            return FakeCUDAArray(np.empty(shp, dt))
+        ptr = drv.cuMemAllocManaged(nbytes, 1 if attach_global else 2)[1]
+        raw = (ctypes.c_byte * nbytes).from_address(ptr)
+        arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)
+        out = FakeCUDAArray(arr)
+        import weakref
+
+        weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
+        return out
+
+    # Inside a simulated kernel numba swaps the kernel module's `cuda` for a fake module of
+    # the thread-level API; other threads of the program may meanwhile use the same global:
+    # the rest of the API stays reachable through it.  nanosleep (absent there) does nothing:
+    # the simulation's delays are its late, reordered stream work.
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    def fallback(self: Any, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(cuda, name)
+
+    FakeCUDAModule.__getattr__ = fallback
+    FakeCUDAModule.nanosleep = staticmethod(lambda ns: None)
+
     for mod in api_modules:
+        mod.managed_array = managed_array
+        mod.from_cuda_array_interface = from_cuda_array_interface
+        mod.as_cuda_array = as_cuda_array
+        mod.is_cuda_array = is_cuda_array
         mod.stream = stream
         mod.default_stream = default_stream
         mod.legacy_default_stream = legacy_default_stream
