@@ -442,7 +442,7 @@ class SimDriver:
         def run() -> None:
             for a in _arrays_in(args):
                 self._check_live(a.ctypes.data, a.nbytes if a.size else 0, f"kernel {name}")
-            kernel[griddim, blockdim, 0, shared](*_fake_args(args))
+            run_kernel(kernel, griddim, blockdim, shared, _fake_args(args))
 
         with self._lock:
             self._enqueue(handle, run, f"kernel {name}")
@@ -1235,6 +1235,131 @@ def _fake_args(args: Any) -> list[Any]:
     return out
 
 
+#: What a kernel may use only with its threads running side by side (numba's simulator runs
+#: one Python thread per CUDA thread for them); any other kernel runs its threads one by one.
+_TOGETHER = frozenset(
+    {
+        "syncthreads",
+        "syncthreads_count",
+        "syncthreads_and",
+        "syncthreads_or",
+        "syncwarp",
+        "shared",
+        "cg",
+        "this_grid",
+        "shfl_sync",
+        "shfl_up_sync",
+        "shfl_down_sync",
+        "shfl_xor_sync",
+        "all_sync",
+        "any_sync",
+        "eq_sync",
+        "ballot_sync",
+        "match_any_sync",
+        "match_all_sync",
+        "activemask",
+        "lanemask_lt",
+    }
+)
+_ONE_BY_ONE: dict[Any, bool] = {}
+
+
+def _names(code: Any) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _names(const)
+
+
+def _one_by_one(fn: Any, seen: set[int] | None = None) -> bool:
+    """Whether ``fn`` (and the device functions it calls) can run its CUDA threads one after another."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return True
+    seen.add(id(fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    names = set(_names(code))
+    if names & _TOGETHER:
+        return False
+    values = [fn.__globals__.get(n) for n in names]
+    values += [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]
+    for v in values:
+        inner = getattr(v, "py_func", None) if type(v).__name__ == "FakeCUDAKernel" else None
+        if inner is not None and not _one_by_one(inner, seen):
+            return False
+    return True
+
+
+def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list[Any]) -> None:
+    """Run numba's simulated ``kernel`` over ``args`` (simulator arrays), as configured when it was queued.
+
+    numba's simulator starts one Python thread per CUDA thread, for
+    ``syncthreads`` and the warp functions.  A kernel that uses none of them
+    (nor calls a device function that does) runs its CUDA threads one by one
+    in this thread instead, with the same results: far faster.  Anything
+    else, a debug kernel, or a numba without the pieces this needs, takes
+    numba's own path.
+    """
+    fn = getattr(kernel, "fn", None)
+    ok = _ONE_BY_ONE.get(fn)
+    if ok is None:
+        try:
+            ok = fn is not None and not kernel._debug and not kernel.extensions and _one_by_one(fn)
+        except Exception:
+            ok = False
+        _ONE_BY_ONE[fn] = ok
+    if not ok:
+        kernel.grid_dim, kernel.block_dim, kernel.dynshared_size = griddim, blockdim, shared
+        call = type(kernel).__call__
+        getattr(call, "_numba", call)(kernel, *args)
+        return
+    from numba.cuda.simulator import kernel as simkernel
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
+    from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAModule, swapped_cuda_module
+
+    grid, block = griddim, blockdim
+    module = FakeCUDAModule(grid, block, shared)
+    retr: list[Any] = []
+
+    from numba.cuda.simulator.args import ArgHint, InOut
+
+    def fake(a: Any) -> Any:  # numba's simulator's own argument conversion
+        if isinstance(a, np.ndarray) and a.ndim > 0:
+            a = InOut(a).to_device(retr)
+        elif isinstance(a, ArgHint):
+            a = a.to_device(retr)
+        elif isinstance(a, np.void):
+            a = FakeCUDAArray(a)
+        return FakeWithinKernelCUDAArray(a) if isinstance(a, FakeCUDAArray) else a
+
+    fake_args = [fake(a) for a in args]
+    me = threading.current_thread()
+    saved = {k: me.__dict__.get(k) for k in ("threadIdx", "blockIdx", "thread_id")}
+    bx, by, _ = block
+    with simkernel._push_kernel_context(module), swapped_cuda_module(fn, module):
+        try:
+            for g in np.ndindex(*grid):
+                me.blockIdx = Dim3(*g)  # type: ignore[attr-defined]
+                for t in np.ndindex(*block):
+                    me.threadIdx = Dim3(*t)  # type: ignore[attr-defined]
+                    me.thread_id = t[0] + bx * (t[1] + by * t[2])  # type: ignore[attr-defined]
+                    try:
+                        fn(*fake_args)
+                    except Exception as e:
+                        msg = f"tid={list(t)} ctaid={list(g)}: {e}" if str(e) else f"tid={list(t)} ctaid={list(g)}"
+                        raise type(e)(msg).with_traceback(e.__traceback__) from None
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    me.__dict__.pop(k, None)
+                else:
+                    me.__dict__[k] = v
+    for wb in retr:
+        wb()
+
+
 @contextlib.contextmanager
 def tracing(drv: SimDriver) -> Iterator[list[tuple[int, str]]]:
     """Record the operations run inside the block: ``[(stream id, what), ...]``."""
@@ -1390,6 +1515,25 @@ def install_numba(drv: SimDriver) -> None:
 
     FakeCUDAModule.__getattr__ = fallback
     FakeCUDAModule.nanosleep = staticmethod(lambda ns: None)
+
+    # A plain launch (kernel[g, b](...)) takes the same one-by-one path where it can.
+    from numba.cuda.simulator import kernel as simkernel
+
+    numba_call = simkernel.FakeCUDAKernel.__call__
+    if not getattr(numba_call, "_umem", False):
+
+        def call(self: Any, *args: Any) -> Any:
+            if self._device or simkernel._kernel_context is not None or self.grid_dim is None:
+                return numba_call(self, *args)
+            from numba.cuda.errors import normalize_kernel_dimensions
+
+            grid, block = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+            run_kernel(self, grid, block, self.dynshared_size, list(args))
+            return None
+
+        call._umem = True  # type: ignore[attr-defined]
+        call._numba = numba_call  # type: ignore[attr-defined]
+        simkernel.FakeCUDAKernel.__call__ = call
 
     for mod in api_modules:
         mod.managed_array = managed_array
