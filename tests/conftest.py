@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -44,21 +45,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _sim_seed(request: pytest.FixtureRequest) -> None:
+def _sim_seed(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under the simulated driver: each test draws its stream order from ``UMEM_SIM_SEED`` and its own name.
 
     A test's order therefore does not depend on the tests run before it:
     ``UMEM_SIM_SEED=<seed> pytest <node id>`` replays it.
     """
     if not _sim.active():
+        yield
         return
     from umem_numba import _sim_driver
 
     base = _sim_driver.seed()
     drv = _driver.api().drv
-    drv.cuCtxSynchronize()  # the previous test's leftover work runs under its own order
+    drv.drain_quietly()
     drv.reseed(zlib.crc32(request.node.nodeid.encode()) ^ base)
     request.node.user_properties.append(("simulator seed", base))
+    yield
+    # Work the test left queued runs now (a GPU would run it too); its errors are this test's.
+    errors = drv.drain_quietly()
+    if errors:
+        pytest.fail(f"device work left queued by this test failed when it ran: {errors[0]!r}")
 
 
 @pytest.fixture

@@ -180,7 +180,7 @@ def test_sim_query_is_not_ready_first_then_done_at_a_random_poll(drv):
     for v in range(1, 20):
         drv.cuMemsetD8Async(mem, v, n, s)
         assert drv.cuStreamQuery(s)[0] == 600, "work just queued should still be running"
-        for k in range(2, 100):
+        for k in range(2, 30):
             if drv.cuStreamQuery(s)[0] == 0:
                 assert (host(mem, n, np.uint8) == v).all(), "the query said done before the work ran"
                 polls.append(k)

@@ -779,9 +779,25 @@ def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
             out.append(device_arrays(a))
         elif isinstance(a, list):
             out.append(list(device_arrays(a)))
+        elif hasattr(a, "__cuda_array_interface__"):
+            # Another library's array: its interface is read at the launch, as numba does.
+            out.append(_interface_array(a.__cuda_array_interface__))
         else:
             out.append(a)
     return tuple(out)
+
+
+def _interface_array(iface: dict[str, Any]) -> np.ndarray:
+    """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
+    shape = tuple(iface["shape"])
+    descr = iface.get("descr")
+    dtype = np.dtype(descr) if descr and descr != [("", iface["typestr"])] else np.dtype(iface["typestr"])
+    if not iface["data"][0] or 0 in shape:
+        return np.empty(shape, dtype)
+    host = {"shape": shape, "typestr": dtype.str, "descr": dtype.descr, "data": (iface["data"][0], False)}
+    host["strides"] = iface.get("strides")
+    host["version"] = 3
+    return np.asarray(_DeviceArray(host))
 
 
 class LentView:

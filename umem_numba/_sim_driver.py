@@ -18,8 +18,9 @@ Streams run late, in an adversarial order
     Each stream is a queue.  Work on it (kernels launched through umem_numba,
     copies, memsets, prefetches, event records, waits, stream-ordered frees)
     runs only when something needs it: a synchronisation of an event, a
-    stream or the context, a query that then answers "done" (the first query of
-    unfinished work answers "not ready", later ones at random), or a pageable copy that the real driver also
+    stream or the context, a query that then answers "done" (queries of
+    unfinished work answer "not ready" a random number of times first), or a
+    pageable copy that the real driver also
     completes before returning.  The work a synchronisation needs is run
     one operation at a time, each picked at random, with a seeded
     :class:`random.Random` (``UMEM_SIM_SEED``), among the streams whose next
@@ -43,12 +44,14 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import ctypes
 import gc
 import itertools
 import os
 import random
 import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -68,8 +71,8 @@ PAGE = 4096
 GRANULARITY = 2 << 20
 #: Chance that a synchronisation also runs an operation no one waits for.
 SPREAD = 0.2
-#: Chance that a query of unfinished work answers "not ready" without running anything.
-NOT_READY = 0.5
+#: How many queries of unfinished work answer "not ready" before one runs it (drawn per operation).
+PATIENCE = (4, 24)
 #: Chance that pool memory freed on another stream is reused, ordered after the free.
 REUSE_ACROSS_STREAMS = 0.5
 
@@ -196,10 +199,11 @@ class _PoolBlock:
 
 
 class _Pool:
-    __slots__ = ("attrs", "free", "kind", "used")
+    __slots__ = ("attrs", "destroyed", "free", "kind", "used")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
+        self.destroyed = False
         self.free: list[_PoolBlock] = []
         self.used = 0
         self.attrs: dict[str, int] = {"RELEASE_THRESHOLD": 0, "USED_MEM_HIGH": 0, "RESERVED_MEM_HIGH": 0}
@@ -388,6 +392,17 @@ class SimDriver:
 
     def _drain(self) -> None:
         self._drive(list(self._pending))
+
+    def drain_quietly(self) -> list[BaseException]:
+        """Run all queued work; return the errors it raised (each failed operation is dropped)."""
+        errors: list[BaseException] = []
+        with self._lock:
+            while self._pending:
+                try:
+                    self._drain()
+                except Exception as exc:
+                    errors.append(exc)
+        return errors
 
     def _stream_targets(self, s: _Stream) -> list[_Op]:
         return list(s.ops)
@@ -588,18 +603,22 @@ class SimDriver:
 
     def _pool(self, handle: Any) -> _Pool:
         pool = self._pools.get(_int(handle))
-        if pool is None:
+        if pool is None or pool.destroyed:
             raise _Error(_INVALID_VALUE)
         return pool
 
     def cuMemPoolDestroy(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
-            pool = self._pools.pop(_int(handle), None)
-            if pool is None:
+            pool = self._pools.get(_int(handle))
+            if pool is None or pool.destroyed:
                 return (_INVALID_VALUE,)
+            # Outstanding allocations stay valid until freed, as the driver's do.
+            pool.destroyed = True
             self._drain()
-            for mem in [m for m in self._memory.values() if m.pool == _int(handle)]:
-                self._remove_memory(mem)  # the driver frees what was still allocated
+            for block in pool.free:
+                if block.memory.base in self._memory:
+                    self._remove_memory(block.memory)
+            pool.free = []
         return (_SUCCESS,)
 
     def cuMemAllocFromPoolAsync(self, nbytes: Any, handle: Any, stream: Any) -> tuple[Any, ...]:
@@ -639,9 +658,10 @@ class SimDriver:
             mem = self._memory.get(p)
             if mem is None or not mem.pool:
                 return (_INVALID_VALUE,)
-            pool = self._pools.get(mem.pool)
-            if pool is None:
-                return (_INVALID_VALUE,)
+            pool = self._pools[mem.pool]
+            if pool.destroyed:
+                self._remove_memory(mem)
+                return (_SUCCESS,)
             try:
                 s = self._stream(stream)
             except _Error as e:
@@ -733,6 +753,13 @@ class SimDriver:
     def cuStreamGetDevice(self, handle: Any) -> tuple[Any, ...]:
         return (_SUCCESS, 0)
 
+    def cuStreamGetFlags(self, handle: Any) -> tuple[Any, ...]:
+        with self._lock:
+            try:
+                return (_SUCCESS, 0 if self._stream(handle).blocking else 1)
+            except _Error as e:
+                return (e.code, None)
+
     def cuStreamGetPriority(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
             return (_SUCCESS, self._stream(handle).priority)
@@ -763,10 +790,12 @@ class SimDriver:
         if not pending:
             return (_SUCCESS,)
         last = pending[-1]
-        last.polls += 1
-        # Work just queued is still running, as a GPU's would be (a check right after a
-        # launch sees it busy); a program that keeps polling sees it finish, at a random poll.
-        if last.polls == 1 or self._rng.random() < NOT_READY:
+        if not last.polls:
+            last.polls = self._rng.randint(*PATIENCE)
+        last.polls -= 1
+        # Queued work is still running, as a GPU's would be when checked at once; a program
+        # that keeps polling sees it finish (run now) after a random number of polls.
+        if last.polls:
             return (_NOT_READY,)
         self._drive(pending)
         return (_SUCCESS,)
@@ -854,7 +883,8 @@ class SimDriver:
                 snapshot = ctypes.string_at(s_, n)
 
                 def run() -> None:
-                    self._check_live(d, n, what)
+                    if dst_known:
+                        self._check_live(d, n, what)
                     ctypes.memmove(d, snapshot, n)
 
             else:
@@ -1284,12 +1314,34 @@ def _one_by_one(fn: Any, seen: set[int] | None = None) -> bool:
     if names & _TOGETHER:
         return False
     values = [fn.__globals__.get(n) for n in names]
-    values += [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]
+    values += [_cell(c) for c in (fn.__closure__ or ())]
     for v in values:
         inner = getattr(v, "py_func", None) if type(v).__name__ == "FakeCUDAKernel" else None
         if inner is not None and not _one_by_one(inner, seen):
             return False
     return True
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _with_module(fn: Any, module: Any) -> Any:
+    """``fn`` with ``cuda`` captured from an enclosing function (a closure) bound to ``module``.
+
+    numba's simulator swaps the kernel's global ``cuda`` only; a kernel
+    defined inside a function that imported ``cuda`` there gets it here.
+    """
+    from numba import cuda
+
+    closure = fn.__closure__
+    if not closure or not any(_cell(c) is cuda for c in closure):
+        return fn
+    cells = tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
 
 
 def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list[Any]) -> None:
@@ -1338,6 +1390,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     me = threading.current_thread()
     saved = {k: me.__dict__.get(k) for k in ("threadIdx", "blockIdx", "thread_id")}
     bx, by, _ = block
+    body = _with_module(fn, module)
     with simkernel._push_kernel_context(module), swapped_cuda_module(fn, module):
         try:
             for g in np.ndindex(*grid):
@@ -1346,7 +1399,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
                     me.threadIdx = Dim3(*t)  # type: ignore[attr-defined]
                     me.thread_id = t[0] + bx * (t[1] + by * t[2])  # type: ignore[attr-defined]
                     try:
-                        fn(*fake_args)
+                        body(*fake_args)
                     except Exception as e:
                         msg = f"tid={list(t)} ctaid={list(g)}: {e}" if str(e) else f"tid={list(t)} ctaid={list(g)}"
                         raise type(e)(msg).with_traceback(e.__traceback__) from None
@@ -1414,6 +1467,43 @@ class SimStream:
         return f"<simulated CUDA stream {self.handle:#x}>"
 
 
+class SimEvent:
+    """What ``numba.cuda.event()`` gives under the simulated driver: an event of it."""
+
+    def __init__(self, drv: SimDriver, timing: bool = True) -> None:
+        self._drv = drv
+        self.handle = int(drv.cuEventCreate(0 if timing else 2)[1])
+        import weakref
+
+        weakref.finalize(self, drv.cuEventDestroy, self.handle).atexit = False
+
+    def record(self, stream: Any = 0) -> None:
+        self._drv.cuEventRecord(self.handle, _stream_int(stream))
+
+    def wait(self, stream: Any = 0) -> None:
+        self._drv.cuStreamWaitEvent(_stream_int(stream), self.handle, 0)
+
+    def query(self) -> bool:
+        """Whether the recorded work has run (answers False a random number of times first)."""
+        return self._drv.cuEventQuery(self.handle)[0] == _SUCCESS
+
+    def synchronize(self) -> None:
+        self._drv.cuEventSynchronize(self.handle)
+
+    def elapsed_time(self, other: Any) -> float:
+        raise UnsupportedError(
+            "event timing: the simulated driver (NUMBA_ENABLE_CUDASIM=1) has no device clock; it needs a real GPU"
+        )
+
+
+def _stream_int(stream: Any) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    return int(getattr(stream, "handle", 0) or 0)
+
+
 def install_numba(drv: SimDriver) -> None:
     """Give numba's simulator API streams of ``drv`` (``cuda.stream()``, the default streams, ``synchronize``).
 
@@ -1464,7 +1554,21 @@ def install_numba(drv: SimDriver) -> None:
 
     # numba's simulated device arrays are host numpy arrays: they offer the CUDA Array
     # Interface over that memory (which the simulated driver treats as pageable host memory).
+    from numba.cuda.simulator.cudadrv.devices import FakeCUDADevice
+
+    def device_attribute(self: Any, name: str) -> Any:
+        if name == "id":
+            return 0
+        if name in _DEVICE_ATTRIBUTES:
+            return _DEVICE_ATTRIBUTES[name]
+        raise AttributeError(name)
+
+    FakeCUDADevice.__getattr__ = device_attribute  # numba's device attributes, as the driver has them
+
     FakeCUDAArray.__cuda_array_interface__ = property(interface)
+    FakeCUDAArray.device_ctypes_pointer = property(
+        lambda self: ctypes.c_void_p(self._ary.ctypes.data if self._ary.size else 0)
+    )
 
     def from_cuda_array_interface(desc: dict[str, Any], owner: Any = None, sync: bool = True) -> Any:
         shape = tuple(desc["shape"])
@@ -1535,7 +1639,23 @@ def install_numba(drv: SimDriver) -> None:
         call._numba = numba_call  # type: ignore[attr-defined]
         simkernel.FakeCUDAKernel.__call__ = call
 
+        # numba's simulator configures a launch by setting the kernel object's own grid: two
+        # threads launching one kernel race, and a queued launch must keep its grid.  A
+        # configured launch is a configured copy instead.
+        numba_getitem = simkernel.FakeCUDAKernel.__getitem__
+
+        def getitem(self: Any, configuration: Any) -> Any:
+            configured = copy.copy(self)
+            numba_getitem(configured, configuration)
+            return configured
+
+        simkernel.FakeCUDAKernel.__getitem__ = getitem
+
+    def event(timing: bool = True) -> SimEvent:
+        return SimEvent(drv, timing)
+
     for mod in api_modules:
+        mod.event = event
         mod.managed_array = managed_array
         mod.from_cuda_array_interface = from_cuda_array_interface
         mod.as_cuda_array = as_cuda_array
