@@ -15,22 +15,40 @@ def _gpu_reason() -> str:
     return _driver.unavailable_reason()
 
 
-#: Under numba's simulator (the simulated driver): why a test marked ``real_gpu`` skips is its own
-#: reason (``@pytest.mark.real_gpu("reads numba's real driver objects")``); these are the others.
-SIM_ONE_DEVICE = "needs 2 GPUs; the simulated driver (NUMBA_ENABLE_CUDASIM=1) has one device"
+#: Under numba's simulator (NUMBA_ENABLE_CUDASIM=1) every GPU test runs over umem_numba's simulated
+#: driver, except those that need what it does not simulate: by capability, the node ids (or
+#: their prefixes) that need it.  A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
+SIM_NEEDS: dict[str, tuple[str, ...]] = {
+    "two GPUs (the simulated driver has one device)": ("tests/test_multigpu.py::",),
+    "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
+    "simulator compiles nothing": ("tests/test_launch_direct.py::",),
+    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory "
+    "managers": ("tests/test_emm.py::",),
+    "streams that run side by side in wall-clock time (the simulated driver runs one operation at "
+    "a time)": ("tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",),
+    "CUDA graph capture (cuStreamBeginCapture)": ("tests/test_coherence_streams.py::test_graph_capture_is_refused_clearly",),
+    "numba's real driver: its own refusal of a managed_array view at launch": (
+        "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
+    ),
+    "timing a real GPU (benchmarks)": ("tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _sim.active():
         # numba's CUDA simulator: the GPU tests run over umem_numba's simulated driver.
         for item in items:
-            if "multigpu" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=SIM_ONE_DEVICE))
+            if "gpu" not in item.keywords and "multigpu" not in item.keywords:
                 continue
             mark = item.get_closest_marker("real_gpu")
-            if mark is not None:
-                why = mark.args[0] if mark.args else "needs a real GPU"
-                item.add_marker(pytest.mark.skip(reason=f"needs a real GPU, not the simulated driver: {why}"))
+            why = (mark.args[0] if mark.args else "a real GPU") if mark is not None else None
+            for need, prefixes in SIM_NEEDS.items():
+                if why is None and item.nodeid.startswith(prefixes):
+                    why = need
+            if why is None and "multigpu" in item.keywords:
+                why = "two GPUs (the simulated driver has one device)"
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
         return
     reason = _gpu_reason()
     many = None

@@ -759,10 +759,11 @@ def _nothing() -> None:
 class _DeviceArray:
     """numpy's array interface over a device address (simulated driver only: it is host memory)."""
 
-    __slots__ = ("__array_interface__",)
+    __slots__ = ("__array_interface__", "owner")
 
     def __init__(self, interface: dict[str, Any]) -> None:
         self.__array_interface__ = interface
+        self.owner: Any = None
 
 
 def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
@@ -781,13 +782,13 @@ def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
             out.append(list(device_arrays(a)))
         elif hasattr(a, "__cuda_array_interface__"):
             # Another library's array: its interface is read at the launch, as numba does.
-            out.append(_interface_array(a.__cuda_array_interface__))
+            out.append(_interface_array(a.__cuda_array_interface__, a))
         else:
             out.append(a)
     return tuple(out)
 
 
-def _interface_array(iface: dict[str, Any]) -> np.ndarray:
+def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
     shape = tuple(iface["shape"])
     descr = iface.get("descr")
@@ -797,7 +798,9 @@ def _interface_array(iface: dict[str, Any]) -> np.ndarray:
     host = {"shape": shape, "typestr": dtype.str, "descr": dtype.descr, "data": (iface["data"][0], False)}
     host["strides"] = iface.get("strides")
     host["version"] = 3
-    return np.asarray(_DeviceArray(host))
+    holder = _DeviceArray(host)
+    holder.owner = owner  # the array keeps the memory's owner alive until the kernel has run
+    return np.asarray(holder)
 
 
 class LentView:

@@ -51,6 +51,7 @@ import itertools
 import os
 import random
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,8 +70,10 @@ TOTAL_MEM = 16 << 30
 PAGE = 4096
 #: VMM granularity (the driver's minimum on current GPUs).
 GRANULARITY = 2 << 20
-#: Chance that a synchronisation also runs an operation no one waits for.
-SPREAD = 0.2
+#: Chance that a synchronisation also runs an operation no one waits for (0: work runs as late as
+#: possible, which is what turns a missing wait into a wrong value; the choice among the streams
+#: a synchronisation needs is random in any case).
+SPREAD = 0.0
 #: How many queries of unfinished work answer "not ready" before one runs it (drawn per operation).
 PATIENCE = (4, 24)
 #: Chance that pool memory freed on another stream is reused, ordered after the free.
@@ -455,11 +458,14 @@ class SimDriver:
         name = getattr(kernel, "__name__", "kernel")
 
         def run() -> None:
-            for a in _arrays_in(args):
-                self._check_live(a.ctypes.data, a.nbytes if a.size else 0, f"kernel {name}")
+            for a in ours:
+                self._check_live(a.ctypes.data, a.nbytes, f"kernel {name}")
             run_kernel(kernel, griddim, blockdim, shared, _fake_args(args))
 
         with self._lock:
+            # Arrays over this driver's memory must still be allocated when the kernel runs;
+            # others (numba's simulator arrays: host memory) are kept alive by the arguments.
+            ours = [a for a in _arrays_in(args) if a.size and self._find(a.ctypes.data) is not None]
             self._enqueue(handle, run, f"kernel {name}")
 
     # ==================================================================================
@@ -1344,6 +1350,24 @@ def _with_module(fn: Any, module: Any) -> Any:
     return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
 
 
+class _Clock(threading.local):
+    """Sleep requested by the CUDA threads of the kernel this thread runs one by one."""
+
+    longest: float | None = None  # seconds; None: not running a kernel one by one
+    current = 0.0
+
+
+_clock = _Clock()
+
+
+def _nanosleep(ns: int) -> None:
+    """``cuda.nanosleep`` in a simulated kernel: the kernel takes (at least) that long."""
+    if _clock.longest is None:  # numba's threads run side by side: sleep for real
+        time.sleep(ns * 1e-9)
+    else:
+        _clock.current += ns * 1e-9
+
+
 def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list[Any]) -> None:
     """Run numba's simulated ``kernel`` over ``args`` (simulator arrays), as configured when it was queued.
 
@@ -1391,6 +1415,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     saved = {k: me.__dict__.get(k) for k in ("threadIdx", "blockIdx", "thread_id")}
     bx, by, _ = block
     body = _with_module(fn, module)
+    _clock.longest = 0.0
     with simkernel._push_kernel_context(module), swapped_cuda_module(fn, module):
         try:
             for g in np.ndindex(*grid):
@@ -1398,17 +1423,24 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
                 for t in np.ndindex(*block):
                     me.threadIdx = Dim3(*t)  # type: ignore[attr-defined]
                     me.thread_id = t[0] + bx * (t[1] + by * t[2])  # type: ignore[attr-defined]
+                    _clock.current = 0.0
                     try:
                         body(*fake_args)
+                        if _clock.current > _clock.longest:
+                            _clock.longest = _clock.current
                     except Exception as e:
                         msg = f"tid={list(t)} ctaid={list(g)}: {e}" if str(e) else f"tid={list(t)} ctaid={list(g)}"
                         raise type(e)(msg).with_traceback(e.__traceback__) from None
         finally:
+            # The CUDA threads ran side by side on a GPU: the kernel took its longest sleep.
+            slept, _clock.longest = _clock.longest, None
             for k, v in saved.items():
                 if v is None:
                     me.__dict__.pop(k, None)
                 else:
                     me.__dict__[k] = v
+    if slept:
+        time.sleep(slept)
     for wb in retr:
         wb()
 
@@ -1608,8 +1640,8 @@ def install_numba(drv: SimDriver) -> None:
 
     # Inside a simulated kernel numba swaps the kernel module's `cuda` for a fake module of
     # the thread-level API; other threads of the program may meanwhile use the same global:
-    # the rest of the API stays reachable through it.  nanosleep (absent there) does nothing:
-    # the simulation's delays are its late, reordered stream work.
+    # the rest of the API stays reachable through it.  nanosleep (absent there) takes time:
+    # a simulated kernel lasts as long as its longest-sleeping thread (see run_kernel).
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
     def fallback(self: Any, name: str) -> Any:
@@ -1618,7 +1650,7 @@ def install_numba(drv: SimDriver) -> None:
         return getattr(cuda, name)
 
     FakeCUDAModule.__getattr__ = fallback
-    FakeCUDAModule.nanosleep = staticmethod(lambda ns: None)
+    FakeCUDAModule.nanosleep = staticmethod(_nanosleep)
 
     # A plain launch (kernel[g, b](...)) takes the same one-by-one path where it can.
     from numba.cuda.simulator import kernel as simkernel
