@@ -11,6 +11,7 @@ from helpers import test_seed
 
 from umem_numba import _driver, _sim
 
+
 def _gpu_reason() -> str:
     return _driver.unavailable_reason()
 
@@ -22,15 +23,26 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "two GPUs (the simulated driver has one device)": ("tests/test_multigpu.py::",),
     "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
     "simulator compiles nothing": ("tests/test_launch_direct.py::",),
-    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory "
-    "managers": ("tests/test_emm.py::",),
-    "streams that run side by side in wall-clock time (the simulated driver runs one operation at "
-    "a time)": ("tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",),
-    "CUDA graph capture (cuStreamBeginCapture)": ("tests/test_coherence_streams.py::test_graph_capture_is_refused_clearly",),
+    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory managers": (
+        "tests/test_emm.py::",
+    ),
+    "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
+        "tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",
+    ),
+    "CUDA graph capture (cuStreamBeginCapture)": (
+        "tests/test_coherence_streams.py::test_graph_capture_is_refused_clearly",
+    ),
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
     "timing a real GPU (benchmarks)": ("tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",),
+    "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
+    "by examples/heat2d.py's fallback)": (
+        "tests/test_examples.py::test_heat2d_end_to_end",
+        "tests/test_examples.py::test_heat3d_end_to_end",
+        "tests/test_examples.py::test_residual_end_to_end",
+        "tests/test_examples.py::test_examples_refuse_to_oversubscribe",
+    ),
 }
 
 
@@ -104,7 +116,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             if name == "random seed":
                 report.sections.append(("random seed", f"UMEM_TEST_SEED={value}"))
             elif name == "simulator seed":
-                report.sections.append(("simulator seed", f"UMEM_SIM_SEED={value} (stream order of the simulated driver)"))
+                report.sections.append(
+                    ("simulator seed", f"UMEM_SIM_SEED={value} (stream order of the simulated driver)")
+                )
 
 
 @pytest.fixture

@@ -218,9 +218,9 @@ def test_sim_device_work_on_freed_memory_faults(drv):
 
 
 def test_sim_refuses_what_it_cannot_do(drv):
-    with pytest.raises(UnsupportedError, match="cuIpcGetEventHandle.*simulator"):
+    with pytest.raises(UnsupportedError, match=r"cuIpcGetEventHandle.*simulator"):
         drv.cuIpcGetEventHandle(0)
-    with pytest.raises(UnsupportedError, match="cuCtxEnablePeerAccess.*simulator"):
+    with pytest.raises(UnsupportedError, match=r"cuCtxEnablePeerAccess.*simulator"):
         drv.cuCtxEnablePeerAccess(0, 0)
     assert drv.cuDeviceGetCount() == (0, 1)
 

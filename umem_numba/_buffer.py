@@ -75,7 +75,7 @@ def _simulator_base() -> type:
     if _sim.active():
         from numba.cuda.simulator.args import ArgHint
 
-        return ArgHint  # type: ignore[no-any-return]
+        return ArgHint
     return object
 
 

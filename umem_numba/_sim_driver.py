@@ -157,10 +157,10 @@ class _Memory:
     __slots__ = (
         "accessed_by",
         "array",
-        "generation",
         "attach",
         "base",
         "flags",
+        "generation",
         "kind",
         "last_prefetch",
         "pool",
@@ -280,8 +280,7 @@ class SimDriver:
     def _refuse(name: str) -> Callable[..., Any]:
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise UnsupportedError(
-                f"{name}: not supported under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1); "
-                "it needs a real GPU"
+                f"{name}: not supported under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1); it needs a real GPU"
             )
 
         refuse.__name__ = name
@@ -313,7 +312,7 @@ class SimDriver:
         return [self._legacy, *self._per_thread.values(), *self._streams.values()]
 
     def _enqueue(self, handle: Any, run: Callable[[], None] | None, what: str, deps: list[_Op] | None = None) -> _Op:
-        """Queue ``run`` on a stream (a handle or a :class:`_Stream`), after its earlier work and the implicit orderings."""
+        """Queue ``run`` on a stream (handle or :class:`_Stream`), after its earlier work and implicit orderings."""
         s = handle if isinstance(handle, _Stream) else self._stream(handle)
         after = [d for d in (deps or ()) if not d.done]
         if s.tail is not None and not s.tail.done:
@@ -987,7 +986,7 @@ class SimDriver:
 
     def _legacy_id(self, location: Any) -> int:
         kind = getattr(location.type, "name", "")
-        if kind.endswith("HOST") or kind.endswith("HOST_NUMA") or kind.endswith("HOST_NUMA_CURRENT"):
+        if kind.endswith(("HOST", "HOST_NUMA", "HOST_NUMA_CURRENT")):
             return -1
         if kind.endswith("DEVICE"):
             if int(location.id) != 0:
@@ -1235,7 +1234,7 @@ class _Error(Exception):
         self.code = code
 
 
-class SimulatedFault(RuntimeError):
+class SimulatedFault(RuntimeError):  # noqa: N818  (a fault, as a GPU's)
     """Device work of the simulation touched memory that is not allocated (a GPU would fault)."""
 
 
@@ -1426,8 +1425,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
                     _clock.current = 0.0
                     try:
                         body(*fake_args)
-                        if _clock.current > _clock.longest:
-                            _clock.longest = _clock.current
+                        _clock.longest = max(_clock.longest, _clock.current)
                     except Exception as e:
                         msg = f"tid={list(t)} ctaid={list(g)}: {e}" if str(e) else f"tid={list(t)} ctaid={list(g)}"
                         raise type(e)(msg).with_traceback(e.__traceback__) from None
@@ -1469,8 +1467,8 @@ class SimStream:
         self._drv = drv
         self._owned = handle is None
         if handle is None:
-            err, handle = drv.cuStreamCreate(flags)
-        self.handle = int(handle)  # type: ignore[arg-type]
+            _, handle = drv.cuStreamCreate(flags)
+        self.handle = int(handle)
         if self._owned:
             import weakref
 
@@ -1608,7 +1606,13 @@ def install_numba(drv: SimDriver) -> None:
         ptr = desc["data"][0]
         if not ptr or 0 in shape:
             return FakeCUDAArray(np.empty(shape, dtype))
-        iface = {"shape": shape, "typestr": dtype.str, "data": (ptr, False), "strides": desc.get("strides"), "version": 3}
+        iface = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "data": (ptr, False),
+            "strides": desc.get("strides"),
+            "version": 3,
+        }
         holder = type("_Interface", (), {"__array_interface__": iface, "owner": owner})()
         return FakeCUDAArray(np.asarray(holder))
 
@@ -1621,7 +1625,11 @@ def install_numba(drv: SimDriver) -> None:
         return hasattr(obj, "__cuda_array_interface__")
 
     def managed_array(
-        shape: Any, dtype: Any = np.float64, strides: Any = None, order: str = "C", stream: Any = 0,
+        shape: Any,
+        dtype: Any = np.float64,
+        strides: Any = None,
+        order: str = "C",
+        stream: Any = 0,
         attach_global: bool = True,
     ) -> Any:
         dt = np.dtype(dtype)
@@ -1631,7 +1639,7 @@ def install_numba(drv: SimDriver) -> None:
             return FakeCUDAArray(np.empty(shp, dt))
         ptr = drv.cuMemAllocManaged(nbytes, 1 if attach_global else 2)[1]
         raw = (ctypes.c_byte * nbytes).from_address(ptr)
-        arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)
+        arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)  # type: ignore[arg-type]
         out = FakeCUDAArray(arr)
         import weakref
 
