@@ -792,7 +792,8 @@ def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
     shape = tuple(iface["shape"])
     descr = iface.get("descr")
-    dtype = np.dtype(descr) if descr and descr != [("", iface["typestr"])] else np.dtype(iface["typestr"])
+    named = descr and any(field[0] for field in descr)
+    dtype = np.dtype([tuple(field) for field in descr]) if named else np.dtype(iface["typestr"])
     if not iface["data"][0] or 0 in shape:
         return np.empty(shape, dtype)
     host = {"shape": shape, "typestr": dtype.str, "descr": dtype.descr, "data": (iface["data"][0], False)}

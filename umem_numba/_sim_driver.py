@@ -377,16 +377,17 @@ class SimDriver:
         self._pending.remove(op)
         op.done = True
         op.deps = []
+        run, op.run = op.run, None  # the tail of a stream and an event keep the op: not its arguments
         if self.keep_trace:
             self.trace.append((op.stream.sid, op.what))
-        if op.run is not None:
+        if run is not None:
             # No garbage collection while simulated work runs: a finalizer run by a kernel's
             # threads would call this driver, whose lock this thread holds while it waits for them.
             collecting = gc.isenabled()
             gc.disable()
             self._running = True
             try:
-                op.run()
+                run()
             finally:
                 self._running = False
                 if collecting:
@@ -1367,6 +1368,30 @@ def _nanosleep(ns: int) -> None:
         _clock.current += ns * 1e-9
 
 
+_MODULES: dict[type, type] = {}
+
+
+def _one_by_one_module(base: type) -> type:
+    """numba's fake ``cuda`` module with the thread's indices as plain attributes (set per CUDA thread).
+
+    numba's looks them up through ``threading.current_thread()`` at every use.
+    """
+    cls = _MODULES.get(base)
+    if cls is None:
+        cls = type(
+            "OneByOneCUDAModule",
+            (base,),
+            {
+                "threadIdx": None,
+                "blockIdx": None,
+                "thread_id": 0,
+                "laneid": property(lambda self: self.thread_id % 32),
+            },
+        )
+        _MODULES[base] = cls
+    return cls
+
+
 def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list[Any]) -> None:
     """Run numba's simulated ``kernel`` over ``args`` (simulator arrays), as configured when it was queued.
 
@@ -1395,7 +1420,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAModule, swapped_cuda_module
 
     grid, block = griddim, blockdim
-    module = FakeCUDAModule(grid, block, shared)
+    module = _one_by_one_module(FakeCUDAModule)(grid, block, shared)
     retr: list[Any] = []
 
     from numba.cuda.simulator.args import ArgHint, InOut
@@ -1407,7 +1432,14 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
             a = a.to_device(retr)
         elif isinstance(a, np.void):
             a = FakeCUDAArray(a)
-        return FakeWithinKernelCUDAArray(a) if isinstance(a, FakeCUDAArray) else a
+        if isinstance(a, FakeCUDAArray):
+            raw = a._ary
+            # A plain numpy array indexes the same, several times faster; records keep numba's
+            # wrapper (it makes `a[i].x = v` write through).
+            if isinstance(raw, np.ndarray) and raw.dtype.fields is None and raw.ndim:
+                return raw
+            return FakeWithinKernelCUDAArray(a)
+        return a
 
     fake_args = [fake(a) for a in args]
     me = threading.current_thread()
@@ -1415,13 +1447,14 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     bx, by, _ = block
     body = _with_module(fn, module)
     _clock.longest = 0.0
+    threads = [(t, Dim3(*t), t[0] + bx * (t[1] + by * t[2])) for t in np.ndindex(*block)]
     with simkernel._push_kernel_context(module), swapped_cuda_module(fn, module):
         try:
             for g in np.ndindex(*grid):
-                me.blockIdx = Dim3(*g)  # type: ignore[attr-defined]
-                for t in np.ndindex(*block):
-                    me.threadIdx = Dim3(*t)  # type: ignore[attr-defined]
-                    me.thread_id = t[0] + bx * (t[1] + by * t[2])  # type: ignore[attr-defined]
+                me.blockIdx = module.blockIdx = Dim3(*g)  # type: ignore[attr-defined]
+                for t, idx, tid in threads:
+                    me.threadIdx = module.threadIdx = idx  # type: ignore[attr-defined]
+                    me.thread_id = module.thread_id = tid  # type: ignore[attr-defined]
                     _clock.current = 0.0
                     try:
                         body(*fake_args)
@@ -1495,6 +1528,16 @@ class SimStream:
 
     def __repr__(self) -> str:
         return f"<simulated CUDA stream {self.handle:#x}>"
+
+
+class _Holder:
+    """numpy's array interface over another library's memory, keeping that library's object alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict[str, Any], owner: Any) -> None:
+        self.__array_interface__ = interface
+        self.owner = owner
 
 
 class SimEvent:
@@ -1602,7 +1645,9 @@ def install_numba(drv: SimDriver) -> None:
 
     def from_cuda_array_interface(desc: dict[str, Any], owner: Any = None, sync: bool = True) -> Any:
         shape = tuple(desc["shape"])
-        dtype = np.dtype(desc.get("descr") or desc["typestr"]) if desc.get("descr") else np.dtype(desc["typestr"])
+        descr = desc.get("descr")
+        named = descr and any(name for name, *_ in descr)
+        dtype = np.dtype([tuple(d) for d in descr]) if named else np.dtype(desc["typestr"])
         ptr = desc["data"][0]
         if not ptr or 0 in shape:
             return FakeCUDAArray(np.empty(shape, dtype))
@@ -1613,8 +1658,7 @@ def install_numba(drv: SimDriver) -> None:
             "strides": desc.get("strides"),
             "version": 3,
         }
-        holder = type("_Interface", (), {"__array_interface__": iface, "owner": owner})()
-        return FakeCUDAArray(np.asarray(holder))
+        return FakeCUDAArray(np.asarray(_Holder(iface, owner)))
 
     def as_cuda_array(obj: Any, sync: bool = True) -> Any:
         if not hasattr(obj, "__cuda_array_interface__"):
