@@ -20,7 +20,6 @@ def _gpu_reason() -> str:
 #: driver, except those that need what it does not simulate: by capability, the node ids (or
 #: their prefixes) that need it.  A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
 SIM_NEEDS: dict[str, tuple[str, ...]] = {
-    "two GPUs (the simulated driver has one device)": ("tests/test_multigpu.py::",),
     "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
     "simulator compiles nothing": ("tests/test_launch_direct.py::",),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory managers": (
@@ -35,7 +34,20 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
-    "timing a real GPU (benchmarks)": ("tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",),
+    "timing a real GPU (benchmarks)": (
+        "tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",
+        "tests/test_vmm.py::test_bench_quick_run_writes_checked_results",
+        "tests/test_stencil_gpu.py::test_bench_stencil",
+    ),
+    "a fault on a write through a read-only VMM mapping (the simulated driver does not tell a "
+    "kernel's reads from its writes)": ("tests/test_vmm.py::test_read_only_access_is_enforced_in_a_child_process",),
+    "kernels with syncthreads on GPU-sized grids (numba's simulator runs them with a Python thread per "
+    "CUDA thread: minutes each; the kernels run on the simulator at small sizes in "
+    "tests/test_kernels_sim.py)": (
+        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
+        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
+        "tests/test_stencil_gpu.py::test_max_abs_diff_on_managed_memory_reads_without_synchronize",
+    ),
     "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
     "by examples/heat2d.py's fallback)": (
         "tests/test_examples.py::test_heat2d_end_to_end",

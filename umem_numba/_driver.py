@@ -135,9 +135,12 @@ def _probe() -> str:
     if _sim.active():
         from ._sim_driver import SimDriver, install_numba
 
+        from cuda import bindings
+
         sim = SimDriver()
         install_numba(sim)
-        _api = _Api(sim, "simulated")
+        # The binding's version: the simulated driver offers its entry points and enums.
+        _api = _Api(sim, getattr(bindings, "__version__", "unknown"))
         return ""
     try:
         from cuda import bindings

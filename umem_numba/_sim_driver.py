@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_SEED", "SimDriver", "SimStream", "SimulatedFault", "install_
 #: The seed used when ``UMEM_SIM_SEED`` is not set.
 DEFAULT_SEED = 0
 #: Bytes of the simulated device.
-TOTAL_MEM = 16 << 30
+TOTAL_MEM = 4 << 30
 #: Page size of advice and prefetch bookkeeping (the driver's is the OS page).
 PAGE = 4096
 #: VMM granularity (the driver's minimum on current GPUs).
@@ -531,7 +531,7 @@ class SimDriver:
 
     def cuMemGetInfo(self) -> tuple[Any, ...]:
         with self._lock:
-            used = sum(m.size for m in self._memory.values() if m.kind != "pinned")
+            used = self._used() - sum(m.size for m in self._memory.values() if m.kind == "pinned")
         return (_SUCCESS, TOTAL_MEM - used, TOTAL_MEM)
 
     # -- allocation --------------------------------------------------------------------
@@ -540,14 +540,18 @@ class SimDriver:
         if n <= 0:
             return (_INVALID_VALUE, None)
         with self._lock:
-            used = sum(m.size for m in self._memory.values())
-            if used + n > TOTAL_MEM:
+            if self._used() + n > TOTAL_MEM:
                 return (_OUT_OF_MEMORY, None)
             try:
                 mem = _Memory(kind, n, flags, pool)
             except MemoryError:
                 return (_OUT_OF_MEMORY, None)
             return (_SUCCESS, self._add_memory(mem))
+
+    def _used(self) -> int:
+        """Device bytes in use: allocations (not VMM mappings) and VMM physical memory."""
+        mapped = sum(m.size for m in self._memory.values() if m.kind != "vmm")
+        return mapped + sum(size for _, size, _ in self._physical.values())
 
     def cuMemAlloc(self, nbytes: Any) -> tuple[Any, ...]:
         return self._allocate("device", nbytes)
@@ -944,6 +948,47 @@ class SimDriver:
                 return (e.code,)
         return (_SUCCESS,)
 
+    def cuMemsetD32Async(self, ptr: Any, value: Any, count: Any, handle: Any) -> tuple[Any, ...]:
+        p, v, n = _int(ptr), _int(value) & 0xFFFFFFFF, _int(count)
+        with self._lock:
+            if self._find(p) is None:
+                return (_INVALID_VALUE,)
+
+            def run() -> None:
+                self._check_live(p, 4 * n, "cuMemsetD32Async")
+                np.frombuffer((ctypes.c_uint32 * n).from_address(p), np.uint32)[:] = v
+
+            try:
+                self._enqueue(handle, run, "cuMemsetD32Async")
+            except _Error as e:
+                return (e.code,)
+        return (_SUCCESS,)
+
+    # The synchronous forms: on the legacy stream, done when they return.
+    def _sync(self, res: tuple[Any, ...]) -> tuple[Any, ...]:
+        if res[0] == _SUCCESS:
+            with self._lock:
+                self._drive(list(self._legacy.ops))
+        return res
+
+    def cuMemsetD8(self, ptr: Any, value: Any, count: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemsetD8Async(ptr, value, count, 0))
+
+    def cuMemsetD32(self, ptr: Any, value: Any, count: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemsetD32Async(ptr, value, count, 0))
+
+    def cuMemcpy(self, dst: Any, src: Any, nbytes: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemcpyAsync(dst, src, nbytes, 0))
+
+    def cuMemcpyHtoD(self, dst: Any, src: Any, nbytes: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemcpyHtoDAsync(dst, src, nbytes, 0))
+
+    def cuMemcpyDtoH(self, dst: Any, src: Any, nbytes: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemcpyDtoHAsync(dst, src, nbytes, 0))
+
+    def cuMemcpyDtoD(self, dst: Any, src: Any, nbytes: Any) -> tuple[Any, ...]:
+        return self._sync(self.cuMemcpyDtoDAsync(dst, src, nbytes, 0))
+
     # -- pointer and range attributes, advice, prefetch ---------------------------------------
     def cuPointerGetAttribute(self, attr: Any, ptr: Any) -> tuple[Any, ...]:
         name = getattr(attr, "name", str(attr)).replace("CU_POINTER_ATTRIBUTE_", "")
@@ -1110,6 +1155,9 @@ class SimDriver:
             return (_INVALID_VALUE, None)
         if int(prop.location.id) != 0:
             return (101, None)
+        with self._lock:
+            if self._used() + n > TOTAL_MEM:
+                return (_OUT_OF_MEMORY, None)
         fd = os.memfd_create("umem-sim-vmm", os.MFD_CLOEXEC)
         os.ftruncate(fd, n)
         with self._lock:
