@@ -19,8 +19,15 @@ memory) and for any object with ``__cuda_array_interface__`` (numba's
   asks.
 * **Synchronous where numpy receives the result.**  ``copy_to_host`` into a
   numpy array returns after the data is there; ``copy_from_host`` from a
-  numpy array returns once the source has been read (pageable memory) and
-  leaves the device side pending.
+  numpy array returns once the source has been read and leaves the device
+  side pending.  A numpy array over memory the driver knows (a view of
+  managed or pinned memory, ``buf.host``, ``cuda.pinned_array``) is read by
+  the copy engine only when the stream gets to the copy, so for such a
+  source the call waits for the copy (pass the :class:`PinnedBuffer` itself
+  for an asynchronous copy that its coherence guards).
+* **Graph capture.**  A copy onto a stream that is capturing a CUDA graph
+  raises :class:`~umem_numba.CoherenceError` before it issues anything (no
+  prefetch, no staging), so the capture stays intact.
 * **Contiguity.**  Both sides of a DMA copy must be C-contiguous; a strided
   *numpy* source is made contiguous on the host first, and a strided view of a
   host-accessible buffer (managed, pinned) is read on the host by
@@ -42,12 +49,18 @@ copies then keep up with the bus.  ``staging=None`` picks the path measured
 faster on the benchmark machine for copies of at least
 :data:`STAGE_MIN_BYTES` (see ``python -m umem_numba bench copy``); ``False``
 forces the driver path, ``True`` the internal staging slots, and a
-:class:`PinnedBuffer` is used as the staging area instead.
+:class:`PinnedBuffer` is used as the staging area instead.  The staging area
+is the copy's own memory: a copy that finds its slots still read (or
+written) by an earlier copy's DMA waits for that DMA, whatever the coherence
+policy (``"off"``, ``"warn"`` and ``"raise"`` are about the user's buffers).
 
-``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads (default: half
-the CPUs, at most 8).  The internal staging area is pinned memory (twice the
-threads, :data:`CHUNK_BYTES` each) made once per device on first use and
-counted in ``umem_numba.stats()["pinned"]``.
+``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads, an integer
+from 1 to :data:`MAX_COPY_THREADS` (default: half the CPUs, at most 8).  It
+is read once, when the first staged copy starts the copier threads (a bad
+value makes that copy raise ``ValueError``); later changes have no effect.
+The internal staging area is pinned memory (twice the threads,
+:data:`CHUNK_BYTES` each) made once per device on first use and counted in
+``umem_numba.stats()["pinned"]``.
 """
 
 from __future__ import annotations
