@@ -399,3 +399,110 @@ def test_refused_operation_leaves_the_graph_capture_intact(op, mode, rng):
     for o in objects.values():
         if hasattr(o, "close"):
             o.close()
+
+
+# ---------------------------------------------------------------------------
+# CPU checks of the decisions above, with the driver replaced by fakes
+
+
+class _FakeApi:
+    """Answers cuPointerGetAttribute like the driver for one kind of memory."""
+
+    def __init__(self, kind: str) -> None:
+        from types import SimpleNamespace
+
+        from cuda.bindings import driver as drv
+
+        self.c = _driver._constants(drv)
+        bad = self.c.invalid_value
+        answers = {
+            "pageable": {"managed": (bad, 0), "type": (bad, 0)},
+            "pageable-hmm": {"managed": (0, 0), "type": (0, 0)},  # known address, no CUDA memory type
+            "managed": {"managed": (0, 1), "type": (0, 2)},
+            "pinned": {"managed": (0, 0), "type": (0, self.c.memorytype_host)},
+        }[kind]
+
+        def get(attribute, ptr):
+            return answers["managed" if attribute == self.c.pointer_is_managed else "type"]
+
+        self.drv = SimpleNamespace(cuPointerGetAttribute=get)
+
+
+@pytest.mark.parametrize(
+    ("kind", "known"), [("pageable", False), ("pageable-hmm", False), ("managed", True), ("pinned", True)]
+)
+def test_host_memory_the_driver_reads_asynchronously_is_recognised(kind, known, monkeypatch):
+    """Issue #19 item 6: managed and page-locked numpy memory is recognised (the copy then waits);
+    pageable memory is not, also where the driver knows its address (HMM), so it keeps the
+    staged path (CPU, fake driver answers)."""
+    pytest.importorskip("cuda.bindings.driver")
+    monkeypatch.setattr(_driver, "api", lambda: _FakeApi(kind))
+    assert _copy._driver_memory(np.ones(8, np.float32)) is known
+    assert _copy._driver_memory(np.ones(0, np.float32)) is False
+
+
+def _record_copy_steps(monkeypatch, *, capturing: bool, known: bool) -> list[str]:
+    """Replace every step of from_host/to_host by a recorder (the capture check raises when ``capturing``)."""
+    import contextlib
+
+    calls: list[str] = []
+
+    def refuse(handle, what):
+        calls.append("capture check")
+        if capturing:
+            raise um.CoherenceError(f"{what}: the stream is capturing a CUDA graph")
+
+    def step(name, result=None):
+        def record(*args, **kwargs):
+            calls.append(name if name != "dma" else f"dma sync={kwargs.get('sync')}")
+            return result
+
+        return record
+
+    monkeypatch.setattr(_copy, "refuse_capture", refuse)
+    monkeypatch.setattr(_copy, "_driver_memory", step("memory type", known))
+    monkeypatch.setattr(_copy, "_prefetch_for_write", step("prefetch"))
+    monkeypatch.setattr(_copy, "_staged", step("staged"))
+    monkeypatch.setattr(_copy, "_dma", step("dma"))
+    monkeypatch.setattr(_copy, "_copier_pool", step("copier pool", _copy._Copiers.__new__(_copy._Copiers)))
+    monkeypatch.setattr(_driver, "device_context", contextlib.nullcontext)
+    return calls
+
+
+def _device_side() -> _copy.Side:
+    return _copy.Side(1 << 20, (N,), np.dtype(np.float32), True, None, 0, True, None, "managed")
+
+
+@pytest.mark.parametrize("staging", [None, True, False])
+def test_a_capturing_stream_is_refused_before_any_work_on_it(staging, monkeypatch):
+    """Issue #19 item 10: copy_from_host / copy_to_host check for a capture before the prefetch,
+    the memory-type query, the staging and the copy (CPU, every step replaced by a recorder)."""
+    calls = _record_copy_steps(monkeypatch, capturing=True, known=False)
+    with pytest.raises(um.CoherenceError, match="capturing"):
+        _copy.from_host(_device_side(), np.ones(N, np.float32), 7, staging)
+    assert [c for c in calls if c != "copier pool"] == ["capture check"], calls
+    calls.clear()
+    with pytest.raises(um.CoherenceError, match="capturing"):
+        _copy.to_host(_device_side(), None, 7, staging)
+    assert [c for c in calls if c != "copier pool"] == ["capture check"], calls
+
+
+@pytest.mark.parametrize(
+    ("known", "staging", "expected"),
+    [
+        (True, None, "dma sync=True"),
+        (True, True, "dma sync=True"),
+        (True, False, "dma sync=True"),
+        (False, True, "staged"),
+        (False, False, "dma sync=False"),
+        (False, None, "dma sync=False"),  # below STAGE_MIN_BYTES
+    ],
+)
+def test_copy_from_host_waits_for_a_source_the_driver_reads_asynchronously(known, staging, expected, monkeypatch):
+    """Issue #19 item 6: a source in managed or page-locked memory is copied by a DMA that the call
+    waits for (never staged, never left pending); pageable sources keep their paths (CPU)."""
+    calls = _record_copy_steps(monkeypatch, capturing=False, known=known)
+    _copy.from_host(_device_side(), np.ones(N, np.float32), 7, staging)
+    copies = [c for c in calls if c.startswith(("dma", "staged"))]
+    assert copies == [expected], calls
+    assert calls.index("capture check") < calls.index("prefetch") < calls.index(expected)

@@ -334,20 +334,23 @@ def _host_side(arr: np.ndarray) -> Side:
 
 
 def _driver_memory(arr: np.ndarray) -> bool:
-    """Whether a numpy array lies in memory the driver knows: pinned, registered or managed.
+    """Whether a numpy array lies in memory the driver knows: managed, or page-locked (pinned, registered).
 
     A DMA reads (or writes) such memory when the copy engine gets to it, not
     when ``cuMemcpyAsync`` returns, unlike pageable memory, which the driver
-    stages before returning.  Asked with ``cuPointerGetAttribute(IS_MANAGED)``:
-    it fails with ``CUDA_ERROR_INVALID_VALUE`` for exactly the memory the driver
-    does not know.  Any other failure counts as known (the caller then waits
-    for the copy: slower, never wrong).
+    stages before returning.  Page-locked memory is the driver's host memory
+    type; plain (pageable) memory makes both queries fail, also where devices
+    can read it directly (HMM, ATS), so it keeps the staged path.
     """
     if not arr.size:
         return False
     a = _driver.api()
-    err = int(a.drv.cuPointerGetAttribute(a.c.pointer_is_managed, arr.ctypes.data)[0])
-    return err != a.c.invalid_value
+    get, ptr = a.drv.cuPointerGetAttribute, arr.ctypes.data
+    err, managed = get(a.c.pointer_is_managed, ptr)
+    if int(err) == 0 and int(managed):
+        return True
+    err, memory_type = get(a.c.pointer_memory_type, ptr)
+    return int(err) == 0 and int(memory_type) == a.c.memorytype_host
 
 
 class _Staging:
