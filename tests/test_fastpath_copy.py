@@ -107,6 +107,34 @@ def test_staged_download_after_a_pending_staged_upload_on_another_stream(policy,
         c.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_a_failed_staged_copy_does_not_leave_the_staging_area_refusing_under_raise(rng, monkeypatch):
+    """Issue #19 item 2: a staged copy that fails half way marks the staging area as used by unknown
+    work; under "raise" every later staged copy then raised, for good (the mark is cleared only
+    by a wait that "raise" never makes).  The staging area must wait and clear it instead."""
+    buf = um.DeviceBuffer.empty(N, np.float32)
+    real_run = _copy._Pipeline.run
+
+    def failing_run(self, *args, **kwargs):
+        raise RuntimeError("injected failure inside a staged copy")
+
+    monkeypatch.setattr(_copy._Pipeline, "run", failing_run)
+    with pytest.raises(RuntimeError, match="injected"):
+        buf.copy_from_host(random_array(rng, N, np.float32), staging=True)
+    monkeypatch.setattr(_copy._Pipeline, "run", real_run)
+    buf.synchronize()  # the user's buffer: its own mark is cleared by waiting (the staging area's is not)
+    try:
+        for trial in range(3):
+            data = random_array(rng, N, np.float32)
+            with um.coherence_policy("raise"):
+                buf.copy_from_host(data, staging=True)
+                back = buf.copy_to_host(staging=True)
+            np.testing.assert_array_equal(back, data, err_msg=f"copy {trial} after the failure")
+    finally:
+        buf.close()
+
+
 # ---------------------------------------------------------------------------
 # Item 4: UMEM_NUMBA_COPY_THREADS is read once, and checked
 
