@@ -352,7 +352,7 @@ def _capture_ops():
         "copy_from_host-managed-staged": lambda s, o: o["managed"].copy_from_host(o["data"], stream=s, staging=True),
         "copy_from_host-device": lambda s, o: o["device"].copy_from_host(o["data"], stream=s),
         "copy_from_host-device-staged": lambda s, o: o["device"].copy_from_host(o["data"], stream=s, staging=True),
-        "copy_from_host-pinned-source": lambda s, o: o["device"].copy_from_host(o["pinned"].host, stream=s),
+        "copy_from_host-pinned-source": lambda s, o: o["device"].copy_from_host(o["pinned_view"], stream=s),
         "copy_from_host-buffer": lambda s, o: o["device"].copy_from_host(o["managed"], stream=s),
         "copy_to_host": lambda s, o: o["device"].copy_to_host(stream=s),
         "copy_to_host-staged": lambda s, o: o["managed"].copy_to_host(stream=s, staging=True),
@@ -391,6 +391,7 @@ def test_refused_operation_leaves_the_graph_capture_intact(op, mode, rng):
         "device": um.DeviceBuffer.from_array(data),
         "pinned": um.PinnedBuffer.from_array(data),
     }
+    objects["pinned_view"] = objects["pinned"].host  # taken before the capture
     if op == "PrefetchPlan.execute":  # built (and validated) before the capture
         objects["plan"] = um.PrefetchPlan().add(objects["managed"], 0).add(objects["managed2"], 0)
     for o in objects.values():
