@@ -601,11 +601,11 @@ class Buffer:
         Notes
         -----
         Queued after device work recorded on this buffer; later host access
-        and launches are ordered after it.  A pageable numpy source has been
-        read when this returns; a page-locked one (a :class:`PinnedBuffer`'s
-        memory) must stay unchanged until the copy is done
-        (``buf.synchronize()``), unless it is passed as the PinnedBuffer
-        itself, whose coherence then guards it.  A managed destination is
+        and launches are ordered after it.  A numpy source has been read
+        when this returns: for one over page-locked or managed memory (a
+        :class:`PinnedBuffer`'s or :class:`ManagedBuffer`'s ``.host``) that
+        means waiting for the copy itself; pass the PinnedBuffer itself for
+        an asynchronous copy, which its coherence then guards.  A managed destination is
         prefetched to its device first (where the device allows) so that the
         copy engine writes device memory.
 

@@ -19,8 +19,15 @@ memory) and for any object with ``__cuda_array_interface__`` (numba's
   asks.
 * **Synchronous where numpy receives the result.**  ``copy_to_host`` into a
   numpy array returns after the data is there; ``copy_from_host`` from a
-  numpy array returns once the source has been read (pageable memory) and
-  leaves the device side pending.
+  numpy array returns once the source has been read and leaves the device
+  side pending.  A numpy array over memory the driver knows (a view of
+  managed or pinned memory, ``buf.host``, ``cuda.pinned_array``) is read by
+  the copy engine only when the stream gets to the copy, so for such a
+  source the call waits for the copy (pass the :class:`PinnedBuffer` itself
+  for an asynchronous copy that its coherence guards).
+* **Graph capture.**  A copy onto a stream that is capturing a CUDA graph
+  raises :class:`~umem_numba.CoherenceError` before it issues anything (no
+  prefetch, no staging), so the capture stays intact.
 * **Contiguity.**  Both sides of a DMA copy must be C-contiguous; a strided
   *numpy* source is made contiguous on the host first, and a strided view of a
   host-accessible buffer (managed, pinned) is read on the host by
@@ -42,12 +49,18 @@ copies then keep up with the bus.  ``staging=None`` picks the path measured
 faster on the benchmark machine for copies of at least
 :data:`STAGE_MIN_BYTES` (see ``python -m umem_numba bench copy``); ``False``
 forces the driver path, ``True`` the internal staging slots, and a
-:class:`PinnedBuffer` is used as the staging area instead.
+:class:`PinnedBuffer` is used as the staging area instead.  The staging area
+is the copy's own memory: a copy that finds its slots still read (or
+written) by an earlier copy's DMA waits for that DMA, whatever the coherence
+policy (``"off"``, ``"warn"`` and ``"raise"`` are about the user's buffers).
 
-``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads (default: half
-the CPUs, at most 8).  The internal staging area is pinned memory (twice the
-threads, :data:`CHUNK_BYTES` each) made once per device on first use and
-counted in ``umem_numba.stats()["pinned"]``.
+``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads, an integer
+from 1 to :data:`MAX_COPY_THREADS` (default: half the CPUs, at most 8).  It
+is read once, when the first staged copy starts the copier threads (a bad
+value makes that copy raise ``ValueError``); later changes have no effect.
+The internal staging area is pinned memory (twice the threads,
+:data:`CHUNK_BYTES` each) made once per device on first use and counted in
+``umem_numba.stats()["pinned"]``.
 """
 
 from __future__ import annotations
@@ -65,7 +78,7 @@ import numpy as np
 from . import _driver, _events, _layout
 from ._lifetime import Allocation, DriverMemory
 from ._location import Location, StreamLike, stream_handle
-from ._tracker import DeviceUse, Tracker
+from ._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["copy"]
 
@@ -79,18 +92,35 @@ STAGE_MIN_BYTES = 16 << 20
 CHUNK_BYTES = 8 << 20
 
 
+#: The most copier threads ``UMEM_NUMBA_COPY_THREADS`` may ask for (each adds two
+#: :data:`CHUNK_BYTES` slots of pinned memory to a device's staging area).
+MAX_COPY_THREADS = 64
+
+
 def copier_threads() -> int:
-    """Threads that copy chunks between numpy and the staging slots (``UMEM_NUMBA_COPY_THREADS``)."""
+    """Threads that copy chunks between numpy and the staging slots, parsed from ``UMEM_NUMBA_COPY_THREADS`` now.
+
+    Unset or blank: half the CPUs, at most 8.  The copy layer reads it once,
+    when the first staged copy starts the copier threads (see :mod:`umem_numba._copy`).
+
+    Raises
+    ------
+    ValueError
+        The value is not an integer from 1 to :data:`MAX_COPY_THREADS`.
+    """
     raw = os.environ.get("UMEM_NUMBA_COPY_THREADS", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"UMEM_NUMBA_COPY_THREADS must be a positive int, got {raw!r}") from None
-        if n < 1:
-            raise ValueError(f"UMEM_NUMBA_COPY_THREADS must be a positive int, got {raw!r}")
-        return n
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    if not raw:
+        return max(1, min(8, (os.cpu_count() or 2) // 2))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_COPY_THREADS:
+        raise ValueError(
+            f"UMEM_NUMBA_COPY_THREADS must be an integer from 1 to {MAX_COPY_THREADS} "
+            f"(the copier threads of staged copies), got {raw!r}"
+        )
+    return n
 
 
 DEVICE_KINDS = frozenset({"managed", "vmm", "device"})
@@ -303,57 +333,91 @@ def _host_side(arr: np.ndarray) -> Side:
     return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous, on_device=False)
 
 
-def _pinned_base_of(arr: np.ndarray) -> bool:
-    """Whether a numpy array lies in page-locked memory the driver knows."""
+def _driver_memory(arr: np.ndarray) -> bool:
+    """Whether a numpy array lies in memory the driver knows: managed, or page-locked (pinned, registered).
+
+    A DMA reads (or writes) such memory when the copy engine gets to it, not
+    when ``cuMemcpyAsync`` returns, unlike pageable memory, which the driver
+    stages before returning.  Page-locked memory is the driver's host memory
+    type; plain (pageable) memory makes both queries fail, also where devices
+    can read it directly (HMM, ATS), so it keeps the staged path.
+    """
     if not arr.size:
+        return False
+    a = _driver.api()
+    get, ptr = a.drv.cuPointerGetAttribute, arr.ctypes.data
+    err, managed = get(a.c.pointer_is_managed, ptr)
+    if int(err) == 0 and int(managed):
         return True
-    err = _driver.api().drv.cuMemHostGetFlags(arr.ctypes.data)[0]
-    return err == 0
+    err, memory_type = get(a.c.pointer_memory_type, ptr)
+    return int(err) == 0 and int(memory_type) == a.c.memorytype_host
 
 
 class _Staging:
-    """The internal pinned staging slots of a device, with the lock that makes one copy use them at a time."""
+    """The internal pinned staging slots of a device, with the lock that makes one copy use them at a time.
+
+    Sized once, from the copier threads of the copy that makes it: its slot
+    count and size are its own, never re-read from the setting.  Its tracker
+    always waits (policy ``"sync"``): the slots are the copy layer's own
+    memory, and the user's coherence policy is about the user's buffers.
+    """
 
     _by_device: ClassVar[dict[int, _Staging]] = {}
     _guard = threading.Lock()
 
-    def __init__(self, device_id: int) -> None:
+    def __init__(self, device_id: int, threads: int) -> None:
         self.lock = threading.Lock()
-        nbytes = 2 * copier_threads() * CHUNK_BYTES
+        self.count = 2 * threads
+        self.size = CHUNK_BYTES
+        nbytes = self.count * self.size
         with _driver.device_context(device_id):
             ptr = int(_driver.call("cuMemHostAlloc", nbytes, 0, detail="pinning a copy staging area"))
+        tracker = Tracker(device_id)
+        tracker.policy = "sync"
         self._alloc = Allocation(
             "pinned",
             DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id),
             ptr,
             device_id,
-            Tracker(device_id),
+            tracker,
         )
-        self.side = Side(
-            ptr, (nbytes,), np.dtype(np.uint8), True, self._alloc.tracker, device_id, False, None, "pinned"
-        )
+        self.side = Side(ptr, (nbytes,), np.dtype(np.uint8), True, tracker, device_id, False, None, "pinned")
 
     @classmethod
-    def get(cls, device_id: int) -> _Staging:
+    def get(cls, device_id: int, threads: int) -> _Staging:
         with cls._guard:
             st = cls._by_device.get(device_id)
             if st is None:
-                st = cls._by_device[device_id] = cls(device_id)
+                st = cls._by_device[device_id] = cls(device_id, threads)
             return st
 
 
-_copiers: ThreadPoolExecutor | None = None
+class _Copiers:
+    """The copier threads and the count they were started with (the setting, read once)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="umem-copy")
+
+
+_copiers: _Copiers | None = None
 _copiers_guard = threading.Lock()
 
 
-def _copier_pool() -> ThreadPoolExecutor:
-    """The copier threads, started on first use (daemon-like: idle threads cost nothing)."""
+def _copier_pool() -> _Copiers:
+    """The copier threads, started on first use (idle threads cost nothing).
+
+    ``UMEM_NUMBA_COPY_THREADS`` is read here, once: a bad value raises (and
+    the next staged copy reads it again); later changes have no effect.
+    """
     global _copiers
-    if _copiers is None:
+    copiers = _copiers
+    if copiers is None:
         with _copiers_guard:
-            if _copiers is None:
-                _copiers = ThreadPoolExecutor(copier_threads(), thread_name_prefix="umem-copy")
-    return _copiers
+            copiers = _copiers
+            if copiers is None:
+                copiers = _copiers = _Copiers(copier_threads())
+    return copiers
 
 
 def _pinned_side(obj: Any) -> Side | None:
@@ -362,16 +426,17 @@ def _pinned_side(obj: Any) -> Side | None:
     return side if side is not None and side.kind == "pinned" else None
 
 
-def _staging_area(staging: Any, device_id: int) -> tuple[Side, threading.Lock | None]:
+def _staging_area(staging: Any, device_id: int, threads: int) -> tuple[Side, threading.Lock | None, int, int]:
+    """``(area, lock, slot count, slot bytes)``: the user's PinnedBuffer, or the device's internal area."""
     user = _pinned_side(staging)
     if user is not None:
         if not user.contiguous:
             raise ValueError("the staging PinnedBuffer must be C-contiguous")
         if user.nbytes < 2:
             raise ValueError(f"the staging PinnedBuffer is too small ({user.nbytes} bytes)")
-        return user, None
-    st = _Staging.get(device_id)
-    return st.side, st.lock
+        return (user, None, *_user_slots(user.nbytes, threads))
+    st = _Staging.get(device_id, threads)
+    return st.side, st.lock, st.count, st.size
 
 
 def _check_staging_arg(staging: Any) -> None:
@@ -380,19 +445,22 @@ def _check_staging_arg(staging: Any) -> None:
     raise TypeError(f"staging must be None, True, False or a PinnedBuffer, got {type(staging).__name__}")
 
 
-def _slots(stage: Side, internal: bool) -> tuple[int, int]:
-    """``(slot count, slot bytes)`` of a staging area: twice the copier threads, as large as it allows."""
-    want = 2 * copier_threads()
-    if internal:
-        return want, CHUNK_BYTES
-    count = max(2, min(want, stage.nbytes // (64 << 10)))
-    size = stage.nbytes // count
+def _user_slots(nbytes: int, threads: int) -> tuple[int, int]:
+    """``(slot count, slot bytes)`` cut from a user's staging buffer of ``nbytes`` (at least 2).
+
+    Twice the copier threads, as large as the buffer allows; the slots never
+    reach past its end.
+    """
+    count = max(2, min(2 * threads, nbytes // (64 << 10)))
+    size = nbytes // count
     if size >= 4096:
         size -= size % 4096  # page-aligned slots copy fastest
     return count, size
 
 
-def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *, to_host: bool) -> None:
+def _staged(
+    dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, copiers: _Copiers, *, to_host: bool
+) -> None:
     """Device <-> pageable numpy through pinned staging slots: parallel host copies overlapped with DMA.
 
     The staging area's own coherence record orders its reuse: a copy that
@@ -401,18 +469,24 @@ def _staged(dev: Side, host: np.ndarray, handle: int, what: str, staging: Any, *
     side still pending, like the driver's path).
     """
     device_id = _driver.ensure_context()
-    stage, lock = _staging_area(staging, dev.device_id if dev.device_id is not None else device_id)
+    stage, lock, count, size = _staging_area(
+        staging, dev.device_id if dev.device_id is not None else device_id, copiers.threads
+    )
     if lock is not None:
         lock.acquire()
     try:
         assert stage.tracker is not None
-        count, size = _slots(stage, lock is not None)
-        stage.tracker.before_host_access(what)  # the host writes/reads the staging area
+        # The host is about to write (or read) the slots.  The staging area is the
+        # copy's own scratch memory (the user's PinnedBuffer too, once passed as
+        # `staging`): it always waits for the DMA that last used it, whatever the
+        # coherence policy.  Under "off" the slots would be refilled under the copy
+        # engine; under "raise" the user would get an error about memory not theirs.
+        stage.tracker.settle(what, "sync")
         uses = [(stage.tracker, True)] + ([(dev.tracker, not to_host)] if dev.tracker is not None else [])
         with DeviceUse(uses, handle, what):
             _wait_for_interface_streams((dev,), handle, device_id, what)
             _Pipeline(dev.ptr, host.ctypes.data, dev.nbytes, stage.ptr, count, size, handle, device_id, what).run(
-                to_host
+                copiers.pool, to_host
             )
     finally:
         if lock is not None:
@@ -465,8 +539,7 @@ class _Pipeline:
             after.synchronize()
         ctypes.memmove(dst, src, nbytes)
 
-    def run(self, to_host: bool) -> None:
-        pool = _copier_pool()
+    def run(self, pool: ThreadPoolExecutor, to_host: bool) -> None:
         pending: dict[int, Future[None]] = {}
         try:
             if to_host:
@@ -563,9 +636,11 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
         return out
     handle = stream_handle(stream)
     use_stage = (STAGE_TO_HOST and src.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
+    copiers = _copier_pool() if use_stage else None  # checks the setting before any driver call
     with _driver.device_context(src.device_id if handle == 0 else None):
-        if use_stage and not _pinned_base_of(out):
-            _staged(src, out, handle, what, staging, to_host=True)
+        refuse_capture(handle, what)  # before any work on the stream: a refused copy leaves a capture intact
+        if copiers is not None and not _driver_memory(out):
+            _staged(src, out, handle, what, staging, copiers, to_host=True)
         else:
             _dma(_host_side(out), src, handle, what, sync=True)
     return out
@@ -599,11 +674,19 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
         return
     handle = stream_handle(stream)
     use_stage = (STAGE_FROM_HOST and dst.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
+    copiers = _copier_pool() if use_stage else None  # checks the setting before any driver call
     with _driver.device_context(dst.device_id if handle == 0 else None):
+        refuse_capture(handle, what)  # before the prefetch: a refused copy leaves a capture intact
+        # Memory the driver knows (a numpy view of managed or pinned memory) is read
+        # by the copy engine when it gets to the copy: wait for it, or the caller
+        # could change the source before it is read.  Pageable memory has been read
+        # (staged by the driver, or by our slots) when the call returns.
+        known = _driver_memory(src)
         _prefetch_for_write(dst, handle)
-        if use_stage and not _pinned_base_of(src):
-            _staged(dst, src, handle, what, staging, to_host=False)
+        if known:
+            _dma(dst, _host_side(src), handle, what, sync=True)
+        elif copiers is not None:
+            _staged(dst, src, handle, what, staging, copiers, to_host=False)
         else:
-            # Pageable sources have been read when the call returns; the
-            # device side stays pending (host access to buf waits for it).
+            # The device side stays pending (host access to the buffer waits for it).
             _dma(dst, _host_side(src), handle, what, sync=False)

@@ -10,6 +10,7 @@ from . import _driver
 from ._buffer import Buffer, new_layout
 from ._location import StreamLike, stream_handle
 from ._pool import MemoryPool, check_pool, default_pool
+from ._tracker import refuse_capture
 
 __all__ = ["DeviceBuffer"]
 
@@ -72,6 +73,8 @@ class DeviceBuffer(Buffer):
     ) -> DeviceBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``)."""
         handle = stream_handle(stream, what="DeviceBuffer.zeros")
+        _driver.ensure_context()
+        refuse_capture(handle, "DeviceBuffer.zeros")  # before allocating on the stream: a capture stays intact
         buf = cls.empty(shape, dtype, pool=pool, stream=handle)
         buf._fill_zero(handle)
         return buf
@@ -82,6 +85,9 @@ class DeviceBuffer(Buffer):
         src = np.asarray(array)
         if src.dtype.hasobject:
             raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
-        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream)
-        buf.copy_from_host(src, stream=stream)
+        handle = stream_handle(stream, what="DeviceBuffer.from_array")
+        _driver.ensure_context()
+        refuse_capture(handle, "DeviceBuffer.from_array")  # before allocating on the stream
+        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=handle)
+        buf.copy_from_host(src, stream=handle)
         return buf

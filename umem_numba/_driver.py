@@ -64,6 +64,8 @@ def _constants(drv: Any) -> SimpleNamespace:
         range_accessed_by=attr.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
         range_last_prefetch=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
         pointer_is_managed=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        pointer_memory_type=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        memorytype_host=int(drv.CUmemorytype.CU_MEMORYTYPE_HOST),
         # virtual memory management
         vmm_pinned=drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
         vmm_posix_fd=vmm_handle.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,

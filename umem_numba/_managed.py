@@ -15,7 +15,7 @@ from ._lifetime import Allocation, DriverMemory
 from ._location import StreamLike, Target, stream_handle
 from ._pool import MemoryPool, check_pool
 from ._prefetch import prefetch
-from ._tracker import DeviceUse, Tracker
+from ._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
 
@@ -155,6 +155,8 @@ class ManagedBuffer(Buffer):
         ``pool``, ``stream`` is also the allocation stream.
         """
         handle = stream_handle(stream, what="ManagedBuffer.zeros")
+        _driver.ensure_context()
+        refuse_capture(handle, "ManagedBuffer.zeros")  # before allocating: a capture stays intact
         buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle)
         buf._fill_zero(handle)
         return buf

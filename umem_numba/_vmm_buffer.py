@@ -42,6 +42,7 @@ from ._buffer import Buffer, new_layout
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Transaction
 from ._location import StreamLike, Target, as_device, stream_handle
+from ._tracker import refuse_capture
 from ._vmm import AddressRange
 from ._vmm_access import (
     AccessFlags,
@@ -216,6 +217,8 @@ class VMMBuffer(Buffer):
         growth is not zeroed.
         """
         handle = stream_handle(stream, what="VMMBuffer.zeros")
+        _driver.ensure_context()
+        refuse_capture(handle, "VMMBuffer.zeros")  # before allocating: a capture stays intact
         buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes)
         buf._fill_zero(handle)
         return buf
