@@ -408,3 +408,96 @@ def test_ipc_setting_is_read_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="UMEM_NUMBA_EMM_IPC must be"):
         _emm._env_ipc()
     assert _emm.UmemNumbaMemoryManager.exportable in (True, False)
+
+
+def _fake_pool(monkeypatch):
+    """A device pool over fakes: the driver hands out fresh addresses and counts synchronises."""
+    from umem_numba import _pool
+
+    pool = object.__new__(um.MemoryPool)
+    pool.kind, pool.device_id, pool.exportable = "device", 0, False
+    pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
+    pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
+    pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    fresh = iter(range(0x10000, 1 << 40, 0x10000))
+    log: list[str] = []
+    hooks: dict[str, object] = {}
+    monkeypatch.setattr(um.MemoryPool, "_driver_allocate", lambda self, n, h: next(fresh))
+
+    def call(name, *args, **kw):
+        log.append(name)
+        hook = hooks.pop(name, None)
+        if hook is not None:
+            hook()
+
+    monkeypatch.setattr(_pool._driver, "call", call)
+    monkeypatch.setattr(_pool._driver, "device_context", contextlib.nullcontext)
+    monkeypatch.setattr(_pool, "_sync_started", {})
+    monkeypatch.setattr(_pool, "_sync_done", {})
+    monkeypatch.setattr(_pool, "_sync_generation", [0])
+    return pool, log, hooks
+
+
+def test_raw_free_lists_tell_per_thread_streams_apart(monkeypatch):
+    """Issue #19 item 5 (CPU, fakes): an address freed on handle 2 in one thread is not handed to an
+    allocation on handle 2 in another thread (their ``cuStreamGetId`` differ); the same thread gets it."""
+    pool, _log, _hooks = _fake_pool(monkeypatch)
+    thread_stream = {"id": 1001}
+    monkeypatch.setattr(um.MemoryPool, "_stream_key", lambda self, handle: thread_stream["id"] if handle == 2 else 7)
+    a = pool.allocate(4096, 2)
+    pool.free(a, 2)
+    thread_stream["id"] = 2002  # another thread: handle 2 is its own per-thread stream
+    b = pool.allocate(4096, 2)
+    assert b != a, "handed another thread's per-thread stream a block with no ordering"
+    pool.free(b, 2)
+    thread_stream["id"] = 1001
+    assert pool.allocate(4096, 2) == a  # the freeing stream itself reuses it (stream order)
+
+
+def test_held_memory_is_reused_only_after_a_synchronise_that_began_later(monkeypatch):
+    """Issue #19 items 1 and 7 (CPU, fakes): memory freed with unknown use is reused only after a
+    device synchronise that *began after* the free; an allocation synchronises once the pool holds
+    HELD_SYNC_COUNT blocks and then takes the whole batch."""
+    from umem_numba import _pool
+
+    pool, log, hooks = _fake_pool(monkeypatch)
+    monkeypatch.setattr(_pool, "HELD_SYNC_COUNT", 3)
+    a = pool.allocate(4096, 0)
+    pool.free(a, unordered=True)
+    assert pool.cached_bytes == 4096
+    b = pool.allocate(4096, 0)
+    assert b != a and "cuCtxSynchronize" not in log  # held: new memory, no synchronise below the threshold
+
+    # A synchronise that is already running when the block is freed does not settle it.
+    c = pool.allocate(4096, 0)
+    hooks["cuCtxSynchronize"] = lambda: pool.free(c, unordered=True)
+    _pool.synchronize_for_reuse({0}, "test")
+    d = pool.allocate(4096, 0)
+    assert d == a  # a was settled by that synchronise, c was not
+    e = pool.allocate(4096, 0)
+    assert e != c, "reused memory freed while the synchronise was already running"
+    # Three held blocks: the next allocation synchronises once and takes one of the batch.
+    pool.free(b, unordered=True)
+    pool.free(e, unordered=True)
+    log.clear()
+    f = pool.allocate(4096, 0)
+    assert log.count("cuCtxSynchronize") == 1 and f in (b, c, e)
+    assert len(pool._held) == 0 and sum(len(v) for v in pool._idle.values()) == 2
+
+
+def test_buffer_memory_of_an_unseen_launch_is_held_not_freed(monkeypatch):
+    """Issue #19 item 7 (CPU, fakes): a pool buffer used by a plain launch (unknown stream) is held,
+    not freed to the driver on some stream; the next buffer of its size gets other memory until a
+    synchronise, then this block, with no events to wait for."""
+    from umem_numba import _pool
+    from umem_numba._tracker import Tracker
+
+    pool, log, _hooks = _fake_pool(monkeypatch)
+    tracker = Tracker(0)
+    tracker.unknown_devices.add(0)  # what a plain numba launch marks
+    memory = _pool._PoolMemory(pool, "device", 0x7770000, 4096, 4096)
+    memory.free(tracker)
+    assert "cuMemFreeAsync" not in log and len(pool._held) == 1
+    _pool.synchronize_for_reuse({0}, "test")
+    alloc = pool.allocation(4096, 5, "device")
+    assert alloc.ptr == 0x7770000 and not alloc.tracker.writes and not alloc.tracker.reads
