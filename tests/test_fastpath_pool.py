@@ -58,7 +58,7 @@ sys.path.insert(0, os.environ["UMEM_TESTS_DIR"])
 from helpers import ORDERING_TRIALS, sleeping
 import umem_numba._pool as upool
 
-mode = sys.argv[-1] if len(sys.argv) > 1 else "{mode}"
+mode = "{mode}"
 if mode == "reclaim":
     upool.HELD_SYNC_COUNT = 1  # every allocation that finds no idle block synchronises and reclaims
 rng = np.random.default_rng({seed})
@@ -501,3 +501,29 @@ def test_buffer_memory_of_an_unseen_launch_is_held_not_freed(monkeypatch):
     _pool.synchronize_for_reuse({0}, "test")
     alloc = pool.allocation(4096, 5, "device")
     assert alloc.ptr == 0x7770000 and not alloc.tracker.writes and not alloc.tracker.reads
+
+
+def test_free_to_driver_never_names_a_stream_by_an_ambiguous_handle(monkeypatch):
+    """Issue #19 item 5 (CPU, fakes): a pool block going back to the driver (over the release
+    threshold, from a collection in any thread) is freed on the legacy stream of its device after
+    waiting for every event of another stream by ``cuStreamGetId``: never on handle 2 taken from an
+    event of another thread's per-thread stream."""
+    from types import SimpleNamespace
+
+    from umem_numba import _pool
+    from umem_numba._tracker import Tracker
+
+    pool, _log, _hooks = _fake_pool(monkeypatch)
+    calls: list[tuple] = []
+    monkeypatch.setattr(_pool._driver, "call", lambda name, *args, **kw: calls.append((name, *args)))
+    monkeypatch.setattr(_pool._driver, "stream_key", lambda handle: 5 if handle == 0 else 3000)
+    tracker = Tracker(0)
+    other_thread = SimpleNamespace(stream=2, key=1001, device_id=0, handle="event-A")  # thread A's stream 2
+    legacy = SimpleNamespace(stream=0, key=5, device_id=0, handle="event-legacy")
+    tracker.add(2, other_thread)
+    tracker.add(0, legacy)
+    memory = _pool._PoolMemory(pool, "device", 0x5550000, 4096, 4096)
+    memory.free_to_driver(tracker)
+    assert ("cuStreamWaitEvent", 0, "event-A", 0) in calls  # waited for by id, on the legacy stream
+    assert ("cuStreamWaitEvent", 0, "event-legacy", 0) not in calls  # same stream: stream order suffices
+    assert calls[-1] == ("cuMemFreeAsync", 0x5550000, 0)
