@@ -198,6 +198,7 @@ class MemoryPool:
         "_closed",
         "_finalizer",
         "_free_fn",
+        "_get_id",
         "_handle",
         "_held",
         "_held_seen",
@@ -260,8 +261,11 @@ class MemoryPool:
         self._idle: dict[int, list[int]] = {}
         #: ``cuStreamGetId`` of the legacy stream of the pool device's context (looked up once).
         self._legacy_key: int | None = None
-        #: Rounded size of every address allocate() handed out that is in use (not freed).
-        self._raw_sizes: dict[int, int] = {}
+        #: Every address allocate() handed out that is in use (not freed): its rounded size, and
+        #: the stream (handle, key, thread) it was allocated on when the key was looked up, so
+        #: that a free on the same handle in the same thread need not ask the driver again.
+        self._raw_sizes: dict[int, tuple[int, int, int | None, int]] = {}
+        self._get_id = api.stream_get_id
         self._cache_limit = threshold
         total = int(_driver.call("cuDeviceTotalMem", loc.id))
         if kind == "managed":
@@ -378,16 +382,19 @@ class MemoryPool:
         if self._closed:
             self._live()
         size = (nbytes + ROUND - 1) & -ROUND
-        free_list = self._raw_lists.get((size, self._stream_key(handle))) if self._raw_lists else None
+        key = None
         ptr = 0
-        if free_list:
-            try:
-                ptr = free_list.pop()
-            except IndexError:  # another thread took the last one
-                pass
+        if self._raw_lists:
+            key = self._stream_key(handle)
+            free_list = self._raw_lists.get((size, key))
+            if free_list:
+                try:
+                    ptr = free_list.pop()
+                except IndexError:  # another thread took the last one
+                    pass
         if not ptr:
             ptr = self._take_idle(size) or self._allocate_or_empty_lists(size, handle)
-        self._raw_sizes[ptr] = size
+        self._raw_sizes[ptr] = (size, handle, key, threading.get_ident())
         return ptr
 
     def _stream_key(self, handle: int) -> int:
@@ -405,7 +412,7 @@ class MemoryPool:
                 with _driver.device_context(self.device_id):
                     key = self._legacy_key = _driver.stream_key(0)
             return key
-        get = _driver.api().stream_get_id
+        get = self._get_id
         if get is None:  # before CUDA 12: the handle is all there is
             return handle
         err, sid = get(handle)
@@ -564,20 +571,27 @@ class MemoryPool:
             ``ptr`` is not memory of this pool's :meth:`allocate` that is in use.
         """
         handle = 0 if unordered else stream if type(stream) is int else stream_handle(stream)
-        size = self._raw_sizes.pop(ptr, None)
-        if size is None:
+        entry = self._raw_sizes.pop(ptr, None)
+        if entry is None:
             raise ValueError(
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
+        size = entry[0]
         if unordered:
             self._hold(ptr, size, {self.device_id}, True)
             return
         limit = self._cache_limit
         if not self._closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit):
-            key = (size, self._stream_key(handle))
-            free_list = self._raw_lists.get(key)
+            # The allocation's key serves when the handle and thread are the same.  If the stream
+            # was destroyed and its handle reused meanwhile, the entry is filed under the dead
+            # stream's id, which no allocation can present again: it only waits for
+            # release_cached(), never reaches an unordered stream.
+            key = entry[2]
+            if key is None or handle != entry[1] or threading.get_ident() != entry[3]:
+                key = self._stream_key(handle)
+            free_list = self._raw_lists.get((size, key))
             if free_list is None:
-                free_list = self._raw_lists.setdefault(key, [])
+                free_list = self._raw_lists.setdefault((size, key), [])
             free_list.append(ptr)
             if self._closed:  # close() emptied the lists meanwhile: this entry too
                 self.release_cached()
