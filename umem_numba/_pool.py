@@ -13,10 +13,9 @@ host access, which waits for it through coherence) may use it at once; work
 on another stream must be ordered after it (a umem_numba copy does that by
 itself, a kernel launch on another stream does not: launch on the allocation
 stream, or synchronise it first).  Closing the buffer, or dropping the last
-reference, queues the free on the stream of the buffer's last recorded work,
-after the stream waits (on the device) for work recorded on other streams:
-no host synchronisation.  Keep that stream alive until the buffer is closed,
-as with any stream-ordered allocator.  After a launch that bypassed the
+reference, puts its memory on a free list (below) or queues the free on the
+legacy default stream of its device, after that stream waits (on the device)
+for the buffer's recorded work: no host synchronisation.  After a launch that bypassed the
 toolkit, or by another library the buffer escaped to, the memory is *held*
 until a device synchronise (see "Work umem_numba could not see" below).
 
