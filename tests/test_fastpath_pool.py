@@ -432,6 +432,7 @@ def _fake_pool(monkeypatch):
 
     monkeypatch.setattr(_pool._driver, "call", call)
     monkeypatch.setattr(_pool._driver, "device_context", contextlib.nullcontext)
+    monkeypatch.setattr(_pool._driver, "is_capturing", lambda handle: False)
     monkeypatch.setattr(_pool, "_sync_started", {})
     monkeypatch.setattr(_pool, "_sync_done", {})
     monkeypatch.setattr(_pool, "_sync_generation", [0])

@@ -392,7 +392,7 @@ class MemoryPool:
                 except IndexError:  # another thread took the last one
                     pass
         if not ptr:
-            ptr = self._take_idle(size) or self._allocate_or_empty_lists(size, handle)
+            ptr = self._take_idle(size, handle) or self._allocate_or_empty_lists(size, handle)
         self._raw_sizes[ptr] = (size, handle, key, threading.get_ident())
         return ptr
 
@@ -420,12 +420,14 @@ class MemoryPool:
                 return _driver.stream_key(handle)
         return int(sid)
 
-    def _take_idle(self, size: int) -> int:
+    def _take_idle(self, size: int, handle: int) -> int:
         """An address of ``size`` that nothing can still use (held memory a synchronise settled), or 0.
 
         When the pool holds :data:`HELD_SYNC_COUNT` blocks or
         :data:`HELD_SYNC_BYTES` bytes of memory of unseen work, the held
-        blocks' devices are synchronised once here and the batch reclaimed.
+        blocks' devices are synchronised once here and the batch reclaimed
+        (not while ``handle``, the allocation's stream, captures a graph: a
+        synchronise would break the capture).
         """
         idle = self._idle.get(size)
         if idle:
@@ -441,6 +443,8 @@ class MemoryPool:
         entries = list(held)
         if entries and (len(entries) >= HELD_SYNC_COUNT or sum(e.size for e in entries) >= HELD_SYNC_BYTES):
             try:
+                if _driver.is_capturing(handle):
+                    return 0
                 self._reclaim(sync=True)
             except Exception:  # a synchronise refused (e.g. a capture in progress): use new memory
                 return 0
@@ -656,7 +660,7 @@ class MemoryPool:
                         memory.ordered_mark = tracker.mark()
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
         if self._idle or self._held:
-            ptr = self._take_idle(size)
+            ptr = self._take_idle(size, stream)
             if ptr:  # nothing can still use it: no event, no wait
                 return Allocation(
                     kind, _PoolMemory(self, kind, ptr, nbytes, size), ptr, self.device_id, Tracker(self.device_id)
