@@ -13,12 +13,11 @@ host access, which waits for it through coherence) may use it at once; work
 on another stream must be ordered after it (a umem_numba copy does that by
 itself, a kernel launch on another stream does not: launch on the allocation
 stream, or synchronise it first).  Closing the buffer, or dropping the last
-reference, queues the free on the stream of the buffer's last recorded work,
-after the stream waits (on the device) for work recorded on other streams:
-no host synchronisation.  Keep that stream alive until the buffer is closed,
-as with any stream-ordered allocator.  After a launch that bypassed the
-toolkit (stream unknown) the free goes on the legacy default stream, which
-orders after every blocking stream of the device.
+reference, puts its memory on a free list (below) or queues the free on the
+legacy default stream of its device, after that stream waits (on the device)
+for the buffer's recorded work: no host synchronisation.  After a launch that bypassed the
+toolkit, or by another library the buffer escaped to, the memory is *held*
+until a device synchronise (see "Work umem_numba could not see" below).
 
 The buffers' free lists
 -----------------------
@@ -32,22 +31,54 @@ next buffer of that size takes both, so its host access and its work on
 other streams wait for the old work exactly as the driver's stream-ordered
 free would make them, with no driver call on either side.  A plain numba
 launch (which umem_numba cannot order) is safe on the allocation stream: a
-buffer taken on another stream than the old work's first makes that stream
-wait for it (``cuStreamWaitEvent``).  As with any stream-ordered allocator
-(and CuPy's pool), streams are told apart here by their handle: destroy a
-stream only after its work on pool buffers is done.
+buffer taken on another stream than the old work's makes that stream wait for
+it (``cuStreamWaitEvent``).  Streams are told apart by their
+``cuStreamGetId`` (:func:`umem_numba._driver.stream_key`), never by the raw
+handle: handle 2, the per-thread default stream, names another stream in
+every thread, and a destroyed stream's handle can come back for a new one.
 
 Memory on the free lists is *used* from the driver's point of view
 (``statistics().used_current``) and reported as ``cached``.  The lists hold
 at most ``release_threshold`` bytes (default: everything); :meth:`MemoryPool.trim`
 and :meth:`MemoryPool.close` give them back to the driver first, and an
 allocation that finds the driver out of memory empties them and tries again.
-Memory that ever took advice (``buf.hints``), escaped to another library, or
-was used by a launch umem_numba could not see goes back to the driver, not on
+Memory that ever took advice (``buf.hints``) goes back to the driver, not on
 a list.  The raw :meth:`MemoryPool.allocate` / :meth:`MemoryPool.free`
 interface (addresses, no coherence record) keeps free lists per size *and
-stream*, as CuPy's pool does: an address freed on a stream is handed out again
-for an allocation on that stream only, where stream order makes it safe.
+stream* (by ``cuStreamGetId``), as CuPy's pool does: an address freed on a
+stream is handed out again for an allocation on that stream only, where
+stream order makes it safe.  A free that goes to the driver is queued on the
+legacy default stream of the pool's device after that stream waits for the
+buffer's recorded events: it never names a stream by a handle that may mean
+another stream in the thread the free runs in (a garbage collection can run
+it in any thread) or a stream destroyed meanwhile.
+
+Work umem_numba could not see
+-----------------------------
+A plain numba launch on a pool buffer, work of a library the buffer escaped
+to, and every array of numba's memory-manager plugin (numba does not say on
+which streams its kernels used an array) may be running on *any* stream,
+non-blocking ones included.  No stream-ordered free can be ordered after such
+work, and no event covers it: only a synchronise of the device does.  So such
+memory is never freed to the driver nor put on a free list when it is
+released: it is *held*, with a ticket per device it may be used on (the
+pool's device; the plain launch's devices; every active device after an
+escape).  A held block becomes *idle* (reusable on any stream, by buffers and
+the raw interface alike: nothing can still use it) once a device synchronise
+that *began after* it was held has completed on each of its devices.  The
+pool counts its own synchronises per device (:func:`synchronize_for_reuse`:
+``cuCtxSynchronize`` between a begin ticket and a done mark), so an
+allocation that finds no block on its lists first takes the held blocks that
+a synchronise has freed meanwhile; when the pool holds
+:data:`HELD_SYNC_COUNT` blocks or :data:`HELD_SYNC_BYTES` bytes, that
+allocation synchronises the held blocks' devices once and takes the whole
+batch (numba's own allocator synchronises as often: ``cuMemFree`` does, for
+every batch of its deferred frees).  Otherwise it asks the driver for new
+memory.  Held and idle memory counts as ``cached``; :meth:`MemoryPool.trim`,
+:meth:`MemoryPool.release_cached`, :meth:`MemoryPool.close` and an allocation
+out of memory synchronise and give it back.  Buffers and raw addresses whose
+work umem_numba tracked never wait for a synchronise: their paths are
+unchanged.
 """
 
 from __future__ import annotations
@@ -73,6 +104,12 @@ __all__ = ["MemoryPool"]
 POOL_KINDS = ("managed", "device")
 #: Release threshold meaning "keep everything until trim()".
 KEEP_ALL = (1 << 64) - 1
+
+#: An allocation that finds nothing on the free lists synchronises and reclaims the held blocks
+#: once the pool holds this many of them (memory of work umem_numba could not see) ...
+HELD_SYNC_COUNT = 32
+#: ... or this many bytes.
+HELD_SYNC_BYTES = 256 << 20
 
 _live: weakref.WeakSet[MemoryPool] = weakref.WeakSet()
 _defaults: dict[tuple[str, int], MemoryPool] = {}
@@ -160,7 +197,12 @@ class MemoryPool:
         "_closed",
         "_finalizer",
         "_free_fn",
+        "_get_id",
         "_handle",
+        "_held",
+        "_held_seen",
+        "_idle",
+        "_legacy_key",
         "_limit",
         "_raw_lists",
         "_raw_sizes",
@@ -208,10 +250,21 @@ class MemoryPool:
         self._free_fn = drv.cuMemFreeAsync
         #: The buffers' free lists: rounded size -> memory of closed buffers (see the module notes).
         self._cache: dict[int, list[_PoolMemory]] = {}
-        #: The raw interface's free lists: (rounded size, stream handle) -> addresses.
+        #: The raw interface's free lists: (rounded size, stream key) -> addresses.
         self._raw_lists: dict[tuple[int, int], list[int]] = {}
-        #: Rounded size of every address allocate() handed out that is in use (not freed).
-        self._raw_sizes: dict[int, int] = {}
+        #: Memory of work umem_numba could not see, waiting for a device synchronise (module notes).
+        self._held: list[_Held] = []
+        #: The synchronise generation when the held list was last scanned.
+        self._held_seen = -1
+        #: Held memory a synchronise has settled: rounded size -> addresses, usable on any stream.
+        self._idle: dict[int, list[int]] = {}
+        #: ``cuStreamGetId`` of the legacy stream of the pool device's context (looked up once).
+        self._legacy_key: int | None = None
+        #: Every address allocate() handed out that is in use (not freed): its rounded size, and
+        #: the stream (handle, key, thread) it was allocated on when the key was looked up, so
+        #: that a free on the same handle in the same thread need not ask the driver again.
+        self._raw_sizes: dict[int, tuple[int, int, int | None, int]] = {}
+        self._get_id = api.stream_get_id
         self._cache_limit = threshold
         total = int(_driver.call("cuDeviceTotalMem", loc.id))
         if kind == "managed":
@@ -221,7 +274,9 @@ class MemoryPool:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
             tx.commit()
-        self._finalizer = finalizer(self, _destroy, handle, self._cache, self._raw_lists, loc.id)
+        self._finalizer = finalizer(
+            self, _destroy, handle, self._cache, self._raw_lists, self._held, self._idle, loc.id
+        )
         _live.add(self)
 
     # -- properties ---------------------------------------------------------------
@@ -285,9 +340,11 @@ class MemoryPool:
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes on the free lists: closed buffers' memory and freed addresses, kept for reuse."""
+        """Bytes on the free lists: closed buffers' memory and freed addresses, kept for reuse (held too)."""
         buffers = sum(size * len(free_list) for size, free_list in list(self._cache.items()))
-        return buffers + sum(size * len(free_list) for (size, _), free_list in list(self._raw_lists.items()))
+        raw = sum(size * len(free_list) for (size, _), free_list in list(self._raw_lists.items()))
+        idle = sum(size * len(free_list) for size, free_list in list(self._idle.items()))
+        return buffers + raw + idle + sum(e.size for e in list(self._held))
 
     def reset_high(self) -> None:
         """Reset the reserved and used high-water marks to the current values."""
@@ -306,9 +363,10 @@ class MemoryPool:
         The low-level interface (the memory-manager plugin and the benchmark
         use it); buffers come from ``ManagedBuffer.empty(..., pool=pool)`` and
         :class:`~umem_numba.DeviceBuffer`.  Free with :meth:`free`.  Memory
-        freed on the same stream (by handle), of the same size rounded up to
-        512 bytes, is handed out again without a driver call, as CuPy's pool
-        does; otherwise ``cuMemAllocFromPoolAsync``.
+        freed on the same stream (the same ``cuStreamGetId``), of the same
+        size rounded up to 512 bytes, is handed out again without a driver
+        call, as CuPy's pool does; then memory a device synchronise has
+        settled (see the module notes); otherwise ``cuMemAllocFromPoolAsync``.
 
         Raises
         ------
@@ -323,17 +381,127 @@ class MemoryPool:
         if self._closed:
             self._live()
         size = (nbytes + ROUND - 1) & -ROUND
-        free_list = self._raw_lists.get((size, handle))
+        key = None
         ptr = 0
-        if free_list:
-            try:
-                ptr = free_list.pop()
-            except IndexError:  # another thread took the last one
-                pass
+        if self._raw_lists:
+            key = self._stream_key(handle)
+            free_list = self._raw_lists.get((size, key))
+            if free_list:
+                try:
+                    ptr = free_list.pop()
+                except IndexError:  # another thread took the last one
+                    pass
         if not ptr:
-            ptr = self._allocate_or_empty_lists(size, handle)
-        self._raw_sizes[ptr] = size
+            ptr = self._take_idle(size, handle) or self._allocate_or_empty_lists(size, handle)
+        self._raw_sizes[ptr] = (size, handle, key, threading.get_ident())
         return ptr
+
+    def _stream_key(self, handle: int) -> int:
+        """The stream's ``cuStreamGetId``, as the operation on ``handle`` will see it.
+
+        Handle 0 is the legacy stream of the pool's device (the context every
+        stream-0 operation of the pool runs in): its key is looked up once.
+        Any other handle is asked of the driver each time, since the same
+        handle can name another stream in another thread (2) or after a
+        stream was destroyed.
+        """
+        if handle == 0:
+            key = self._legacy_key
+            if key is None:
+                with _driver.device_context(self.device_id):
+                    key = self._legacy_key = _driver.stream_key(0)
+            return key
+        get = self._get_id
+        if get is None:  # before CUDA 12: the handle is all there is
+            return handle
+        err, sid = get(handle)
+        if err != 0:  # e.g. no context current in this thread
+            with _driver.device_context(self.device_id):
+                return _driver.stream_key(handle)
+        return int(sid)
+
+    def _take_idle(self, size: int, handle: int) -> int:
+        """An address of ``size`` that nothing can still use (held memory a synchronise settled), or 0.
+
+        When the pool holds :data:`HELD_SYNC_COUNT` blocks or
+        :data:`HELD_SYNC_BYTES` bytes of memory of unseen work, the held
+        blocks' devices are synchronised once here and the batch reclaimed
+        (not while ``handle``, the allocation's stream, captures a graph: a
+        synchronise would break the capture).
+        """
+        idle = self._idle.get(size)
+        if idle:
+            try:
+                return idle.pop()
+            except IndexError:
+                pass
+        held = self._held
+        if not held:
+            return 0
+        if self._held_seen != _sync_generation[0]:  # a synchronise completed since the last look
+            self._reclaim(sync=False)
+        entries = list(held)
+        if entries and (len(entries) >= HELD_SYNC_COUNT or sum(e.size for e in entries) >= HELD_SYNC_BYTES):
+            try:
+                if _driver.is_capturing(handle):
+                    return 0
+                self._reclaim(sync=True)
+            except Exception:  # a synchronise refused (e.g. a capture in progress): use new memory
+                return 0
+        idle = self._idle.get(size)
+        if idle:
+            try:
+                return idle.pop()
+            except IndexError:
+                pass
+        return 0
+
+    def _hold(self, ptr: int, size: int, devices: set[int], reuse: bool) -> None:
+        """Keep ``ptr`` until a synchronise of ``devices`` that begins after now has completed."""
+        if self._closed:
+            synchronize_for_reuse(devices, "settling pool memory of work umem_numba could not see")
+            self._free_idle(ptr)
+            return
+        self._held.append(_Held(ptr, size, sync_tickets(devices), reuse))
+        if self._closed:  # close() emptied the lists meanwhile: this entry too
+            _release_parked(self._held, self._idle, self.device_id)
+
+    def _reclaim(self, *, sync: bool) -> None:
+        """Move held blocks whose synchronise has completed to the idle lists (``sync``: synchronise first)."""
+        held = self._held
+        if sync:
+            devices: set[int] = set()
+            for entry in list(held):
+                devices.update(d for d, _ in entry.tickets)
+            synchronize_for_reuse(devices, "settling pool memory of work umem_numba could not see")
+        self._held_seen = _sync_generation[0]
+        entries: list[_Held] = []
+        while True:
+            try:
+                entries.append(held.pop())  # atomic: two reclaims never take one entry twice
+            except IndexError:
+                break
+        entries.reverse()
+        waiting = []
+        limit = self._cache_limit
+        for entry in entries:
+            if not settled(entry.tickets):
+                waiting.append(entry)
+            elif not entry.reuse or self._closed or (limit != KEEP_ALL and self.cached_bytes + entry.size > limit):
+                self._free_idle(entry.ptr)
+            else:
+                idle = self._idle.get(entry.size)
+                if idle is None:
+                    idle = self._idle.setdefault(entry.size, [])
+                idle.append(entry.ptr)
+        held.extend(waiting)
+        if self._closed:
+            _release_parked(self._held, self._idle, self.device_id)
+
+    def _free_idle(self, ptr: int) -> None:
+        """Give memory nothing can use any more back to the driver (any stream would do: the legacy one)."""
+        with _driver.device_context(self.device_id):
+            _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
 
     def _driver_allocate(self, nbytes: int, handle: int) -> int:
         """``cuMemAllocFromPoolAsync`` (out of memory: a clear :class:`OutOfMemoryError`)."""
@@ -382,28 +550,51 @@ class MemoryPool:
         _driver.raise_for(err, "cuMemAllocFromPoolAsync", detail)
         raise AssertionError("unreachable")
 
-    def free(self, ptr: int, stream: StreamLike = None) -> None:
+    def free(self, ptr: int, stream: StreamLike = None, *, unordered: bool = False) -> None:
         """Return memory from :meth:`allocate` to the pool, ordered on ``stream``.
 
         It goes on the free list of its size and stream (within the release
         threshold), else back to the driver (``cuMemFreeAsync``).
+
+        Parameters
+        ----------
+        ptr : int
+            An address :meth:`allocate` returned.
+        stream : stream-like, optional
+            Every use of the memory is ordered before later work on this stream.
+        unordered : bool
+            The memory may still be used by work on *any* stream of the device
+            (numba's memory-manager plugin frees so): it is held until a device
+            synchronise, then reused on any stream (see the module notes);
+            ``stream`` is ignored.
 
         Raises
         ------
         ValueError
             ``ptr`` is not memory of this pool's :meth:`allocate` that is in use.
         """
-        handle = stream if type(stream) is int else stream_handle(stream)
-        size = self._raw_sizes.pop(ptr, None)
-        if size is None:
+        handle = 0 if unordered else stream if type(stream) is int else stream_handle(stream)
+        entry = self._raw_sizes.pop(ptr, None)
+        if entry is None:
             raise ValueError(
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
+        size = entry[0]
+        if unordered:
+            self._hold(ptr, size, {self.device_id}, True)
+            return
         limit = self._cache_limit
         if not self._closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit):
-            free_list = self._raw_lists.get((size, handle))
+            # The allocation's key serves when the handle and thread are the same.  If the stream
+            # was destroyed and its handle reused meanwhile, the entry is filed under the dead
+            # stream's id, which no allocation can present again: it only waits for
+            # release_cached(), never reaches an unordered stream.
+            key = entry[2]
+            if key is None or handle != entry[1] or threading.get_ident() != entry[3]:
+                key = self._stream_key(handle)
+            free_list = self._raw_lists.get((size, key))
             if free_list is None:
-                free_list = self._raw_lists.setdefault((size, handle), [])
+                free_list = self._raw_lists.setdefault((size, key), [])
             free_list.append(ptr)
             if self._closed:  # close() emptied the lists meanwhile: this entry too
                 self.release_cached()
@@ -458,16 +649,22 @@ class MemoryPool:
                 assert tracker is not None  # every entry of a list carries its record
                 memory.tracker = None
                 memory.nbytes = nbytes
-                if (memory.ordered_on != stream or tracker.recorded_since(memory.ordered_mark)) and (
-                    tracker.writes or tracker.reads
-                ):
-                    self._order_reuse(tracker, stream)
-                    # The stream now comes after every carried event: the next reuse on it
-                    # need not look again, unless an event is filed meanwhile (checked here,
-                    # so that one filed by a launch racing the close is caught too).
-                    memory.ordered_on = stream
-                    memory.ordered_mark = tracker.mark()
+                if tracker.writes or tracker.reads:
+                    key = self._stream_key(stream)
+                    if memory.ordered_on != key or tracker.recorded_since(memory.ordered_mark):
+                        self._order_reuse(tracker, stream, key)
+                        # The stream now comes after every carried event: the next reuse on it
+                        # need not look again, unless an event is filed meanwhile (checked here,
+                        # so that one filed by a launch racing the close is caught too).
+                        memory.ordered_on = key
+                        memory.ordered_mark = tracker.mark()
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
+        if self._idle or self._held:
+            ptr = self._take_idle(size, stream)
+            if ptr:  # nothing can still use it: no event, no wait
+                return Allocation(
+                    kind, _PoolMemory(self, kind, ptr, nbytes, size), ptr, self.device_id, Tracker(self.device_id)
+                )
         with _driver.device_context(self.device_id if stream == 0 else None) as dev:
             ptr = self._allocate_or_empty_lists(size, stream)
             tracker = Tracker(self.device_id)
@@ -481,17 +678,18 @@ class MemoryPool:
             tracker.add(stream, _events.record(stream, dev))  # the allocation is the first write
         return alloc
 
-    def _order_reuse(self, tracker: Tracker, stream: int) -> None:
+    def _order_reuse(self, tracker: Tracker, stream: int, key: int) -> None:
         """A free-list entry taken on ``stream``: the stream waits for the old buffer's work on other streams.
 
         A plain numba launch on ``stream`` cannot be ordered by umem_numba, so
         the stream itself is ordered, as the driver's stream-ordered allocation
         would order it.  The events stay in ``tracker``: the new buffer's host
-        access and tracked work on other streams wait for them.
+        access and tracked work on other streams wait for them.  ``key`` is the
+        stream's ``cuStreamGetId``: events are compared by it, not by handle.
         """
         dev = self.device_id
         events = (*tracker.writes.values(), *tracker.reads.values())
-        others = [e for e in events if e.stream != stream or e.device_id != dev]
+        others = [e for e in events if e.key != key or e.device_id != dev]
         if others:
             with _driver.device_context(dev if stream == 0 else None):
                 for event in others:
@@ -523,11 +721,13 @@ class MemoryPool:
         """Give the memory on the buffers' free lists back to the driver's pool (stream-ordered).
 
         Each block's free is queued on the legacy default stream after the
-        last device work of the buffer that held it.  :meth:`trim` and
+        last device work of the buffer that held it; memory of work umem_numba
+        could not see is freed after a device synchronise.  :meth:`trim` and
         :meth:`close` call this first.
         """
         _release_lists(self._cache)
         _release_raw_lists(self._raw_lists, self.device_id)
+        _release_parked(self._held, self._idle, self.device_id)
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -571,8 +771,8 @@ def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) 
     raw = [free_list for free_list in list(lists.values()) if free_list]
     if not raw:
         return
+    synchronize_for_reuse({device_id}, "settling raw pool memory before giving it back")
     with _driver.device_context(device_id):
-        _driver.call("cuCtxSynchronize", detail="settling raw pool memory before giving it back")
         for free_list in raw:
             while True:
                 try:
@@ -584,21 +784,105 @@ def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) 
 
 def _destroy_settled(handle: Any, device_id: int) -> None:
     """``cuMemPoolDestroy`` once nothing is queued on the device (see :meth:`MemoryPool.close`)."""
+    synchronize_for_reuse({device_id}, "settling a memory pool's queued work before destroying it")
     with _driver.device_context(device_id):
-        _driver.call("cuCtxSynchronize", detail="settling a memory pool's queued work before destroying it")
         _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
 
 
 def _destroy(
-    handle: Any, free_lists: dict[int, list[_PoolMemory]], raw_lists: dict[tuple[int, int], list[int]], device_id: int
+    handle: Any,
+    free_lists: dict[int, list[_PoolMemory]],
+    raw_lists: dict[tuple[int, int], list[int]],
+    held: list[_Held],
+    idle: dict[int, list[int]],
+    device_id: int,
 ) -> None:
     """A collected pool: its free lists back to the driver, then the pool."""
     try:
         _release_lists(free_lists)
         _release_raw_lists(raw_lists, device_id)
+        _release_parked(held, idle, device_id)
         _destroy_settled(handle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
+
+
+# ---------------------------------------------------------------------------
+# Synchronise tickets: when held memory is settled (see the module notes)
+
+_sync_lock = threading.RLock()  # re-entrant: a finalizer run by a collection may synchronise too
+#: Per device: tickets of the synchronises begun so far.
+_sync_started: dict[int, int] = {}
+#: Per device: the highest ticket of a synchronise that has completed.
+_sync_done: dict[int, int] = {}
+#: Bumped whenever a synchronise completes (a one-int "anything new?" test); a list, so it is shared.
+_sync_generation = [0]
+
+
+class _Held:
+    """Memory of work umem_numba could not see: ``ptr`` and ``size``, and per device the last ticket begun."""
+
+    __slots__ = ("ptr", "reuse", "size", "tickets")
+
+    def __init__(self, ptr: int, size: int, tickets: tuple[tuple[int, int], ...], reuse: bool) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.tickets = tickets
+        #: False: back to the driver once settled (memory that took advice).
+        self.reuse = reuse
+
+
+def sync_tickets(devices: set[int] | list[int] | tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Per device, the ticket of the last synchronise begun so far: a block held now needs a later one.
+
+    Read after the work that used the memory was issued (it was, since the
+    memory is being released): a synchronise with a later ticket begins after
+    that work was queued, so it waits for it.
+    """
+    return tuple((d, _sync_started.get(d, 0)) for d in sorted(devices))
+
+
+def settled(tickets: tuple[tuple[int, int], ...]) -> bool:
+    """Whether, on every device of ``tickets``, a synchronise begun after them has completed."""
+    return all(_sync_done.get(device, 0) > ticket for device, ticket in tickets)
+
+
+def synchronize_for_reuse(devices: set[int] | list[int], what: str) -> None:
+    """``cuCtxSynchronize`` on each device, counted (begin ticket, then done mark) for :func:`settled`."""
+    for device in sorted(devices):
+        with _sync_lock:
+            ticket = _sync_started[device] = _sync_started.get(device, 0) + 1
+        with _driver.device_context(device):
+            _driver.call("cuCtxSynchronize", detail=what)
+        with _sync_lock:
+            if _sync_done.get(device, 0) < ticket:
+                _sync_done[device] = ticket
+            _sync_generation[0] += 1
+
+
+def _release_parked(held: list[_Held], idle: dict[int, list[int]], device_id: int) -> None:
+    """Give held and idle memory back to the driver (held memory after a synchronise of its devices)."""
+    entries: list[_Held] = []
+    while True:
+        try:
+            entries.append(held.pop())
+        except IndexError:
+            break
+    ptrs = [e.ptr for e in entries]
+    for free_list in list(idle.values()):
+        while True:
+            try:
+                ptrs.append(free_list.pop())
+            except IndexError:
+                break
+    if not ptrs:
+        return
+    pending = {d for e in entries if not settled(e.tickets) for d, _ in e.tickets}
+    if pending:
+        synchronize_for_reuse(pending, "settling pool memory of work umem_numba could not see")
+    with _driver.device_context(device_id):
+        for ptr in ptrs:  # nothing can use them any more: the legacy stream orders nothing needed
+            _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
 
 
 def _host_ram() -> int:
@@ -642,9 +926,9 @@ class _PoolMemory(Memory):
         self.size = size
         self.advised = False
         self.tracker: Tracker | None = None
-        #: The stream (handle) already ordered after every event of ``tracker``, -1 if none;
-        #: valid while the tracker's record count is still ``ordered_mark``.
-        self.ordered_on = -1
+        #: The stream (``cuStreamGetId``) already ordered after every event of ``tracker``, None
+        #: if none; valid while the tracker's record count is still ``ordered_mark``.
+        self.ordered_on: int | None = None
         self.ordered_mark = -1
 
     def describe(self) -> str:
@@ -655,28 +939,52 @@ class _PoolMemory(Memory):
 
     def free(self, tracker: Tracker) -> None:
         pool = self.pool_ref()
-        if pool is None or not pool._keep(self, tracker):
-            self.free_to_driver(tracker, None)
+        if pool is not None and pool._keep(self, tracker):
+            return
+        if pool is not None and not pool._closed and (tracker.unknown_devices or tracker.escaped):
+            # Work umem_numba could not see may use it on any stream: held until a synchronise.
+            events, unknown, _gen, escaped = tracker.pending_work()
+            pool._hold(self.ptr, self.size, self._unseen_devices(events, unknown, escaped), not self.advised)
+            return
+        self.free_to_driver(tracker)
 
-    def free_to_driver(self, tracker: Tracker, stream: int | None) -> None:
-        """``cuMemFreeAsync`` after every piece of work recorded in ``tracker`` (on ``stream`` if given)."""
+    def _unseen_devices(self, events: list[Any], unknown: set[int], escaped: bool) -> set[int]:
+        """The devices whose synchronise settles every use of the memory (escaped: every active device)."""
+        devices = {self.device_id, *unknown, *(e.device_id for e in events)}
+        if escaped:
+            devices.update(_driver.active_devices())
+        return devices
+
+    def free_to_driver(self, tracker: Tracker) -> None:
+        """``cuMemFreeAsync`` after every piece of work recorded in ``tracker``.
+
+        Queued on the legacy default stream of the pool's device, after it
+        waits for every recorded event of another stream (by
+        ``cuStreamGetId``): a garbage collection may run this in any thread,
+        where the handle of the buffer's last stream may name another stream
+        (2, the per-thread stream) or none (a destroyed stream).  Work
+        umem_numba could not see cannot be ordered on any stream: the devices
+        are synchronised first.
+        """
         events, unknown, _gen, escaped = tracker.pending_work()
-        if stream is None:
-            stream = 0  # the legacy default stream: after every blocking stream's work
-            mine = [e for e in events if e.device_id == self.device_id]
-            if not unknown and not escaped and mine:
-                stream = mine[-1].stream  # the stream first used most recently
         with _driver.device_context(self.device_id):
+            if unknown or escaped:
+                synchronize_for_reuse(
+                    self._unseen_devices(events, unknown, escaped),
+                    f"waiting for work umem_numba could not see before freeing {self.describe()}",
+                )
+                events = []  # all done
+            legacy = _driver.stream_key(0) if events else 0
             for event in events:
-                if event.stream != stream or event.device_id != self.device_id:
+                if event.key != legacy or event.device_id != self.device_id:
                     _driver.call(
                         "cuStreamWaitEvent",
-                        stream,
+                        0,
                         event.handle,
                         0,
                         detail="ordering a pool free after the buffer's work",
                     )
-            _driver.call("cuMemFreeAsync", self.ptr, stream, detail=f"freeing {self.describe()} into its pool")
+            _driver.call("cuMemFreeAsync", self.ptr, 0, detail=f"freeing {self.describe()} into its pool")
 
 
 def _release_lists(lists: dict[int, list[_PoolMemory]]) -> None:
@@ -690,7 +998,7 @@ def _release_lists(lists: dict[int, list[_PoolMemory]]) -> None:
             tracker = memory.tracker
             memory.tracker = None
             if tracker is not None:
-                memory.free_to_driver(tracker, 0)
+                memory.free_to_driver(tracker)
 
 
 # ---------------------------------------------------------------------------
