@@ -448,6 +448,33 @@ def test_configured_launch_forwards_numba_launch_attributes():
     assert cfg.config == (4, 32)
 
 
+def _unmapped_pinned_without_driver():
+    """A zero-size PinnedBuffer without DEVICEMAP, built without a driver (CPU)."""
+    from umem_numba._lifetime import Allocation
+    from umem_numba._tracker import Tracker
+
+    buf = object.__new__(um.PinnedBuffer)
+    buf._init(Allocation("pinned", None, 0, 0, Tracker(0)), 0, (0,), (4,), np.dtype(np.float32), True)
+    buf._flags = um.HostAllocFlags.DEFAULT
+    buf._device_accessible = False
+    return buf
+
+
+def test_numba_typing_refuses_unmapped_pinned_buffer():
+    """Issue #19 item 14: numba's typing of an unmapped PinnedBuffer raises a clear error (CPU check).
+
+    Today the buffer's error is an AttributeError, which numba's typing takes
+    as "no ``_numba_type_``": it falls through to ``__dlpack__`` and types the
+    host memory as an array, so a plain launch runs on the host pointer.
+    """
+    from numba.cuda.typing.typeof import typeof
+
+    buf = _unmapped_pinned_without_driver()
+    with pytest.raises(um.UnsupportedError, match="DEVICEMAP"):
+        typeof(buf)
+    assert not hasattr(buf, "__cuda_array_interface__")  # still no device view for other libraries
+
+
 # ---------------------------------------------------------------------------
 # GPU: item 3, ordering of a writer inferred from an element store
 
