@@ -77,7 +77,7 @@ def k_loop_enumerate(out, inp):
 
 
 def k_loop_zip(out, inp):
-    for r, s in zip(out, inp):
+    for r, s in zip(out, inp):  # noqa: B905 (numba has no strict=)
         r[0] = s[0]
 
 
@@ -118,7 +118,7 @@ def k_tuple_container(out, inp, i):
 
 
 def k_walrus(out, inp, i):
-    (row := out[i])[0] = inp[i]
+    (row := out[i])[0] = inp[i]  # noqa: F841 (the walrus itself is the point)
 
 
 def k_conditional_alias(out, inp, i, c):
