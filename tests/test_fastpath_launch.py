@@ -355,6 +355,27 @@ def test_foreign_streams_are_wrapped_once_per_stream(fake_external):
         _launch._launch_stream("s1")
 
 
+class _OldCupyStream:
+    """A CuPy stream from before ``__cuda_stream__``: only ``ptr``."""
+
+    __module__ = "cupy.cuda.stream"
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+def test_old_cupy_stream_without_protocol_is_wrapped_by_its_ptr(fake_external):
+    """Issue #19 item 9: a CuPy stream without ``__cuda_stream__`` is taken by ``ptr`` (only CuPy's)."""
+    old = _OldCupyStream(0x7F00_A000)
+    assert _launch._launch_stream(old)[1] == 0x7F00_A000
+
+    class NotAStream:
+        ptr = 0x7F00_B000  # a buffer's address, say: not a stream
+
+    with pytest.raises(TypeError, match="CUDA stream"):
+        _launch._launch_stream(NotAStream())
+
+
 def test_per_thread_stream_handle_is_not_shared_between_threads(fake_external):
     """Issue #19 item 9: handle 2 names each thread's own stream, so its wrapper is per thread."""
     mine = _launch._launch_stream(2)
@@ -600,12 +621,13 @@ def test_pre_launch_callbacks_run_on_direct_launches(rng):
         for _ in range(3):
             affine[n // 128, 128](out, x, 2.0)
         assert _direct_calls(affine) >= 1
-        affine.kernel[n // 128, 128].pre_launch_callbacks.append(lambda kernel, config: seen.append(config))
+        numba_config = affine[n // 128, 128]._configured  # numba's own configured launch
+        numba_config.pre_launch_callbacks.append(lambda kernel, config: seen.append(config))
         for step in range(3):
             affine[n // 128, 128](out, x, float(step))
             np.testing.assert_array_equal(out.host, x_h * step + 1.0)
         assert len(seen) == 3, f"the callback ran before {len(seen)} of 3 launches"
-        assert all(c is affine.kernel[n // 128, 128] for c in seen)
+        assert all(c is numba_config for c in seen)
         # Through the coherent kernel's own configured launch, as with numba's.
         affine[n // 128, 128].pre_launch_callbacks.clear()
         affine[n // 128, 128](out, x, 5.0)
