@@ -166,6 +166,17 @@ def k_annotated_alias(out, inp, i):
     row[0] = inp[i]
 
 
+def k_record_field_named_like_metadata(out, inp, i):
+    store(out[i].shape, inp[i])  # a record field called "shape" may be a nested array
+
+
+def k_local_array_from_row(out, inp, i):
+    row = inp[i]
+    tmp = cuda.local.array(4, row.dtype)  # new memory: reads row's type only
+    tmp[0] = row[0]
+    out[i] = tmp[0]
+
+
 def k_reads_only(out, inp, i):
     n, m = inp.shape
     x = inp[i]
@@ -212,6 +223,8 @@ WRITE_TABLE = [
     (k_lambda_returning_param, {"out"}, set()),
     (k_delete_element, {"out"}, {"inp"}),
     (k_annotated_alias, {"out"}, {"inp"}),
+    (k_record_field_named_like_metadata, {"out"}, set()),
+    (k_local_array_from_row, {"out"}, {"inp"}),
     (k_reads_only, {"out"}, {"inp"}),
     (k_reads_through_loop, {"out"}, {"inp"}),
 ]

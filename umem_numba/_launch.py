@@ -89,8 +89,11 @@ _ALIAS_BUILTINS = ("min", "max")
 _CONTAINER_BUILTINS = ("enumerate", "zip", "iter", "reversed", "tuple", "list")
 #: Modules whose functions only read and return new values.
 _PURE_MODULES = frozenset({"math", "cmath", "numba.cuda.libdevice"})
-#: numba.cuda intrinsics that take and return values only (no memory).
+#: numba.cuda intrinsics that take and return values only, or make new memory (arrays).
 _PURE_CUDA = (
+    "local.array",
+    "shared.array",
+    "const.array_like",
     "fma",
     "cbrt",
     "selp",
@@ -132,7 +135,9 @@ def _pure_callables() -> dict[int, tuple[Any, str]]:
             from numba import cuda
 
             for name in _PURE_CUDA:
-                obj = getattr(cuda, name, None)
+                obj: Any = cuda
+                for part in name.split("."):
+                    obj = getattr(obj, part, None)
                 if obj is not None:
                     pure[id(obj)] = (obj, _SCALAR)
         except Exception:  # numba.cuda unusable: its intrinsics count as device functions
@@ -178,7 +183,10 @@ class _WriteAnalysis:
         self.refs: dict[str, _Refs] = {p: frozenset({p}) for p in params}
         self.trefs: dict[str, _Refs] = {}
         self.written: set[str] = set()
-        self.local = set(params) | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not _loads(n)}
+        rebound = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not _loads(n)}
+        #: Parameters never rebound: their own ``shape``/``dtype``/... are an array's, not record fields.
+        self.arrays = set(params) - rebound
+        self.local = set(params) | rebound
         for node in ast.walk(fn):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
                 self.local.add(node.name)
@@ -281,7 +289,7 @@ class _WriteAnalysis:
         if isinstance(e, (ast.Constant, ast.Compare, ast.UnaryOp, ast.JoinedStr, ast.FormattedValue, ast.Slice)):
             return _NONE
         if isinstance(e, ast.Attribute):
-            return _NONE if e.attr in _META else self._refs(e.value)
+            return _NONE if self._meta(e) else self._refs(e.value)
         if isinstance(e, (ast.Subscript, ast.Starred, ast.NamedExpr)):
             return self._refs(e.value)
         if isinstance(e, ast.BinOp):
@@ -306,7 +314,7 @@ class _WriteAnalysis:
         if isinstance(e, (ast.Constant, ast.Compare, ast.UnaryOp, ast.JoinedStr, ast.FormattedValue, ast.Slice)):
             return _NONE
         if isinstance(e, ast.Attribute):
-            return _NONE if e.attr in _META else self._trefs(e.value)
+            return _NONE if self._meta(e) else self._trefs(e.value)
         if isinstance(e, (ast.Subscript, ast.Starred, ast.NamedExpr)):
             return self._trefs(e.value)
         if isinstance(e, ast.BinOp):
@@ -326,6 +334,14 @@ class _WriteAnalysis:
             if kind == _ALIAS:  # one of the arguments: a tuple only if one of them is
                 return _union([*(self._trefs(a) for a in e.args), *(self._trefs(k.value) for k in e.keywords)])
         return self._refs(e)  # containers, other calls, lambdas and the rest: whatever they may refer to
+
+    def _meta(self, e: ast.Attribute) -> bool:
+        """Whether ``e`` reads an array's shape, size or type (no memory).
+
+        Only on a parameter itself: an element may be a record, whose field
+        named ``shape`` or ``size`` can be a nested array.
+        """
+        return e.attr in _META and isinstance(e.value, ast.Name) and e.value.id in self.arrays
 
     def _call_refs(self, call: ast.Call) -> _Refs:
         """What a call receives: its arguments, keywords and the receiver of a method."""
