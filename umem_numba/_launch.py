@@ -135,11 +135,11 @@ def _pure_callables() -> dict[int, tuple[Any, str]]:
             from numba import cuda
 
             for name in _PURE_CUDA:
-                obj: Any = cuda
+                intrinsic: Any = cuda
                 for part in name.split("."):
-                    obj = getattr(obj, part, None)
-                if obj is not None:
-                    pure[id(obj)] = (obj, _SCALAR)
+                    intrinsic = getattr(intrinsic, part, None)
+                if intrinsic is not None:
+                    pure[id(intrinsic)] = (intrinsic, _SCALAR)
         except Exception:  # numba.cuda unusable: its intrinsics count as device functions
             pass
         _PURE = pure
