@@ -345,7 +345,13 @@ class Buffer:
         # Read by numba's typing on every launch: kept short.
         alloc = self._alloc
         if alloc is None or alloc.closed or not self._device_accessible:
-            alloc = self._device_export()  # raises the right error
+            try:
+                alloc = self._device_export()  # raises the right error
+            except _NotOnDeviceError as exc:
+                # Not as an AttributeError here: numba's typing would take that
+                # as "no _numba_type_" and launch on the host pointer through
+                # __dlpack__, with nothing tracked.
+                raise UnsupportedError(f"a kernel launch cannot use this buffer: {exc}") from None
         if self._views_can_retire and not self._owner:
             self._live()
         tracker = alloc.tracker

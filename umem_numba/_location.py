@@ -212,8 +212,9 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
     stream : numba stream, CuPy/PyTorch/cuda.core stream, int, numpy integer or None
         ``None`` and ``0`` are the legacy default stream; objects with
         ``__cuda_stream__`` (cuda.core, CuPy, PyTorch) give their handle, as
-        do a numba ``Stream`` (``.handle``) and a PyTorch stream
-        (``.cuda_stream``); an integer is taken as a raw handle.
+        do a numba ``Stream`` (``.handle``), a PyTorch stream
+        (``.cuda_stream``) and an older CuPy stream (``.ptr``); an integer
+        is taken as a raw handle.
     what : str
         The caller's name for the operation, put at the front of messages.
 
@@ -267,6 +268,8 @@ def _parse_stream(stream: Any, what: str) -> int:
         value = 0 if value is None else value
     elif getattr(stream, "cuda_stream", None) is not None:
         value = stream.cuda_stream
+    elif type(stream).__module__.startswith("cupy.") and getattr(stream, "ptr", None) is not None:
+        value = stream.ptr  # a CuPy stream from before __cuda_stream__ (``ptr`` means memory elsewhere)
     else:
         value = stream
     if isinstance(value, (bool, np.bool_)):
