@@ -286,7 +286,7 @@ import json, os
 import numpy as np
 from numba import cuda
 d = cuda.to_device(np.arange(100.0))
-device_cls = type(cuda.current_context().device)
+from numba.cuda.cudadrv.driver import Device as device_cls  # the context holds a weak proxy of it
 
 def fail(self):
     raise RuntimeError("forced failure after the export")

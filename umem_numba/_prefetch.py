@@ -28,7 +28,7 @@ from . import _driver
 from ._errors import CudaError
 from ._location import Location, StreamLike, Target, as_location, stream_device, stream_handle
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
-from ._tracker import DeviceUse, Tracker
+from ._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["PrefetchPlan", "prefetch"]
 
@@ -86,6 +86,7 @@ def prefetch(
     what = "prefetch" if whole else f"prefetch_range({start}, {stop})"
     handle = stream_handle(stream, what=what)
     span, loc = _prepare(obj, target, start, stop, what)
+    refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids
     device = stream_device(handle)
     as_location(device, require_concurrent=True, what=f"{what} (device of the stream)")
     with _driver.device_context(device), DeviceUse(_uses((span,)), handle, what):
@@ -232,6 +233,7 @@ class PrefetchPlan:
             )
         if not prepared:
             return
+        refuse_capture(handle, "PrefetchPlan.execute")  # before cuStreamGetDevice, which a capture forbids
         device = stream_device(handle)
         as_location(device, require_concurrent=True, what="PrefetchPlan.execute (device of the stream)")
         with _driver.device_context(device), DeviceUse(_uses(s for s, _ in prepared), handle, "PrefetchPlan.execute"):
