@@ -221,6 +221,7 @@ from umem_numba import _driver, _lifetime
 from helpers import sleeping
 
 warnings.simplefilter("ignore", NumbaPerformanceWarning)
+warnings.filterwarnings("ignore", message="Grid size")
 rng = np.random.default_rng()
 N = 1 << 16
 

@@ -14,10 +14,12 @@ writes a driver constant as a literal.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -262,9 +264,42 @@ def context_gone(exc: BaseException) -> bool:
     return isinstance(exc, CudaError) and exc.name in _GONE
 
 
-def shutting_down() -> bool:
-    """Whether the interpreter is finalizing (finalizers must stay quiet then)."""
-    return sys.is_finalizing()
+#: Set by :func:`_at_exit`, umem_numba's exit hook: the process is exiting.
+_exiting = False
+
+
+def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
+    """Whether the process is exiting: finalizers, deleters and free callbacks must do nothing then.
+
+    True from the moment umem_numba's exit hook runs (an ``atexit`` handler
+    that runs before every ``weakref.finalize`` finalizer run at exit, see
+    below), and while the interpreter finalizes.  ``sys.is_finalizing()``
+    alone is not enough: it is still ``False`` while ``atexit`` handlers run,
+    and numba's memory finalizers (the plugin's free callback), PyTorch's or
+    CuPy's teardown can free umem_numba memory then, in whatever context is
+    current, while other libraries tear their own state down.  The driver
+    reclaims every allocation, stream and pool when the process ends, so
+    from here on nothing is freed.
+    """
+    # Early-bound default: module teardown sets this module's globals to None,
+    # and a __del__ run after that still needs an answer.  ``_exiting`` is then
+    # None, which also means exiting.
+    return _exiting is not False or bool(_is_finalizing())
+
+
+def _at_exit() -> None:
+    """umem_numba's exit hook: from now on :func:`shutting_down` is True."""
+    global _exiting
+    _exiting = True
+
+
+# ``weakref.finalize`` runs its finalizers still alive at exit (atexit=True, numba's
+# memory finalizers among them) from one atexit handler, registered when the first
+# finalize object of the process is made.  atexit runs the handler registered last
+# first: making sure that handler is registered before ours makes ours run before it,
+# so every finalizer run at exit sees shutting_down() (numba's utils do the same).
+weakref.finalize(_at_exit, _at_exit).detach()
+atexit.register(_at_exit)
 
 
 # --------------------------------------------------------------------------
