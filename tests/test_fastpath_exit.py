@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -199,6 +200,74 @@ def test_dlpack_consumer_that_outlives_the_module_does_not_crash():
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr}"
     assert proc.stderr == ""
     assert proc.stdout.splitlines() == ["released", "DONE"]
+
+
+class _FakeDriver:
+    """Records the driver calls of the exit hook: device 0 inactive, device 1 active."""
+
+    def __init__(self, sync_result: int = 0) -> None:
+        self.calls: list[tuple] = []
+        self.sync_result = sync_result
+
+    def cuDeviceGetCount(self):
+        self.calls.append(("count",))
+        return 0, 2
+
+    def cuDevicePrimaryCtxGetState(self, d):
+        self.calls.append(("state", d))
+        return 0, 0, d == 1
+
+    def cuDevicePrimaryCtxRetain(self, d):
+        self.calls.append(("retain", d))
+        return 0, f"ctx{d}"
+
+    def cuCtxPushCurrent(self, ctx):
+        self.calls.append(("push", ctx))
+        return (0,)
+
+    def cuCtxSynchronize(self):
+        self.calls.append(("sync",))
+        return (self.sync_result,)
+
+    def cuCtxPopCurrent(self):
+        self.calls.append(("pop",))
+        return 0, None
+
+    def cuDevicePrimaryCtxRelease(self, d):
+        self.calls.append(("release", d))
+        return (0,)
+
+
+def test_exit_hook_lets_queued_device_work_finish_then_turns_the_guard_on(monkeypatch):
+    """Issue #19 item 8: the exit hook synchronises each active primary context (pure driver calls), then guards.
+
+    Nothing is freed after the hook, and the driver destroys the contexts, with
+    their pools and queued frees, after Python: the work still queued (a kernel
+    still running, frees behind it) finishes first, while everything is intact.
+    Without a loaded driver (a CPU-only process) the hook makes no driver call.
+    """
+    from umem_numba import _driver
+
+    monkeypatch.setattr(_driver, "_exiting", False)
+    fake = _FakeDriver(sync_result=700)  # a sticky error: still quiet, still guarded afterwards
+    monkeypatch.setattr(_driver, "_api", SimpleNamespace(drv=fake))
+    assert not _driver.shutting_down()
+    _driver._at_exit()
+    assert fake.calls == [
+        ("count",),
+        ("state", 0),
+        ("state", 1),
+        ("retain", 1),
+        ("push", "ctx1"),
+        ("sync",),
+        ("pop",),
+        ("release", 1),
+    ]
+    assert _driver.shutting_down()
+    monkeypatch.setattr(_driver, "_exiting", False)
+    monkeypatch.setattr(_driver, "_api", None)
+    _driver._at_exit()  # no driver loaded: nothing to wait for, and CUDA is not initialised at exit
+    assert _driver.shutting_down()
 
 
 # ---------------------------------------------------------------------------

@@ -288,9 +288,50 @@ def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
 
 
 def _at_exit() -> None:
-    """umem_numba's exit hook: from now on :func:`shutting_down` is True."""
+    """umem_numba's exit hook: let queued device work finish, then :func:`shutting_down` is True for good."""
     global _exiting
-    _exiting = True
+    try:
+        _settle_devices()
+    except Exception:  # a sticky error, a driver already going: nothing to do about it at exit
+        pass
+    finally:
+        _exiting = True
+
+
+def _settle_devices() -> None:
+    """``cuCtxSynchronize`` on every active primary context (only where this process loaded the driver).
+
+    At exit nothing is freed any more, and the driver tears down the contexts,
+    with their streams and pools, after Python is done.  Destroying a pool
+    with frees still queued behind running work crashed the driver in our
+    tests (see ``MemoryPool.close``), so the work still queued (a kernel still
+    running, stream-ordered frees behind it) finishes first, while every
+    context is intact.  The driver waits for that work when it destroys the
+    contexts anyway, so this costs no extra time.  Pure driver calls: numba's
+    own state may already be going.
+    """
+    a = _api
+    if a is None or _forked_child:
+        return  # the driver was never loaded here: no device work, and no reason to load it now
+    drv = a.drv
+    err, count = drv.cuDeviceGetCount()
+    if err != 0:
+        return
+    for d in range(int(count)):
+        err, _flags, active = drv.cuDevicePrimaryCtxGetState(d)
+        if err != 0 or not active:
+            continue
+        err, ctx = drv.cuDevicePrimaryCtxRetain(d)
+        if err != 0:
+            continue
+        try:
+            if drv.cuCtxPushCurrent(ctx)[0] == 0:
+                try:
+                    drv.cuCtxSynchronize()
+                finally:
+                    drv.cuCtxPopCurrent()
+        finally:
+            drv.cuDevicePrimaryCtxRelease(d)
 
 
 # ``weakref.finalize`` runs its finalizers still alive at exit (atexit=True, numba's
