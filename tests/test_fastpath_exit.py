@@ -292,7 +292,9 @@ from helpers import sleeping
 warnings.simplefilter("ignore", NumbaPerformanceWarning)
 warnings.filterwarnings("ignore", message="Grid size")
 rng = np.random.default_rng()
-N = 1 << 16
+B = 512  # threads per block
+G = 128  # blocks: G * B == N
+N = G * B
 
 
 def _report(what, _w=os.write, _flag=_exiting):
@@ -325,22 +327,22 @@ fill = um.coherent(sleeping.fill)
 _CASES = {
     "managed": """
 m = um.ManagedBuffer.zeros(N, np.float32)
-fill[128, 512, 0](m, 3.0, 1)
+fill[G, B, 0](m, 3.0, 1)
 m_host = m.host  # a numpy view over it, alive at exit
 assert float(m_host[N - 1]) == 3.0
 """,
     "pinned": """
 p = um.PinnedBuffer.zeros(N, np.float32, flags=um.HostAllocFlags.DEVICEMAP)
-fill[128, 512, 0](p, 4.0, 1)
+fill[G, B, 0](p, 4.0, 1)
 p_host = p.host
 assert float(p_host[5]) == 4.0
 """,
     "pool_free_list": """
 pool = um.MemoryPool("device")
 kept = um.DeviceBuffer.zeros(N, pool=pool)
-fill[128, 512, 0](kept, 5.0, 1)
+fill[G, B, 0](kept, 5.0, 1)
 to_list = um.DeviceBuffer.zeros(N, pool=pool)
-fill[128, 512, 0](to_list, 6.0, 1)
+fill[G, B, 0](to_list, 6.0, 1)
 to_list.close()  # its memory waits on the pool's free list
 dflt = um.DeviceBuffer.from_array(rng.random(N).astype(np.float32))
 um.DeviceBuffer.zeros(N).close()  # and on the default pool's
@@ -351,7 +353,7 @@ v = um.VMMBuffer.zeros(N, np.float32, capacity=64 * N)
 v.grow(16 * N)  # each grow maps new memory (16 N floats are 4 MiB, past the first 2 MiB)
 v.grow(40 * N)
 assert v.mapped_nbytes >= 40 * N * 4
-fill[40 * N // 512, 512, 0](v, 7.0, 1)
+fill[40 * G, B, 0](v, 7.0, 1)
 v_view = v[N : 2 * N]
 assert float(v.copy_to_host()[40 * N - 1]) == 7.0
 """,
@@ -380,7 +382,7 @@ cupy.cuda.Device().synchronize()
     "kernel_running": """
 busy = um.ManagedBuffer.zeros(N, np.float32)
 busy_stream = cuda.stream()
-fill[128, 512, busy_stream](busy, 8.0, 400)  # about 0.4 s of device time, not waited for
+fill[G, B, busy_stream](busy, 8.0, 400)  # about 0.4 s of device time, not waited for
 """,
     "plugin_arrays": """
 from umem_numba import _emm
@@ -395,7 +397,7 @@ def _spy_pool_free(pool, ctx, ptr, size, _real=_emm._pool_free, _r=_report):
 _emm._pool_free = _spy_pool_free
 d_kept = cuda.to_device(rng.random(N))
 d_out = cuda.device_array(N)
-sleeping.copy[128, 512](d_kept, d_out, 1)
+sleeping.copy[G, B](d_kept, d_out, 1)
 del d_out  # freed to the plugin pool's free list
 d_more = [cuda.device_array(1000 + i) for i in range(20)]  # numba's finalizers free these at exit
 """,
@@ -403,7 +405,7 @@ d_more = [cuda.device_array(1000 + i) for i in range(20)]  # numba's finalizers 
 from umem_numba.kernels._common import PriorityStream
 ps = PriorityStream()
 ps_buf = um.ManagedBuffer.zeros(N, np.float32)
-fill[128, 512, ps.stream](ps_buf, 9.0, 50)  # still queued on it at exit
+fill[G, B, ps.stream](ps_buf, 9.0, 50)  # still queued on it at exit
 """,
 }
 
