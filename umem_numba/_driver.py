@@ -284,7 +284,7 @@ def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
     # Early-bound default: module teardown sets this module's globals to None,
     # and a __del__ run after that still needs an answer.  ``_exiting`` is then
     # None, which also means exiting.
-    return _exiting is not False or bool(_is_finalizing())
+    return _exiting is not False or _is_finalizing()
 
 
 def _at_exit() -> None:
