@@ -306,9 +306,9 @@ def _settle_devices() -> None:
     with frees still queued behind running work crashed the driver in our
     tests (see ``MemoryPool.close``), so the work still queued (a kernel still
     running, stream-ordered frees behind it) finishes first, while every
-    context is intact.  The driver waits for that work when it destroys the
-    contexts anyway, so this costs no extra time.  Pure driver calls: numba's
-    own state may already be going.
+    context is intact.  It costs at most the time that work had left to run
+    (a kernel that never ends keeps the process from exiting).  Pure driver
+    calls: numba's own state may already be going.
     """
     a = _api
     if a is None or _forked_child:
