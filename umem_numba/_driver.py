@@ -14,10 +14,12 @@ writes a driver constant as a literal.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -264,9 +266,83 @@ def context_gone(exc: BaseException) -> bool:
     return isinstance(exc, CudaError) and exc.name in _GONE
 
 
-def shutting_down() -> bool:
-    """Whether the interpreter is finalizing (finalizers must stay quiet then)."""
-    return sys.is_finalizing()
+#: Set by :func:`_at_exit`, umem_numba's exit hook: the process is exiting.
+_exiting = False
+
+
+def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
+    """Whether the process is exiting: finalizers, deleters and free callbacks must do nothing then.
+
+    True from the moment umem_numba's exit hook runs (an ``atexit`` handler
+    that runs before every ``weakref.finalize`` finalizer run at exit, see
+    below), and while the interpreter finalizes.  ``sys.is_finalizing()``
+    alone is not enough: it is still ``False`` while ``atexit`` handlers run,
+    and numba's memory finalizers (the plugin's free callback), PyTorch's or
+    CuPy's teardown can free umem_numba memory then, in whatever context is
+    current, while other libraries tear their own state down.  The driver
+    reclaims every allocation, stream and pool when the process ends, so
+    from here on nothing is freed.
+    """
+    # Early-bound default: module teardown sets this module's globals to None,
+    # and a __del__ run after that still needs an answer.  ``_exiting`` is then
+    # None, which also means exiting.
+    return _exiting is not False or _is_finalizing()
+
+
+def _at_exit() -> None:
+    """umem_numba's exit hook: let queued device work finish, then :func:`shutting_down` is True for good."""
+    global _exiting
+    try:
+        _settle_devices()
+    except Exception:  # a sticky error, a driver already going: nothing to do about it at exit
+        pass
+    finally:
+        _exiting = True
+
+
+def _settle_devices() -> None:
+    """``cuCtxSynchronize`` on every active primary context (only where this process loaded the driver).
+
+    At exit nothing is freed any more, and the driver tears down the contexts,
+    with their streams and pools, after Python is done.  Destroying a pool
+    with frees still queued behind running work crashed the driver in our
+    tests (see ``MemoryPool.close``), so the work still queued (a kernel still
+    running, stream-ordered frees behind it) finishes first, while every
+    context is intact.  It costs at most the time that work had left to run
+    (a kernel that never ends keeps the process from exiting).  Pure driver
+    calls: numba's own state may already be going.
+    """
+    a = _api
+    if a is None or _forked_child:
+        return  # the driver was never loaded here: no device work, and no reason to load it now
+    drv = a.drv
+    err, count = drv.cuDeviceGetCount()
+    if err != 0:
+        return
+    for d in range(int(count)):
+        err, _flags, active = drv.cuDevicePrimaryCtxGetState(d)
+        if err != 0 or not active:
+            continue
+        err, ctx = drv.cuDevicePrimaryCtxRetain(d)
+        if err != 0:
+            continue
+        try:
+            if drv.cuCtxPushCurrent(ctx)[0] == 0:
+                try:
+                    drv.cuCtxSynchronize()
+                finally:
+                    drv.cuCtxPopCurrent()
+        finally:
+            drv.cuDevicePrimaryCtxRelease(d)
+
+
+# ``weakref.finalize`` runs its finalizers still alive at exit (atexit=True, numba's
+# memory finalizers among them) from one atexit handler, registered when the first
+# finalize object of the process is made.  atexit runs the handler registered last
+# first: making sure that handler is registered before ours makes ours run before it,
+# so every finalizer run at exit sees shutting_down() (numba's utils do the same).
+weakref.finalize(_at_exit, _at_exit).detach()
+atexit.register(_at_exit)
 
 
 # --------------------------------------------------------------------------

@@ -152,7 +152,9 @@ def _pool_free(pool: Any, ctx_handle: Any, ptr: int, size: int) -> None:
 
 
 def _free_dtor(pool: Any, ctx_handle: Any, size: int) -> Any:
-    def free_pool_memory(ptr: int) -> None:  # the name shows in numba's dealloc log
+    def free_pool_memory(ptr: int, _quiet: Any = _driver.shutting_down) -> None:  # the name shows in numba's log
+        if _quiet():  # exit: the driver reclaims the pool (see _finalizer)
+            return
         _pool_free(pool, ctx_handle, ptr, size)
 
     return free_pool_memory
@@ -163,7 +165,12 @@ def _finalizer(mgr: UmemNumbaMemoryManager, pool: Any, ptr: int, size: int) -> A
     deallocations = mgr.deallocations
     ctx_handle = mgr._ctx_handle
 
-    def core() -> None:
+    def core(_quiet: Any = _driver.shutting_down) -> None:
+        # numba registers this with weakref.finalize(atexit=True): it also runs at exit, when
+        # contexts may be going (numba's, PyTorch's, CuPy's teardown).  Then nothing is freed:
+        # the driver reclaims the pool with the process.  (Bound early: module globals may be None.)
+        if _quiet():
+            return
         allocations.pop(ptr, None)
         if deallocations.is_disabled:  # inside defer_cleanup(): run when it ends
             deallocations.add_item(_free_dtor(pool, ctx_handle, size), ptr, size)
