@@ -12,9 +12,9 @@ from . import _driver
 from ._advice import ManagedMemoryHints, MigrationPolicy
 from ._buffer import Buffer, new_layout
 from ._lifetime import Allocation, DriverMemory
-from ._location import StreamLike, Target, stream_handle
+from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._pool import MemoryPool, check_pool
-from ._prefetch import prefetch
+from ._prefetch import discard, discard_prefetch, prefetch
 from ._tracker import DeviceUse, Tracker
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
@@ -71,6 +71,7 @@ class ManagedBuffer(Buffer):
         attach: str = "global",
         pool: MemoryPool | None = None,
         stream: StreamLike = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
         """Allocate without initialising.
 
@@ -89,7 +90,14 @@ class ManagedBuffer(Buffer):
             (stream-ordered, see :mod:`umem_numba._pool`); ``attach`` must then
             be ``"global"``.
         stream : numba stream, 0 or None
-            The allocation stream of a pool buffer (ignored without a pool).
+            The allocation stream of a pool buffer, and the stream of the
+            ``prefetch`` (otherwise unused).
+        prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
+            Prefetch the new memory there on ``stream`` (like RMM's
+            ``PrefetchResourceAdaptor``): stream-ordered, tracked like
+            :meth:`prefetch`, and read back as the buffer's
+            ``hints.last_prefetch_location``.  The target is checked before
+            anything is allocated.
 
         Returns
         -------
@@ -98,12 +106,21 @@ class ManagedBuffer(Buffer):
         Raises
         ------
         TypeError, ValueError
-            Bad shape, dtype or attach value (before any driver call).
+            Bad shape, dtype, attach value or prefetch target (before any
+            driver call).
+        UnsupportedError
+            ``prefetch`` to a device without concurrentManagedAccess.
         OutOfMemoryError
             The driver cannot provide that much managed memory.
         CudaUnavailableError
             No GPU or driver.
         """
+        if prefetch is not None:
+            new_layout(shape, dtype)  # a bad shape is reported before a bad target
+            loc = _prefetch_target(prefetch, "ManagedBuffer.empty")
+            buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=stream)
+            buf._prefetch_new(loc, stream)
+            return buf
         shape, dtype, nbytes, strides = new_layout(shape, dtype)
         if attach != "global":
             attach = _check_attach(attach)
@@ -148,20 +165,32 @@ class ManagedBuffer(Buffer):
         attach: str = "global",
         stream: StreamLike = 0,
         pool: MemoryPool | None = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
         The memset is tracked like a kernel: host access waits for it.  With
-        ``pool``, ``stream`` is also the allocation stream.
+        ``pool``, ``stream`` is also the allocation stream; ``prefetch``
+        migrates the zeroed memory to a target on ``stream`` after the
+        memset (see :meth:`empty`).
         """
         handle = stream_handle(stream, what="ManagedBuffer.zeros")
+        loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.zeros", shape, dtype)
         buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle)
         buf._fill_zero(handle)
+        if loc is not None:
+            buf._prefetch_new(loc, handle)
         return buf
 
     @classmethod
     def from_array(
-        cls, array: Any, *, attach: str = "global", pool: MemoryPool | None = None, stream: StreamLike = None
+        cls,
+        array: Any,
+        *,
+        attach: str = "global",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
         """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
 
@@ -171,12 +200,27 @@ class ManagedBuffer(Buffer):
             Host data; converted with ``np.asarray`` (no object dtypes).
         attach, pool, stream
             As in :meth:`empty`.
+        prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
+            Prefetch the filled buffer there on ``stream`` (see :meth:`empty`).
         """
         src = np.asarray(array)
+        loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.from_array", src.shape, src.dtype)
         buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
+        if loc is not None:
+            buf._prefetch_new(loc, stream)
         return buf
+
+    def _prefetch_new(self, loc: Location, stream: StreamLike) -> None:
+        """The ``prefetch=`` of a constructor: the new buffer is closed again if it fails."""
+        if not self.size:
+            return  # nothing to migrate
+        try:
+            prefetch(self, loc, stream)
+        except BaseException:
+            self.close()
+            raise
 
     def _repr_extra(self) -> str:
         return f", attached_to={self.attached_to!r}"
@@ -204,8 +248,43 @@ class ManagedBuffer(Buffer):
         prefetch(self, target, stream)
 
     def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
-        """Prefetch elements ``[start, stop)`` of the flat C-ordered buffer (no negative wrap-around)."""
+        """Prefetch elements ``[start, stop)`` of the flat buffer, in memory order (no negative wrap-around)."""
         prefetch(self, target, stream, start, stop)
+
+    def discard(self, stream: StreamLike = None) -> None:
+        """Tell the driver the contents are no longer needed (``cuMemDiscardBatchAsync``, on ``stream``).
+
+        The pages may be dropped: a later migration of them moves no data,
+        and reading an element before writing it gives an indeterminate
+        value.  Tracked as a write (ordered after every earlier use; host
+        access and later work wait for it).  Use it on scratch data whose
+        values are about to be overwritten, before it would otherwise
+        migrate (see :mod:`umem_numba._prefetch`).
+
+        Raises
+        ------
+        UnsupportedError
+            cuda-bindings or the driver older than CUDA 13, or a device of
+            the system without concurrentManagedAccess.
+        """
+        discard(self, stream)
+
+    def discard_range(self, start: int, stop: int, stream: StreamLike = None) -> None:
+        """Discard elements ``[start, stop)`` (the convention of :meth:`prefetch_range`)."""
+        discard(self, stream, start, stop)
+
+    def discard_prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Discard the contents and prefetch the pages to ``target`` (``cuMemDiscardAndPrefetchBatchAsync``).
+
+        The buffer ends up resident at ``target`` without its old values
+        travelling: for memory that is about to be overwritten there.
+        Errors as in :meth:`discard` and :meth:`prefetch`.
+        """
+        discard_prefetch(self, target, stream)
+
+    def discard_prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
+        """:meth:`discard_prefetch` of elements ``[start, stop)``."""
+        discard_prefetch(self, target, stream, start, stop)
 
     # -- host holds ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -274,6 +353,15 @@ class ManagedBuffer(Buffer):
         """Current attachment: ``"global"``, ``"host"`` or the stream handle (an int)."""
         target = self._live().tracker.attached
         return "global" if target is None else target
+
+
+def _prefetch_target(target: Target, what: str, shape: Any = None, dtype: Any = None) -> Location:
+    """Check a constructor's ``prefetch=`` target before anything is allocated."""
+    if shape is not None:
+        new_layout(shape, dtype)  # a bad shape is reported before a bad target
+    what = f"{what}(prefetch={target!r})"
+    loc = as_location(target, check=False, what=what)
+    return as_location(loc, require_concurrent=True, what=what)
 
 
 def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:

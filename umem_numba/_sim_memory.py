@@ -525,12 +525,15 @@ class ManagedBuffer(_SimBuffer):
         attach: str = "global",
         pool: Any = None,
         stream: StreamLike = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
-        """Allocate (zeroed host memory under the simulator)."""
+        """Allocate (zeroed host memory under the simulator); ``prefetch`` is checked, nothing migrates."""
         shp, dt, nbytes = _new_layout(shape, dtype)
         attach = _check_attach(attach)
         _no_pool(pool, "ManagedBuffer.empty")
         _stream(stream, "ManagedBuffer.empty")
+        if prefetch is not None:
+            _location(prefetch, "ManagedBuffer.empty(prefetch=...)")
         alloc = _Allocation("managed", nbytes)
         if attach == "host":
             alloc.attached = "host"
@@ -538,19 +541,32 @@ class ManagedBuffer(_SimBuffer):
 
     @classmethod
     def zeros(
-        cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, pool: Any = None
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        attach: str = "global",
+        stream: StreamLike = 0,
+        pool: Any = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
         """Allocate and zero."""
         _stream(stream, "ManagedBuffer.zeros")
-        return cls.empty(shape, dtype, attach=attach, pool=pool)
+        return cls.empty(shape, dtype, attach=attach, pool=pool, prefetch=prefetch)
 
     @classmethod
     def from_array(
-        cls, array: Any, *, attach: str = "global", pool: Any = None, stream: StreamLike = None
+        cls,
+        array: Any,
+        *,
+        attach: str = "global",
+        pool: Any = None,
+        stream: StreamLike = None,
+        prefetch: Target | None = None,
     ) -> ManagedBuffer:
         """A new buffer holding a copy of ``array``."""
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch)
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -574,6 +590,22 @@ class ManagedBuffer(_SimBuffer):
     def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
         """Check the range, target and stream; nothing migrates under the simulator."""
         _prefetch(self, target, stream, start, stop, "prefetch_range")
+
+    def discard(self, stream: StreamLike = None) -> None:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard (cuMemDiscardBatchAsync)")
+
+    def discard_range(self, start: int, stop: int, stream: StreamLike = None) -> None:
+        """Needs a real GPU: UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_range (cuMemDiscardBatchAsync)")
+
+    def discard_prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Needs a real GPU (``cuMemDiscardAndPrefetchBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_prefetch (cuMemDiscardAndPrefetchBatchAsync)")
+
+    def discard_prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
+        """Needs a real GPU: UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_prefetch_range (cuMemDiscardAndPrefetchBatchAsync)")
 
     @contextlib.contextmanager
     def on_host(self) -> Iterator[np.ndarray]:
@@ -818,13 +850,25 @@ class PrefetchPlan:
     def __init__(self) -> None:
         self._entries: list[_Entry] = []
 
-    def add(self, obj: Any, target: Target) -> PrefetchPlan:
+    def add(self, obj: Any, target: Target, *, discard: bool = False) -> PrefetchPlan:
         """Add all of ``obj`` to go to ``target`` (checked now; the plan is unchanged on error)."""
+        if discard:
+            raise _unsupported("PrefetchPlan.add(discard=True) (cuMemDiscardAndPrefetchBatchAsync)")
         return self._add(obj, None, None, target, "PrefetchPlan.add")
 
-    def add_range(self, obj: Any, start: int, stop: int, target: Target) -> PrefetchPlan:
+    def add_range(self, obj: Any, start: int, stop: int, target: Target, *, discard: bool = False) -> PrefetchPlan:
         """Add elements ``[start, stop)`` of ``obj`` to go to ``target``."""
+        if discard:
+            raise _unsupported("PrefetchPlan.add_range(discard=True) (cuMemDiscardAndPrefetchBatchAsync)")
         return self._add(obj, start, stop, target, "PrefetchPlan.add_range")
+
+    def add_discard(self, obj: Any) -> PrefetchPlan:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("PrefetchPlan.add_discard (cuMemDiscardBatchAsync)")
+
+    def add_discard_range(self, obj: Any, start: int, stop: int) -> PrefetchPlan:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("PrefetchPlan.add_discard_range (cuMemDiscardBatchAsync)")
 
     def _add(self, obj: Any, start: Any, stop: Any, target: Target, name: str) -> PrefetchPlan:
         what = f"{name} (entry {len(self._entries)})"
