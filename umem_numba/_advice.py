@@ -1,6 +1,6 @@
 """Memory advice for managed memory: hints, their live driver state, and migration policies.
 
-Ranges are element ranges ``[start, stop)`` of the flat, C-ordered buffer
+Ranges are element ranges ``[start, stop)`` of the flat buffer in memory order
 (:mod:`umem_numba._managed_span` says exactly how they are checked).
 
 What the driver reports
@@ -280,7 +280,7 @@ class ManagedMemoryHints:
     Parameters
     ----------
     obj : ManagedBuffer or managed array
-        A C-contiguous :class:`~umem_numba.ManagedBuffer` (or view), or an
+        A contiguous (C or F) :class:`~umem_numba.ManagedBuffer` (or view), or an
         object with ``__cuda_array_interface__`` pointing at managed memory.
     start, stop : int, optional
         Element range ``[start, stop)`` (see the module notes); the whole

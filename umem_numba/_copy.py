@@ -21,10 +21,12 @@ memory) and for any object with ``__cuda_array_interface__`` (numba's
   numpy array returns after the data is there; ``copy_from_host`` from a
   numpy array returns once the source has been read (pageable memory) and
   leaves the device side pending.
-* **Contiguity.**  Both sides of a DMA copy must be C-contiguous; a strided
-  *numpy* source is made contiguous on the host first, and a strided view of a
-  host-accessible buffer (managed, pinned) is read on the host by
-  ``copy_to_host``.  Any other strided operand is refused with a
+* **Contiguity.**  Both sides of a DMA copy must be contiguous, in the same
+  order: both C (row-major) or both F (column-major, ``order="F"`` buffers and
+  their ``.T`` views); a DMA copy moves bytes.  A *numpy* operand in the
+  other order (or a strided numpy source) is rearranged on the host, and a
+  strided view of a host-accessible buffer (managed, pinned) is read on the
+  host by ``copy_to_host``.  Any other strided operand is refused with a
   ``ValueError`` that says so: copy the contiguous buffer it slices and index
   the result (copying element by element over the bus would be slower than
   that).
@@ -58,7 +60,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -118,6 +120,7 @@ class Side:
     cai_stream: int | None = None  # stream named by a CUDA Array Interface
     kind: str = ""  # the allocation's kind ("managed", "pinned", ...); "" if foreign
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
+    order: str = "C"  # the orders the elements are dense in: "C", "F", "CF" (both) or "" (strided)
 
     @property
     def nbytes(self) -> int:
@@ -145,11 +148,11 @@ def _from_cai(obj: Any, what: str, role: str) -> Side:
         )
     info = _layout.cuda_array_info(obj, what)
     shape, dtype = info.shape, info.dtype
-    contiguous = info.is_c_contiguous
+    order = info.order
     if iface["data"][1] and role == "destination":
         raise ValueError(f"{what}: the destination device array is read-only")
     stream = iface.get("stream")
-    return Side(info.ptr, shape, dtype, contiguous, cai_stream=None if stream is None else int(stream))
+    return Side(info.ptr, shape, dtype, bool(order), cai_stream=None if stream is None else int(stream), order=order)
 
 
 def _resolve(obj: Any, what: str, role: str) -> Side:
@@ -162,14 +165,34 @@ def _check_match(dst: Side, src: Side, what: str) -> None:
         raise ValueError(
             f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} (source vs destination)"
         )
+    if dst.contiguous and src.contiguous and not _same_order(dst.order, src.order):
+        raise ValueError(
+            f"{what}: the source is {_order_name(src.order)} and the destination {_order_name(dst.order)}: "
+            "a DMA copy moves bytes, so both must be in the same order (make the buffer with order=, "
+            "or copy a .T view)"
+        )
+
+
+def _same_order(a: str, b: str) -> bool:
+    """Whether two dense layouts put the elements at the same offsets."""
+    return bool(set(a) & set(b))
+
+
+def _order_name(order: str) -> str:
+    return {"C": "C-ordered (row-major)", "F": "F-ordered (column-major)"}.get(order, "contiguous")
 
 
 def _check_contiguous(side: Side, what: str, role: str) -> None:
     if not side.contiguous:
         raise ValueError(
-            f"{what}: the {role} must be C-contiguous (a strided view cannot be copied by "
+            f"{what}: the {role} must be C-contiguous or F-contiguous (a strided view cannot be copied by "
             "DMA); copy the contiguous array it slices and index the result"
         )
+
+
+def _numpy_order(side: Side) -> Literal["C", "F"]:
+    """The numpy ``order=`` of an array laid out like ``side`` (C unless it is F only)."""
+    return "F" if side.order == "F" else "C"
 
 
 def _issue_context(*sides: Side) -> int | None:
@@ -252,7 +275,8 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
         Any umem_numba buffer (managed, pinned, VMM, pool device memory, views
         included) or an object with ``__cuda_array_interface__`` (numba's
         ``DeviceNDArray``, CuPy arrays).  Same shape and dtype, both
-        C-contiguous.  Pinned buffers need no DEVICEMAP flag here.
+        contiguous in the same order (C, or F).  Pinned buffers need no
+        DEVICEMAP flag here.
     stream : numba stream, 0 or None
         The stream the copy is queued on (``None``/``0``: the legacy default
         stream of the device that owns a buffer operand).
@@ -264,7 +288,8 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
         through :meth:`~umem_numba.ManagedBuffer.copy_to_host` and
         ``copy_from_host``).
     ValueError
-        Shapes or dtypes differ, or an operand is not C-contiguous.
+        Shapes or dtypes differ, an operand is not contiguous, or one is
+        C-ordered and the other F-ordered.
     BufferClosedError
         An operand buffer is closed.
 
@@ -300,7 +325,8 @@ def _copy_sides(d: Side, s: Side, stream: StreamLike, what: str, *, sync: bool) 
 
 
 def _host_side(arr: np.ndarray) -> Side:
-    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous, on_device=False)
+    order = ("C" if arr.flags.c_contiguous else "") + ("F" if arr.flags.f_contiguous else "")
+    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, bool(order), on_device=False, order=order)
 
 
 def _pinned_base_of(arr: np.ndarray) -> bool:
@@ -555,11 +581,15 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
             return host.copy()
         np.copyto(out, host)
         return out
-    if out is not None and not out.flags.c_contiguous:
-        raise ValueError(f"{what}(out): out must be C-contiguous")
+    if out is not None and not (out.flags.c_contiguous or out.flags.f_contiguous):
+        raise ValueError(f"{what}(out): out must be C-contiguous or F-contiguous")
     if out is None:
-        out = np.empty(src.shape, src.dtype)
+        out = np.empty(src.shape, src.dtype, order=_numpy_order(src))
     if not src.nbytes:
+        return out
+    if not _same_order(_host_side(out).order, src.order):
+        # The other order: the bytes land in an array laid out like the source, numpy rearranges them.
+        np.copyto(out, to_host(src, None, stream, staging))
         return out
     handle = stream_handle(stream)
     use_stage = (STAGE_TO_HOST and src.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
@@ -594,7 +624,8 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
         np.copyto(dst.host_view(what), src)
         return
     _check_contiguous(dst, what, "destination buffer view")
-    src = np.ascontiguousarray(src)  # a strided numpy source is staged on the host
+    # A strided numpy source, or one in the other order, is rearranged on the host.
+    src = np.asfortranarray(src) if dst.order == "F" else np.ascontiguousarray(src)
     if not dst.nbytes:
         return
     handle = stream_handle(stream)

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
+from . import _driver, _layout
 from ._advice import ManagedMemoryHints, MigrationPolicy
-from ._buffer import Buffer, new_layout
+from ._buffer import Buffer, new_layout, source_order
 from ._lifetime import Allocation, DriverMemory
 from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._pool import MemoryPool, check_pool
@@ -72,6 +72,7 @@ class ManagedBuffer(Buffer):
         pool: MemoryPool | None = None,
         stream: StreamLike = None,
         prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate without initialising.
 
@@ -98,6 +99,10 @@ class ManagedBuffer(Buffer):
             :meth:`prefetch`, and read back as the buffer's
             ``hints.last_prefetch_location``.  The target is checked before
             anything is allocated.
+        order : {"C", "F"}
+            Row-major (default) or column-major (Fortran) element order.
+            Kernels see an F-ordered buffer as ``array(..., "F")``; element
+            ranges (advice, prefetch) count in memory order.
 
         Returns
         -------
@@ -115,13 +120,15 @@ class ManagedBuffer(Buffer):
         CudaUnavailableError
             No GPU or driver.
         """
+        if order != "C":
+            order = _layout.check_order(order, "ManagedBuffer.empty")
         if prefetch is not None:
             new_layout(shape, dtype)  # a bad shape is reported before a bad target
             loc = _prefetch_target(prefetch, "ManagedBuffer.empty")
-            buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=stream)
+            buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=stream, order=order)
             buf._prefetch_new(loc, stream)
             return buf
-        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         if attach != "global":
             attach = _check_attach(attach)
         if pool is not None:
@@ -166,17 +173,19 @@ class ManagedBuffer(Buffer):
         stream: StreamLike = 0,
         pool: MemoryPool | None = None,
         prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
         The memset is tracked like a kernel: host access waits for it.  With
         ``pool``, ``stream`` is also the allocation stream; ``prefetch``
         migrates the zeroed memory to a target on ``stream`` after the
-        memset (see :meth:`empty`).
+        memset (see :meth:`empty`); ``order`` as in :meth:`empty`.
         """
         handle = stream_handle(stream, what="ManagedBuffer.zeros")
+        order = _layout.check_order(order, "ManagedBuffer.zeros")
         loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.zeros", shape, dtype)
-        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle)
+        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle, order=order)
         buf._fill_zero(handle)
         if loc is not None:
             buf._prefetch_new(loc, handle)
@@ -191,8 +200,9 @@ class ManagedBuffer(Buffer):
         pool: MemoryPool | None = None,
         stream: StreamLike = None,
         prefetch: Target | None = None,
+        order: str = "K",
     ) -> ManagedBuffer:
-        """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
+        """A new buffer holding a copy of ``array`` (any layout).
 
         Parameters
         ----------
@@ -202,10 +212,14 @@ class ManagedBuffer(Buffer):
             As in :meth:`empty`.
         prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
             Prefetch the filled buffer there on ``stream`` (see :meth:`empty`).
+        order : {"K", "C", "F"}
+            ``"K"`` (default) keeps an F-ordered source's order and stores
+            anything else C-ordered; ``"C"`` or ``"F"`` forces one.
         """
         src = np.asarray(array)
+        order = source_order(src, order, "ManagedBuffer.from_array")
         loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.from_array", src.shape, src.dtype)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
         if loc is not None:
@@ -364,28 +378,37 @@ def _prefetch_target(target: Target, what: str, shape: Any = None, dtype: Any = 
     return as_location(loc, require_concurrent=True, what=what)
 
 
-def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global", order: str = "C") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.empty`."""
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
 def managed_zeros(
-    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0
+    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, order: str = "C"
 ) -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.zeros`."""
-    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream, order=order)
 
 
-def managed_like(array: Any, *, attach: str = "global") -> ManagedBuffer:
-    """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``)."""
+def managed_like(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
+    """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``).
+
+    ``order="K"`` (default) keeps the order of an F-ordered ``array``.
+    """
     shape = getattr(array, "shape", None)
     dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
     if shape is None or dtype is None:
         arr = np.asarray(array)
-        shape, dtype = arr.shape, arr.dtype
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, "managed_like", allow_keep=True)
+    if order == "K":
+        dt = np.dtype(dtype)
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), dt.itemsize) == "F"
+        order = "F" if f_only else "C"
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
-def managed_from(array: Any, *, attach: str = "global") -> ManagedBuffer:
+def managed_from(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.from_array`."""
-    return ManagedBuffer.from_array(array, attach=attach)
+    return ManagedBuffer.from_array(array, attach=attach, order=order)

@@ -46,7 +46,7 @@ from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 from . import _launch, _layout, _stats
 from ._advice import HintState, MemAdvice, MigrationPolicy
 from ._advice import ManagedMemoryHints as _DeviceHints
-from ._buffer import Buffer
+from ._buffer import Buffer, source_order
 from ._errors import BufferClosedError, CoherenceError, UnsupportedError
 from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._managed_span import check_range
@@ -184,9 +184,9 @@ class _SimBuffer(ArgHint):
         self._dtype = dtype
 
     @classmethod
-    def _new(cls, alloc: _Allocation, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    def _new(cls, alloc: _Allocation, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> Any:
         buf = object.__new__(cls)
-        buf._init(alloc, 0, shape, _layout.c_strides(shape, dtype.itemsize), dtype, True)
+        buf._init(alloc, 0, shape, _layout.strides_for(shape, dtype.itemsize, order), dtype, True)
         return buf
 
     # The window arithmetic is the GPU buffer's (it uses only the fields above and _live).
@@ -231,6 +231,9 @@ class _SimBuffer(ArgHint):
     nbytes = Buffer.nbytes
     itemsize = Buffer.itemsize
     is_c_contiguous = Buffer.is_c_contiguous
+    is_f_contiguous = Buffer.is_f_contiguous
+    transpose = Buffer.transpose
+    T = Buffer.T
     is_view = Buffer.is_view
     __len__ = Buffer.__len__
     __getitem__ = Buffer.__getitem__
@@ -526,8 +529,10 @@ class ManagedBuffer(_SimBuffer):
         pool: Any = None,
         stream: StreamLike = None,
         prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate (zeroed host memory under the simulator); ``prefetch`` is checked, nothing migrates."""
+        order = _layout.check_order(order, "ManagedBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         attach = _check_attach(attach)
         _no_pool(pool, "ManagedBuffer.empty")
@@ -537,7 +542,7 @@ class ManagedBuffer(_SimBuffer):
         alloc = _Allocation("managed", nbytes)
         if attach == "host":
             alloc.attached = "host"
-        return cls._new(alloc, shp, dt)
+        return cls._new(alloc, shp, dt, order)
 
     @classmethod
     def zeros(
@@ -549,10 +554,11 @@ class ManagedBuffer(_SimBuffer):
         stream: StreamLike = 0,
         pool: Any = None,
         prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate and zero."""
         _stream(stream, "ManagedBuffer.zeros")
-        return cls.empty(shape, dtype, attach=attach, pool=pool, prefetch=prefetch)
+        return cls.empty(shape, dtype, attach=attach, pool=pool, prefetch=prefetch, order=order)
 
     @classmethod
     def from_array(
@@ -563,10 +569,12 @@ class ManagedBuffer(_SimBuffer):
         pool: Any = None,
         stream: StreamLike = None,
         prefetch: Target | None = None,
+        order: str = "K",
     ) -> ManagedBuffer:
-        """A new buffer holding a copy of ``array``."""
+        """A new buffer holding a copy of ``array`` (``order="K"`` keeps an F-ordered source's order)."""
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch)
+        order = source_order(src, order, "ManagedBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -919,25 +927,32 @@ class PinnedBuffer(_SimBuffer):
         view._device_accessible = self._device_accessible
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
         """Allocate (zeroed host memory under the simulator)."""
+        order = _layout.check_order(order, "PinnedBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         fl = _as_flags(flags)
-        buf = cls._new(_Allocation("pinned", nbytes), shp, dt)
+        buf = cls._new(_Allocation("pinned", nbytes), shp, dt, order)
         buf._flags = fl
         buf._device_accessible = HostAllocFlags.DEVICEMAP in fl
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
         """Allocate and zero."""
-        return cls.empty(shape, dtype, flags)
+        return cls.empty(shape, dtype, flags, order=order)
 
     @classmethod
-    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def from_array(
+        cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "K"
+    ) -> PinnedBuffer:
         """A copy of ``array``."""
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, flags)
+        buf = cls.empty(src.shape, src.dtype, flags, order=source_order(src, order, "PinnedBuffer.from_array"))
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -973,27 +988,39 @@ class DeviceBuffer(_SimBuffer):
     _constructors = ("DeviceBuffer.empty", "DeviceBuffer.zeros", "DeviceBuffer.from_array")
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None, order: str = "C"
+    ) -> DeviceBuffer:
         """Allocate (zeroed host memory under the simulator; memory pools need a GPU)."""
+        order = _layout.check_order(order, "DeviceBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         _no_pool(pool, "DeviceBuffer.empty")
         _stream(stream, "DeviceBuffer.empty")
-        return cls._new(_Allocation("device", nbytes), shp, dt)
+        return cls._new(_Allocation("device", nbytes), shp, dt, order)
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None, order: str = "C"
+    ) -> DeviceBuffer:
         """Allocate and zero."""
-        return cls.empty(shape, dtype, pool=pool, stream=stream)
+        return cls.empty(shape, dtype, pool=pool, stream=stream, order=order)
 
     @classmethod
-    def from_array(cls, array: Any, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def from_array(cls, array: Any, *, pool: Any = None, stream: StreamLike = None, order: str = "K") -> DeviceBuffer:
         """A new buffer holding a copy of ``array``."""
         src = np.asarray(array)
         if src.dtype.hasobject:
             raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
-        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream)
+        order = source_order(src, order, "DeviceBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream, order=order)
         buf.copy_from_host(src)
         return buf
+
+
+def _vmm_c_only(order: Any, what: str) -> None:
+    """F-ordered VMM buffers need a real GPU (the simulator's VMM buffer is C-ordered only)."""
+    if _layout.check_order(order, what) != "C":
+        raise _unsupported(f"{what}(order='F')")
 
 
 def _row_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -1034,8 +1061,10 @@ class VMMBuffer(_SimBuffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "C",
     ) -> VMMBuffer:
         """Reserve host address space for ``capacity`` rows and "map" ``shape``."""
+        _vmm_c_only(order, "VMMBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         if not shp:
             raise ValueError("a VMMBuffer needs at least one dimension (it grows along axis 0); got shape ()")
@@ -1078,8 +1107,10 @@ class VMMBuffer(_SimBuffer):
         exportable: bool = False,
         chunk_bytes: int | None = None,
         stream: StreamLike = 0,
+        order: str = "C",
     ) -> VMMBuffer:
         """Like :meth:`empty`, then zero every byte."""
+        _vmm_c_only(order, "VMMBuffer.zeros")
         _stream(stream, "VMMBuffer.zeros")
         buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes)
         if buf.size:
@@ -1095,9 +1126,11 @@ class VMMBuffer(_SimBuffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "K",
     ) -> VMMBuffer:
         """A new buffer holding a copy of ``array`` (at least 1-d)."""
         src = np.asarray(array)
+        _vmm_c_only(source_order(src, order, "VMMBuffer.from_array"), "VMMBuffer.from_array")
         buf = cls.empty(
             src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes
         )
