@@ -532,3 +532,255 @@ def test_host_numa_prefetch_on_allocation(rng):
         buf.synchronize()
         assert buf.hints.last_prefetch_location == Host(numa=node)
         np.testing.assert_array_equal(buf.host, data)
+
+
+# ---------------------------------------------------------------------------
+# Item 6, CPU: Fortran order in the layout and copy layers.
+
+
+class _FakeDeviceArray:
+    def __init__(self, shape, strides=None, ptr=1 << 40):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
+
+
+def test_f_order_layout_helpers_match_numpy():
+    """Issue #22 item 6: F strides, dense orders and order= checks agree with numpy."""
+    from umem_numba import _buffer, _layout
+
+    for shape in ((3, 4, 5), (7,), (0, 3), (2, 1, 3), ()):
+        ref = np.empty(shape, np.float64, order="F")
+        assert _layout.f_strides(shape, 8) == ref.strides or 0 in shape
+        flags = ("C" if ref.flags.c_contiguous else "") + ("F" if ref.flags.f_contiguous else "")
+        assert _layout.dense_order(shape, _layout.f_strides(shape, 8), 8) == flags or 0 in shape
+    assert _layout.dense_order((3, 4), (4, 12), 4) == "F"
+    assert _layout.dense_order((3, 4), (16, 4), 4) == "C"
+    assert _layout.dense_order((3, 4), (32, 4), 4) == ""
+    assert _layout.check_order("f", "x") == "F"
+    with pytest.raises(ValueError, match="order must be one of 'C', 'F', got 'K'"):
+        _layout.check_order("K", "ManagedBuffer.empty")
+    with pytest.raises(ValueError, match="order must be one of"):
+        _layout.check_order(None, "x")
+    assert _buffer.new_layout((3, 4), np.float32, "F")[3] == (4, 12)
+    f_src, c_src = np.zeros((3, 4), order="F"), np.zeros((3, 4))
+    assert _buffer.source_order(f_src, "K", "x") == "F"
+    assert _buffer.source_order(c_src, "K", "x") == "C"
+    assert _buffer.source_order(np.zeros(5), "K", "x") == "C"  # both: C
+    assert _buffer.source_order(f_src, "C", "x") == "C"
+    assert _buffer.source_order(c_src[:, ::2], "K", "x") == "C"  # strided: C
+    assert _layout.as_axis(-1, 3, "transpose") == 2
+    with pytest.raises(ValueError, match="axis 3 is out of bounds"):
+        _layout.as_axis(3, 3, "transpose")
+
+
+def test_copy_refuses_mixed_orders_before_the_driver():
+    """Issue #22 item 6: a C-ordered and an F-ordered operand cannot be copied by DMA (bytes would scramble)."""
+    c = _FakeDeviceArray((4, 5))
+    f = _FakeDeviceArray((4, 5), strides=(4, 16), ptr=1 << 41)
+    with pytest.raises(ValueError, match=r"source is F-ordered \(column-major\) and the destination C-ordered"):
+        um.copy(c, f)
+    with pytest.raises(ValueError, match="C-contiguous or F-contiguous"):
+        um.copy(c, _FakeDeviceArray((4, 5), strides=(40, 8), ptr=1 << 41))
+    # 1-d (and trivial-dimension) arrays are both C- and F-ordered: no conflict to report.
+    from umem_numba import _copy
+
+    one = _copy._from_cai(_FakeDeviceArray((5,)), "copy", "source")
+    col = _copy._from_cai(_FakeDeviceArray((5, 1), strides=(4, 4), ptr=1 << 41), "copy", "source")
+    assert one.order == "CF" and col.order == "CF"
+    assert _copy._from_cai(f, "copy", "source").order == "F"
+
+
+def test_advice_ranges_accept_f_contiguous_arrays():
+    """Issue #22 item 6: advice and prefetch ranges take F-contiguous arrays (ranges in memory order)."""
+    from umem_numba._managed_span import element_count
+
+    fake = _FakeManaged(1)
+    fake.__cuda_array_interface__.update(shape=(4, 5), strides=(4, 16))
+    assert element_count(fake, "x") == 20
+    assert um.ManagedMemoryHints(fake, 5, 10).stop == 10
+    fake.__cuda_array_interface__.update(strides=(8, 32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        element_count(fake, "x")
+
+
+# ---------------------------------------------------------------------------
+# Item 6, GPU (and numba's simulator): F-ordered buffers in kernels and copies.
+
+
+@um.jit
+def _mark2d(a):
+    i, j = cuda.grid(2)
+    if i < a.shape[0] and j < a.shape[1]:
+        a[i, j] = a[i, j] * 2 + i * 10 + j
+
+
+def _launch2d(kernel, buf, stream=0):
+    kernel[((buf.shape[0] + 7) // 8, (buf.shape[1] + 7) // 8), (8, 8), stream](buf)
+
+
+def _marked(data: np.ndarray) -> np.ndarray:
+    i = np.arange(data.shape[0], dtype=data.dtype)[:, None]
+    j = np.arange(data.shape[1], dtype=data.dtype)[None, :]
+    return data * 2 + i * 10 + j
+
+
+def _f_makers():
+    return {
+        "managed": um.ManagedBuffer.from_array,
+        "pinned-devicemap": lambda a, **kw: um.PinnedBuffer.from_array(a, um.HostAllocFlags.DEVICEMAP, **kw),
+        "device": um.DeviceBuffer.from_array,
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.sim
+@pytest.mark.parametrize("kind", ["managed", "pinned-devicemap", "device"])
+def test_f_ordered_buffer_kernels_and_host_agree(rng, kind):
+    """Issue #22 item 6: from_array keeps an F source's order; kernels index it as numpy does."""
+    data = np.asfortranarray(random_array(rng, (37, 21), np.float32))
+    with _f_makers()[kind](data) as buf:
+        assert buf.is_f_contiguous and not buf.is_c_contiguous and buf.strides == data.strides
+        _launch2d(_mark2d, buf)
+        out = buf.copy_to_host()
+        assert out.flags.f_contiguous
+        np.testing.assert_array_equal(out, _marked(data))
+        c_out = np.empty(buf.shape, np.float32)  # the other order: rearranged on the host
+        assert buf.copy_to_host(c_out) is c_out
+        np.testing.assert_array_equal(c_out, _marked(data))
+    forced = _f_makers()[kind](data, order="C")
+    with forced:
+        assert forced.is_c_contiguous and not forced.is_f_contiguous
+        np.testing.assert_array_equal(forced.copy_to_host(), data)
+
+
+@pytest.mark.gpu
+@pytest.mark.sim
+def test_f_order_constructors_and_transposed_views(rng):
+    """Issue #22 item 6: order="F" on empty/zeros; .T and transpose() are views kernels write through."""
+    shape = (19, 13)
+    made = [
+        um.ManagedBuffer.empty(shape, order="F"),
+        um.ManagedBuffer.zeros(shape, order="F"),
+        um.managed_zeros(shape, order="F"),
+        um.PinnedBuffer.zeros(shape, order="F"),
+        um.DeviceBuffer.zeros(shape, order="F"),
+    ]
+    for buf in made:
+        assert buf.strides == np.empty(shape, np.float32, order="F").strides
+        buf.close()
+    with pytest.raises(ValueError, match="order must be"):
+        um.ManagedBuffer.empty(shape, order="X")
+    data = random_array(rng, shape, np.float32)
+    with um.ManagedBuffer.from_array(data) as buf:
+        t = buf.T
+        assert t.shape == (13, 19) and t.is_f_contiguous and t.is_view
+        assert buf.transpose(1, 0).strides == t.strides == buf.transpose((1, 0)).strides
+        assert t.T.strides == buf.strides
+        _launch2d(_mark2d, t)
+        np.testing.assert_array_equal(buf.host, _marked(data.T).T)
+        like = um.managed_like(t)
+        with like:
+            assert like.is_f_contiguous
+    cube = um.ManagedBuffer.zeros((2, 3, 4))
+    with cube:
+        assert cube.transpose(2, 0, 1).shape == (4, 2, 3)
+        with pytest.raises(ValueError, match="not a permutation"):
+            cube.transpose(0, 0, 1)
+
+
+@pytest.mark.gpu
+def test_f_ordered_copies_between_buffers(rng):
+    """Issue #22 item 6: um.copy between F-ordered buffers, numpy sources in either order, mixed orders refused."""
+    data = np.asfortranarray(random_array(rng, (64, 48), np.float32))
+    stream = cuda.stream()
+    src = um.ManagedBuffer.from_array(data)
+    dev = um.DeviceBuffer.empty(data.shape, order="F")
+    back = um.PinnedBuffer.empty(data.shape, order="F")
+    c_dev = um.DeviceBuffer.empty(data.shape)
+    with src, dev, back, c_dev:
+        um.copy(dev, src, stream)
+        um.copy(back, dev, stream)
+        np.testing.assert_array_equal(back.host, data)
+        with pytest.raises(ValueError, match="same order"):
+            um.copy(c_dev, src, stream)
+        fresh = random_array(rng, data.shape, np.float32)  # C-ordered numpy into an F buffer
+        dev.copy_from_host(fresh, stream)
+        np.testing.assert_array_equal(dev.copy_to_host(stream=stream), fresh)
+        c_dev.copy_from_host(np.asfortranarray(fresh), stream)  # F-ordered numpy into a C buffer
+        np.testing.assert_array_equal(c_dev.copy_to_host(stream=stream), fresh)
+        # A C buffer's .T is F-ordered: it copies to and from F buffers of the transposed shape directly.
+        t_dst = um.ManagedBuffer.empty(data.shape[::-1], order="F")
+        with t_dst:
+            um.copy(t_dst, c_dev.T, stream)
+            np.testing.assert_array_equal(t_dst.host, fresh.T)
+
+
+@pytest.mark.gpu
+def test_f_ordered_advice_ranges_are_in_memory_order(rng):
+    """Issue #22 item 6: an F buffer's element range [k*rows, (k+1)*rows) is column k; hints read back."""
+    rows, cols = PAGE, 4  # one column = one 64 KiB run of pages
+    data = np.asfortranarray(random_array(rng, (rows, cols), np.float32))
+    stream = cuda.stream()
+    with um.ManagedBuffer.from_array(data) as buf:
+        buf.prefetch(0, stream)
+        buf.prefetch_range(rows, 2 * rows, "cpu", stream)  # column 1
+        buf.hints.range(3 * rows, 4 * rows).set_preferred_location("cpu")  # column 3
+        buf.synchronize()
+        assert buf.hints.range(rows, 2 * rows).last_prefetch_location == HOST
+        assert buf.hints.range(0, rows).last_prefetch_location == DEV0
+        assert buf.hints.range(2 * rows, 3 * rows).last_prefetch_location == DEV0
+        assert buf.hints.range(3 * rows, 4 * rows).preferred_location == HOST
+        assert buf.hints.range(0, 3 * rows).preferred_location is None
+        # The range's bytes are the column's: a host write to column 1 lands in elements [rows, 2*rows).
+        col = random_array(rng, rows, np.float32)
+        buf.host[:, 1] = col
+        np.testing.assert_array_equal(buf.host.ravel(order="F")[rows : 2 * rows], col)
+        t = buf.T  # C-ordered rows of the transposed view are the same bytes
+        assert t.is_c_contiguous
+        t.prefetch_range(2 * rows, 3 * rows, "cpu", stream)
+        buf.synchronize()
+        assert buf.hints.range(2 * rows, 3 * rows).last_prefetch_location == HOST
+        _launch2d(_mark2d, buf, stream)
+        expect = data.copy()
+        expect[:, 1] = col
+        np.testing.assert_array_equal(buf.host, _marked(expect))
+
+
+@pytest.mark.gpu
+def test_f_ordered_exports_dlpack_and_cai(rng):
+    """Issue #22 item 6: DLPack and the CUDA Array Interface describe the F layout."""
+    su = pytest.importorskip("cuda.core.utils")
+    data = np.asfortranarray(random_array(rng, (9, 7), np.float32))
+    with um.ManagedBuffer.from_array(data) as buf:
+        iface = buf.__cuda_array_interface__
+        assert iface["strides"] == data.strides and iface["shape"] == data.shape
+        view = su.StridedMemoryView.from_dlpack(buf, stream_ptr=-1)
+        assert view.ptr == buf.ptr and view.shape == data.shape and view.strides == (1, 9)
+        arr = cuda.as_cuda_array(buf)
+        assert arr.is_f_contiguous() and not arr.is_c_contiguous()
+        np.testing.assert_array_equal(arr.copy_to_host(), data)
+    with um.PinnedBuffer.from_array(data) as host_buf:  # a CPU DLPack export
+        got = np.from_dlpack(host_buf)
+        assert got.flags.f_contiguous
+        np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.gpu
+def test_f_ordered_vmm_buffer_and_its_growth_rule(rng):
+    """Issue #22 item 6: VMMBuffer(order="F") works in kernels; growing a 2-d F buffer is refused clearly."""
+    data = np.asfortranarray(random_array(rng, (16, 8), np.float32))
+    with um.VMMBuffer.from_array(data) as buf:
+        assert buf.is_f_contiguous
+        _launch2d(_mark2d, buf)
+        np.testing.assert_array_equal(buf.copy_to_host(), _marked(data))
+        with pytest.raises(ValueError, match="F-ordered"):
+            buf.grow(32)
+        assert buf.shape == (16, 8)
+    with um.VMMBuffer.empty(10, order="F") as flat:  # 1-d: C and F at once, grows as usual
+        flat.grow(20)
+        assert flat.shape == (20,)

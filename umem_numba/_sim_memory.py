@@ -316,7 +316,7 @@ class _SimBuffer(ArgHint):
         _check_staging(staging)
         src = self._array()
         if out is None:
-            return src.copy()
+            return src.copy(order="K")  # an F-ordered buffer gives an F-ordered array, as on a GPU
         if isinstance(out, PinnedBuffer):
             dst = out._host_array("copy_to_host")
         elif isinstance(out, np.ndarray):
@@ -649,31 +649,37 @@ class ManagedBuffer(_SimBuffer):
         return "global" if target is None else target
 
 
-def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global", order: str = "C") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.empty`."""
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
 def managed_zeros(
-    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0
+    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, order: str = "C"
 ) -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.zeros`."""
-    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream, order=order)
 
 
-def managed_like(array: Any, *, attach: str = "global") -> ManagedBuffer:
-    """An uninitialised buffer with ``array``'s shape and dtype."""
+def managed_like(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
+    """An uninitialised buffer with ``array``'s shape and dtype (``order="K"`` keeps an F array's order)."""
     shape = getattr(array, "shape", None)
     dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
     if shape is None or dtype is None:
         arr = np.asarray(array)
-        shape, dtype = arr.shape, arr.dtype
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, "managed_like", allow_keep=True)
+    if order == "K":
+        itemsize = np.dtype(dtype).itemsize
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), itemsize) == "F"
+        order = "F" if f_only else "C"
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
-def managed_from(array: Any, *, attach: str = "global") -> ManagedBuffer:
+def managed_from(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.from_array`."""
-    return ManagedBuffer.from_array(array, attach=attach)
+    return ManagedBuffer.from_array(array, attach=attach, order=order)
 
 
 def _new_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int]:
