@@ -406,7 +406,10 @@ def test_host_numa_preferred_and_prefetch_locations_read_back(rng):
     buf, data = _buffer(rng)
     stream = cuda.stream()
     with buf:
-        buf.hints.set_preferred_location(numa)
+        try:
+            buf.hints.set_preferred_location(numa)
+        except UnsupportedError as exc:  # the driver's CUDA_ERROR_NOT_SUPPORTED, named
+            pytest.skip(f"this system's driver has no host NUMA locations: {exc}")
         assert buf.hints.preferred_location == numa
         buf.hints.set_preferred_location("cpu")
         assert buf.hints.preferred_location == HOST  # the typed read tells the host from a node

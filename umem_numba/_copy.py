@@ -578,7 +578,7 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
             )
         host = src.host_view(what)  # settles the coherence first
         if out is None:
-            return host.copy()
+            return host.copy(order="K")  # an F-ordered buffer gives an F-ordered array
         np.copyto(out, host)
         return out
     if out is not None and not (out.flags.c_contiguous or out.flags.f_contiguous):
