@@ -115,6 +115,72 @@ def test_accessed_by_a_numa_node_is_refused_before_the_driver(two_numa_nodes):
             hints.advise(advice, "cpu:1")
 
 
+def test_typed_locations_decode_and_the_legacy_fallback(monkeypatch):
+    """Issue #22 item 2: the typed range attributes decode to devices, the host and NUMA nodes."""
+    from cuda.bindings import driver as drv
+
+    from umem_numba import _advice
+    from umem_numba._managed_span import ManagedSpan
+
+    consts = _driver._constants(drv)
+    monkeypatch.setattr(_driver, "consts", lambda: consts)
+    t = drv.CUmemLocationType
+    assert Location.from_typed(int(t.CU_MEM_LOCATION_TYPE_DEVICE), 2) == Location.device(2)
+    assert Location.from_typed(int(t.CU_MEM_LOCATION_TYPE_HOST), 0) is HOST
+    assert Location.from_typed(int(t.CU_MEM_LOCATION_TYPE_HOST_NUMA), 1) == Location("host_numa", 1)
+    assert Location.from_typed(int(t.CU_MEM_LOCATION_TYPE_INVALID), 7) is None
+
+    class _Api:
+        driver_version = 13000
+
+    asked: list = []
+    answers = {consts.range_preferred_type: int(t.CU_MEM_LOCATION_TYPE_HOST_NUMA), consts.range_preferred_id: 1}
+    monkeypatch.setattr(_driver, "api", _Api)
+    monkeypatch.setattr(_driver, "device_context", lambda d: __import__("contextlib").nullcontext(d))
+    monkeypatch.setattr(_driver, "range_attribute_int", lambda a, p, n, d="": asked.append(a) or answers[a])
+    monkeypatch.setattr(_advice, "_range_attr", lambda span, attr, size=4: [-1])  # legacy: "CPU"
+    span = ManagedSpan(0x1000, 4096, 0, None, "test range")
+    assert _advice._preferred(span) == Location("host_numa", 1)
+    assert asked == [consts.range_preferred_type, consts.range_preferred_id]
+    _Api.driver_version = 12010  # before CUDA 12.2: only the legacy id, which says "host"
+    assert _advice._preferred(span) is HOST
+
+
+def test_range_attribute_falls_back_to_the_driver_entry_point(monkeypatch):
+    """Issue #22 item 2: where the binding refuses a typed attribute (13.3), the entry point answers."""
+    import ctypes
+
+    from cuda.bindings import driver as drv
+
+    def refuse(name, *args, detail=""):
+        raise TypeError("Unsupported attribute: CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE")
+
+    calls: list = []
+
+    def entry_point(out, size, attr, ptr, nbytes):
+        calls.append((size, attr, ptr, nbytes))
+        out._obj.value = 3
+        return 0
+
+    class _Api:
+        drv = None
+
+    _Api.drv = drv
+    monkeypatch.setattr(_driver, "call", refuse)
+    monkeypatch.setattr(_driver, "_raw_range_get_attribute", lambda: (entry_point, ctypes))
+    monkeypatch.setattr(_driver, "api", _Api)
+    attr = drv.CUmem_range_attribute.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE
+    assert _driver.range_attribute_int(attr, 0x2000, 64) == 3
+    assert calls == [(4, int(attr), 0x2000, 64)]
+
+    def failing(out, size, attr, ptr, nbytes):
+        return int(drv.CUresult.CUDA_ERROR_INVALID_VALUE)
+
+    monkeypatch.setattr(_driver, "_raw_range_get_attribute", lambda: (failing, ctypes))
+    with pytest.raises(um.CudaError, match=r"cuMemRangeGetAttribute.*CUDA_ERROR_INVALID_VALUE"):
+        _driver.range_attribute_int(attr, 0x2000, 64, "reading hints")
+
+
 # ---------------------------------------------------------------------------
 # Item 1, CPU: discard plumbing that needs no GPU.
 
