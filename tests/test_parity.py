@@ -853,3 +853,142 @@ def test_f_ordered_vmm_buffer_and_its_growth_rule(rng):
     with um.VMMBuffer.empty(10, order="F") as flat:  # 1-d: C and F at once, grows as usual
         flat.grow(20)
         assert flat.shape == (20,)
+
+
+# ---------------------------------------------------------------------------
+# Item 7, CPU: cuda.core objects as copy operands and from_array sources.
+
+
+def _fake_cuda_core(name: str, **attrs):
+    """An object that looks like a cuda.core one (recognised by its module, read by its attributes)."""
+    cls = type(name, (), {"__module__": "cuda.core._memory._fake"})
+    obj = cls()
+    for k, v in attrs.items():
+        setattr(obj, k, v)
+    return obj
+
+
+def _fake_view(shape, strides=None, *, device=True, readonly=False, ptr=1 << 42):
+    return _fake_cuda_core(
+        "StridedMemoryView",
+        ptr=ptr,
+        shape=shape,
+        strides=strides,
+        dtype=np.dtype(np.float32),
+        is_device_accessible=device,
+        readonly=readonly,
+        device_id=0 if device else -1,
+    )
+
+
+def _fake_cc_buffer(size, *, closed=False, ptr=1 << 43):
+    return _fake_cuda_core("Buffer", handle=ptr, size=size, is_closed=closed, device_id=0)
+
+
+def test_cuda_core_operands_are_checked_before_the_driver():
+    """Issue #22 item 7: cuda.core views and Buffers are copy operands; misuse is a clear error first."""
+    from umem_numba import _copy
+
+    dst = _FakeDeviceArray((4, 5))
+    side = _copy.cuda_core_side(_fake_view((4, 5), (1, 4)), "copy", "source")
+    assert side.order == "F"
+    assert side.shape == (4, 5) and side.dtype == np.float32 and side.device_id == 0
+    raw = _copy.cuda_core_side(_fake_cc_buffer(80), "copy", "source")
+    assert raw.raw and raw.nbytes == 80 and raw.shape == (80,)
+    with pytest.raises(ValueError, match="copied as bytes: 64 vs 80 bytes"):
+        um.copy(dst, _fake_cc_buffer(64))
+    with pytest.raises(ValueError, match="closed"):
+        um.copy(dst, _fake_cc_buffer(80, closed=True))
+    with pytest.raises(TypeError, match="of host memory"):
+        um.copy(dst, _fake_view((4, 5), device=False))
+    with pytest.raises(ValueError, match="read-only"):
+        um.copy(_fake_view((4, 5), readonly=True), dst)
+    with pytest.raises(ValueError, match="same order"):
+        um.copy(dst, _fake_view((4, 5), (1, 4)))
+    with pytest.raises(TypeError, match=r"cuda\.core Stream"):
+        um.copy(dst, _fake_cuda_core("Stream"))
+
+
+def test_from_array_of_a_cuda_core_source_keeps_its_order_or_refuses():
+    """Issue #22 item 7: from_array of a cuda.core view copies it in its own order; another order is refused."""
+    from umem_numba import _buffer
+
+    f_view = _fake_view((4, 5), (1, 4))
+    side, order = _buffer.cuda_core_source(f_view, "K", "ManagedBuffer.from_array")
+    assert side is not None and order == "F"
+    assert _buffer.cuda_core_source(_fake_cc_buffer(80), "C", "x")[1] == "C"
+    with pytest.raises(ValueError, match="DMA copy keeps the order"):
+        um.ManagedBuffer.from_array(f_view, order="C")
+    with pytest.raises(ValueError, match="strided"):
+        um.ManagedBuffer.from_array(_fake_view((4, 5), (10, 2)))
+    assert _buffer.cuda_core_source(np.zeros(3), "K", "x") == (None, "")
+
+
+def test_from_array_reads_a_host_cuda_core_view_through_dlpack():
+    """Issue #22 item 7: a cuda.core view of host memory is read by numpy (no GPU needed to check)."""
+    su = pytest.importorskip("cuda.core.utils")
+    from umem_numba import _buffer
+
+    data = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    view = su.StridedMemoryView.from_dlpack(data, stream_ptr=-1)
+    assert _buffer.cuda_core_source(view, "K", "x") == (None, "")
+    got = _buffer.host_source(view)
+    np.testing.assert_array_equal(got, data)
+    assert _buffer.source_order(got, "K", "x") == "F"
+
+
+# ---------------------------------------------------------------------------
+# Item 7, GPU: real cuda.core objects.
+
+
+@pytest.mark.gpu
+def test_cuda_core_views_and_buffers_copy_and_construct(rng):
+    """Issue #22 item 7: um.copy and from_array take cuda.core StridedMemoryView / Buffer; values checked."""
+    core = pytest.importorskip("cuda.core")
+    su = pytest.importorskip("cuda.core.utils")
+    data = np.asfortranarray(random_array(rng, (33, 17), np.float32))
+    stream = cuda.stream()
+    with um.ManagedBuffer.from_array(data) as src:
+        view = su.StridedMemoryView.from_dlpack(src, stream_ptr=-1)
+        for make in (um.ManagedBuffer.from_array, um.DeviceBuffer.from_array, um.VMMBuffer.from_array):
+            with make(view) as copied:
+                assert copied.is_f_contiguous and copied.shape == data.shape
+                np.testing.assert_array_equal(copied.copy_to_host(), data)
+        dst = um.DeviceBuffer.empty(data.shape, order="F")
+        with dst:
+            um.copy(dst, view, stream)
+            np.testing.assert_array_equal(dst.copy_to_host(stream=stream), data)
+            raw = core.Buffer.from_handle(src.ptr, src.nbytes, owner=src)  # bytes, not an array
+            as_bytes = um.PinnedBuffer.from_array(raw)
+            with as_bytes:
+                assert as_bytes.dtype == np.uint8 and as_bytes.shape == (data.nbytes,)
+                np.testing.assert_array_equal(as_bytes.host, data.ravel(order="F").view(np.uint8))
+            fresh = np.asfortranarray(random_array(rng, data.shape, np.float32))
+            dst.copy_from_host(fresh, stream)
+            um.copy(raw, dst, stream)  # a Buffer as the destination: byte for byte
+            # The Buffer aliases src behind umem_numba's back: src's record knows nothing of this copy.
+            stream.synchronize()
+            np.testing.assert_array_equal(src.host, fresh)
+
+
+@pytest.mark.gpu
+def test_cuda_core_pool_memory_round_trip(rng):
+    """Issue #22 item 7: memory from a cuda.core memory resource is a copy source and destination."""
+    core = pytest.importorskip("cuda.core")
+    dev = core.Device(0)
+    dev.set_current()
+    cstream = dev.create_stream()
+    data = random_array(rng, 4096, np.float32)
+    mr = core.DeviceMemoryResource(0)
+    block = mr.allocate(data.nbytes, stream=cstream)
+    try:
+        with um.ManagedBuffer.from_array(data) as src, um.ManagedBuffer.empty(data.shape) as back:
+            um.copy(block, src, cstream)
+            um.copy(back, block, cstream)
+            np.testing.assert_array_equal(back.host, data)
+            with um.DeviceBuffer.from_array(block, stream=cstream) as as_bytes:
+                assert as_bytes.shape == (data.nbytes,)
+                np.testing.assert_array_equal(as_bytes.copy_to_host(stream=cstream).view(np.float32), data)
+    finally:
+        block.close(cstream)
+        cstream.sync()

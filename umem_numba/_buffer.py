@@ -757,6 +757,37 @@ def source_order(src: np.ndarray, order: Any, what: str) -> str:
     return order
 
 
+def cuda_core_source(array: Any, order: Any, what: str) -> tuple[_copy.Side | None, str]:
+    """What a ``from_array`` of a cuda.core object copies: ``(side, order)`` for a DMA copy.
+
+    ``(None, "")`` for anything else, and for a cuda.core view of memory only
+    the host can reach (``np.from_dlpack`` reads it).  The order is the
+    source's for ``"K"``; an explicit other order is refused (a DMA copy
+    keeps the byte order).
+    """
+    if not _copy.is_cuda_core(array) or getattr(array, "is_device_accessible", True) is False:
+        return None, ""
+    side = _copy.cuda_core_side(array, what, "source")
+    wanted = _layout.check_order(order, what, allow_keep=True)
+    if not side.contiguous:
+        raise ValueError(f"{what}: the cuda.core {type(array).__name__} is strided; a DMA copy needs it contiguous")
+    if wanted == "K":
+        return side, "F" if side.order == "F" else "C"
+    if wanted not in side.order:
+        raise ValueError(
+            f"{what}: order={wanted!r} of a source in {side.order} order: a DMA copy keeps the order "
+            "(leave order='K', or copy through the host)"
+        )
+    return side, wanted
+
+
+def host_source(array: Any) -> np.ndarray:
+    """A ``from_array`` source as numpy (a cuda.core view of host memory through DLPack)."""
+    if _copy.is_cuda_core(array) and hasattr(array, "__dlpack__"):
+        return np.from_dlpack(array)
+    return np.asarray(array)
+
+
 def _nothing() -> None:
     """Release function of an export that holds nothing beyond its Python reference."""
 

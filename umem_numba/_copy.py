@@ -121,6 +121,7 @@ class Side:
     kind: str = ""  # the allocation's kind ("managed", "pinned", ...); "" if foreign
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
     order: str = "C"  # the orders the elements are dense in: "C", "F", "CF" (both) or "" (strided)
+    raw: bool = False  # bytes without a shape (a cuda.core Buffer): matched by size only
 
     @property
     def nbytes(self) -> int:
@@ -155,12 +156,95 @@ def _from_cai(obj: Any, what: str, role: str) -> Side:
     return Side(info.ptr, shape, dtype, bool(order), cai_stream=None if stream is None else int(stream), order=order)
 
 
+def is_cuda_core(obj: Any) -> bool:
+    """Whether ``obj`` is a cuda.core object (a ``Buffer``, a ``StridedMemoryView``, ...)."""
+    return type(obj).__module__.startswith("cuda.core")
+
+
+def cuda_core_side(obj: Any, what: str, role: str) -> Side:
+    """A cuda.core ``StridedMemoryView`` (an array) or ``Buffer`` (bytes) as a copy operand.
+
+    cuda.core is not imported: its objects are recognised by their module and
+    read through their public attributes.
+
+    Raises
+    ------
+    TypeError
+        Another cuda.core object, or a view of memory only the host can reach.
+    ValueError
+        A closed Buffer, or a read-only view as the destination.
+    """
+    name = type(obj).__name__
+    if hasattr(obj, "strides") and hasattr(obj, "is_device_accessible") and hasattr(obj, "ptr"):
+        if not obj.is_device_accessible:
+            raise TypeError(
+                f"{what}: the {role} is a cuda.core {name} of host memory; this copy takes device-accessible "
+                "memory (for host data use a numpy array: np.from_dlpack(view))"
+            )
+        if obj.dtype is None:
+            raise TypeError(f"{what}: the {role}, a cuda.core {name}, has no dtype")
+        if role == "destination" and obj.readonly:
+            raise ValueError(f"{what}: the destination cuda.core {name} is read-only")
+        dtype = _layout.normalize_dtype(obj.dtype)
+        shape = tuple(int(d) for d in obj.shape)
+        strides = (
+            _layout.c_strides(shape, dtype.itemsize)
+            if obj.strides is None
+            else tuple(int(st) * dtype.itemsize for st in obj.strides)
+        )
+        order = _layout.dense_order(shape, strides, dtype.itemsize)
+        device = _cuda_core_device(obj)
+        return Side(int(obj.ptr), shape, dtype, bool(order), device_id=device if device >= 0 else None, order=order)
+    if hasattr(obj, "handle") and hasattr(obj, "size") and hasattr(obj, "is_closed"):
+        if obj.is_closed:
+            raise ValueError(f"{what}: the {role}, a cuda.core {name}, is closed")
+        nbytes = int(obj.size)
+        ptr = int(obj.handle) if nbytes else 0
+        device = _cuda_core_device(obj)
+        return Side(
+            ptr,
+            (nbytes,),
+            np.dtype(np.uint8),
+            True,
+            device_id=device if device >= 0 else None,
+            order="CF",
+            raw=True,
+        )
+    raise TypeError(
+        f"{what}: the {role} is a cuda.core {name}; umem_numba copies a cuda.core Buffer (as bytes) "
+        "or a StridedMemoryView"
+    )
+
+
+def _cuda_core_device(obj: Any) -> int:
+    """A cuda.core object's device ordinal, ``-1`` where it has none to give.
+
+    Only a hint (the context a legacy-stream copy is issued in): a non-owning
+    ``Buffer.from_handle`` may not know its device, and that is no error here.
+    """
+    try:
+        return int(obj.device_id)
+    except Exception:
+        return -1
+
+
 def _resolve(obj: Any, what: str, role: str) -> Side:
     side = _side_of(obj)
-    return side if side is not None else _from_cai(obj, what, role)
+    if side is not None:
+        return side
+    if is_cuda_core(obj):
+        return cuda_core_side(obj, what, role)
+    return _from_cai(obj, what, role)
 
 
 def _check_match(dst: Side, src: Side, what: str) -> None:
+    if dst.raw or src.raw:  # a cuda.core Buffer is bytes: sizes must agree, and the other side be dense
+        if dst.nbytes != src.nbytes:
+            raise ValueError(
+                f"{what}: a cuda.core Buffer is copied as bytes: {src.nbytes} vs {dst.nbytes} bytes "
+                "(source vs destination)"
+            )
+        return
     if dst.shape != src.shape or dst.dtype != src.dtype:
         raise ValueError(
             f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} (source vs destination)"
@@ -271,10 +355,12 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
 
     Parameters
     ----------
-    dst, src : umem_numba buffer or device array
+    dst, src : umem_numba buffer, device array or cuda.core object
         Any umem_numba buffer (managed, pinned, VMM, pool device memory, views
-        included) or an object with ``__cuda_array_interface__`` (numba's
-        ``DeviceNDArray``, CuPy arrays).  Same shape and dtype, both
+        included), an object with ``__cuda_array_interface__`` (numba's
+        ``DeviceNDArray``, CuPy arrays), or a cuda.core ``StridedMemoryView``
+        of device-accessible memory; a cuda.core ``Buffer`` is bytes: the
+        other side must be contiguous with the same ``nbytes``.  Same shape and dtype, both
         contiguous in the same order (C, or F).  Pinned buffers need no
         DEVICEMAP flag here.
     stream : numba stream, 0 or None
@@ -605,8 +691,10 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
     """Implementation of ``Buffer.copy_from_host`` (see there); ``dst`` is the buffer's side."""
     what = "copy_from_host"
     _check_staging_arg(staging)
-    if _side_of(array) is not None or (
-        not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__")
+    if (
+        _side_of(array) is not None
+        or is_cuda_core(array)
+        or (not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__"))
     ):
         s = _resolve(array, what, "source")
         _check_match(dst, s, what)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _layout
-from ._buffer import Buffer, new_layout, source_order
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._location import StreamLike, stream_handle
 from ._pool import MemoryPool, check_pool, default_pool
 
@@ -97,7 +97,16 @@ class DeviceBuffer(Buffer):
         cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = None, order: str = "K"
     ) -> DeviceBuffer:
         """A new buffer holding a copy of ``array`` (DMA on ``stream``); ``order="K"`` keeps an F source's order."""
-        src = np.asarray(array)
+        side, dev_order = cuda_core_source(array, order, "DeviceBuffer.from_array")
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy
+            buf = cls.empty(side.shape, side.dtype, pool=pool, stream=stream, order=dev_order)
+            try:
+                buf.copy_from_host(array, stream=stream)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
         if src.dtype.hasobject:
             raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
         order = source_order(src, order, "DeviceBuffer.from_array")

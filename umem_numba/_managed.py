@@ -10,7 +10,8 @@ import numpy as np
 
 from . import _driver, _layout
 from ._advice import ManagedMemoryHints, MigrationPolicy
-from ._buffer import Buffer, new_layout, source_order
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from ._copy import copy
 from ._lifetime import Allocation, DriverMemory
 from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._pool import MemoryPool, check_pool
@@ -206,8 +207,12 @@ class ManagedBuffer(Buffer):
 
         Parameters
         ----------
-        array : array_like
-            Host data; converted with ``np.asarray`` (no object dtypes).
+        array : array_like, cuda.core Buffer or StridedMemoryView
+            Host data, converted with ``np.asarray`` (no object dtypes); or a
+            cuda.core ``StridedMemoryView`` / ``Buffer`` (bytes, stored as
+            ``uint8``) of device-accessible memory, copied by DMA on
+            ``stream`` (the source must stay unchanged until that copy is
+            done).
         attach, pool, stream
             As in :meth:`empty`.
         prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
@@ -216,12 +221,19 @@ class ManagedBuffer(Buffer):
             ``"K"`` (default) keeps an F-ordered source's order and stores
             anything else C-ordered; ``"C"`` or ``"F"`` forces one.
         """
-        src = np.asarray(array)
-        order = source_order(src, order, "ManagedBuffer.from_array")
-        loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.from_array", src.shape, src.dtype)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
-        if buf.size:
-            np.copyto(buf._host_array("from_array"), src)
+        what = "ManagedBuffer.from_array"
+        side, dev_order = cuda_core_source(array, order, what)
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy on ``stream``
+            loc = None if prefetch is None else _prefetch_target(prefetch, what, side.shape, side.dtype)
+            buf = cls.empty(side.shape, side.dtype, attach=attach, pool=pool, stream=stream, order=dev_order)
+            _copy_into(buf, array, stream)
+        else:
+            src = host_source(array)
+            order = source_order(src, order, what)
+            loc = None if prefetch is None else _prefetch_target(prefetch, what, src.shape, src.dtype)
+            buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
+            if buf.size:
+                np.copyto(buf._host_array("from_array"), src)
         if loc is not None:
             buf._prefetch_new(loc, stream)
         return buf
@@ -367,6 +379,15 @@ class ManagedBuffer(Buffer):
         """Current attachment: ``"global"``, ``"host"`` or the stream handle (an int)."""
         target = self._live().tracker.attached
         return "global" if target is None else target
+
+
+def _copy_into(buf: Buffer, source: Any, stream: StreamLike) -> None:
+    """A constructor's DMA copy from a device source; the new buffer is closed again if it fails."""
+    try:
+        copy(buf, source, stream)
+    except BaseException:
+        buf.close()
+        raise
 
 
 def _prefetch_target(target: Target, what: str, shape: Any = None, dtype: Any = None) -> Location:

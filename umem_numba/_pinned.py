@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _layout
-from ._buffer import Buffer, new_layout, source_order
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._checks import as_int
 from ._copy import copy
 from ._lifetime import Allocation, DriverMemory, Transaction
@@ -143,8 +143,21 @@ class PinnedBuffer(Buffer):
     def from_array(
         cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "K"
     ) -> PinnedBuffer:
-        """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order."""
-        src = np.asarray(array)
+        """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order.
+
+        A cuda.core ``StridedMemoryView`` or ``Buffer`` of device memory is
+        copied by DMA (host access to the new buffer waits for that copy).
+        """
+        side, dev_order = cuda_core_source(array, order, "PinnedBuffer.from_array")
+        if side is not None:
+            buf = cls.empty(side.shape, side.dtype, flags, order=dev_order)
+            try:
+                copy(buf, array, 0)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
         order = source_order(src, order, "PinnedBuffer.from_array")
         buf = cls.empty(src.shape, src.dtype, flags, order=order)
         if buf.size:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _layout
-from ._buffer import Buffer, new_layout, source_order
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Transaction
 from ._location import StreamLike, Target, as_device, stream_handle
@@ -253,7 +253,24 @@ class VMMBuffer(Buffer):
         Keyword arguments are :meth:`empty`'s; ``order="K"`` (default) keeps
         an F-ordered source's order.
         """
-        src = np.asarray(array)
+        side, dev_order = cuda_core_source(array, order, "VMMBuffer.from_array")
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy
+            buf = cls.empty(
+                side.shape,
+                side.dtype,
+                device=device,
+                capacity=capacity,
+                exportable=exportable,
+                chunk_bytes=chunk_bytes,
+                order=dev_order,
+            )
+            try:
+                buf.copy_from_host(array)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
         order = source_order(src, order, "VMMBuffer.from_array")
         buf = cls.empty(
             src.shape,
