@@ -308,7 +308,10 @@ class Buffer:
         if n != self.size:
             raise ValueError(f"cannot reshape {self._shape} ({self.size} elements) into {new_shape}")
         if not self.is_c_contiguous:
-            raise ValueError("reshape needs a C-contiguous buffer; this view is strided")
+            raise ValueError(
+                "reshape needs a C-contiguous buffer; this view is strided or F-ordered "
+                "(reshape the .T of an F-ordered buffer)"
+            )
         return self._view(self._offset, new_shape, _layout.c_strides(new_shape, self._dtype.itemsize))
 
     # -- device side: what numba and other CUDA libraries see ----------------------
