@@ -370,7 +370,7 @@ class ManagedMemoryHints:
         Parameters
         ----------
         advice : MemAdvice
-        target : numba device, int, "cpu"/"host" or Location
+        target : numba device, int, "cpu"/"host", "cpu:N" (host NUMA node N) or Location
             Required for ``SET_PREFERRED_LOCATION`` and ``(UN)SET_ACCESSED_BY``;
             must be omitted for the others (the driver would ignore it).
 
@@ -411,7 +411,7 @@ class ManagedMemoryHints:
         self.advise(MemAdvice.UNSET_READ_MOSTLY)
 
     def set_preferred_location(self, target: Target) -> None:
-        """Prefer ``target`` (a device or ``"cpu"``) as where the range's pages live."""
+        """Prefer ``target`` (a device, ``"cpu"`` or a host NUMA node ``"cpu:N"``) as where the range's pages live."""
         self.advise(MemAdvice.SET_PREFERRED_LOCATION, target)
 
     def unset_preferred_location(self) -> None:

@@ -265,7 +265,7 @@ class ManagedBuffer(Buffer):
         self.hints.apply_policy(policy)
 
     def prefetch(self, target: Target, stream: StreamLike = None) -> None:
-        """Migrate the buffer to ``target`` (a device, an ordinal or ``"cpu"``) asynchronously on ``stream``.
+        """Migrate the buffer to ``target`` (a device, an ordinal, ``"cpu"``, ``"cpu:N"``) asynchronously.
 
         Host access waits for the prefetch (coherence).  Raises
         :class:`~umem_numba.UnsupportedError` where the target device or the

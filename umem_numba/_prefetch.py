@@ -70,7 +70,7 @@ def prefetch(
     Parameters
     ----------
     obj : ManagedBuffer or managed array
-    target : numba device, int, "cpu"/"host" or Location
+    target : numba device, int, "cpu"/"host", "cpu:N" (host NUMA node N) or Location
     stream : numba stream, 0 or None
         ``None``/``0``: the legacy default stream of the current context.
     start, stop : int, optional
