@@ -142,6 +142,7 @@ def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]
 
 def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, float]:
     """Other ways to issue the device->host prefetch; each is timed like the plain call."""
+    from .._location import Host
     from .._prefetch import PrefetchPlan
 
     out: dict[str, float] = {}
@@ -152,19 +153,8 @@ def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, flo
     except AttributeError:  # cuda-bindings 12.x has no such attribute
         numa = -1
     if numa >= 0:
-        drv = _driver.api().drv
-        loc = drv.CUmemLocation()
-        loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
-        loc.id = numa
-        ptr, h = buf.ptr, clock.handle
-
-        def numa_prefetch() -> None:
-            _driver.check(
-                _driver.api().mem_prefetch(ptr, nbytes, loc, 0, h),
-                "cuMemPrefetchAsync",
-                f"prefetch to host NUMA node {numa}",
-            )
-
+        node = Host(numa=numa)
+        numa_prefetch = lambda: buf.prefetch(node, clock.handle)  # noqa: E731
         numa_prefetch()
         t, _ = _median_time(clock, reps, to_dev, numa_prefetch)
         out[f"host NUMA node {numa}, one call"] = _gbps(nbytes, t)
