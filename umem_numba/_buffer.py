@@ -768,7 +768,7 @@ def cuda_core_source(array: Any, order: Any, what: str) -> tuple[_copy.Side | No
     source's for ``"K"``; an explicit other order is refused (a DMA copy
     keeps the byte order).
     """
-    if not _copy.is_cuda_core(array) or getattr(array, "is_device_accessible", True) is False:
+    if not _copy.is_cuda_core(array) or not _copy.cuda_core_device_accessible(array):
         return None, ""
     side = _copy.cuda_core_side(array, what, "source")
     wanted = _layout.check_order(order, what, allow_keep=True)

@@ -176,7 +176,7 @@ def cuda_core_side(obj: Any, what: str, role: str) -> Side:
     """
     name = type(obj).__name__
     if hasattr(obj, "strides") and hasattr(obj, "is_device_accessible") and hasattr(obj, "ptr"):
-        if not obj.is_device_accessible:
+        if not cuda_core_device_accessible(obj):
             raise TypeError(
                 f"{what}: the {role} is a cuda.core {name} of host memory; this copy takes device-accessible "
                 "memory (for host data use a numpy array: np.from_dlpack(view))"
@@ -214,6 +214,19 @@ def cuda_core_side(obj: Any, what: str, role: str) -> Side:
         f"{what}: the {role} is a cuda.core {name}; umem_numba copies a cuda.core Buffer (as bytes) "
         "or a StridedMemoryView"
     )
+
+
+def cuda_core_device_accessible(obj: Any) -> bool:
+    """Whether a cuda.core object says its memory is device-accessible (``True`` where it cannot say).
+
+    A non-owning ``Buffer.from_handle`` has no memory resource to ask (some
+    cuda.core versions raise there); ``cuMemcpyAsync`` copies any address the
+    driver can resolve, so such a buffer is taken as it is.
+    """
+    try:
+        return bool(obj.is_device_accessible)
+    except Exception:
+        return True
 
 
 def _cuda_core_device(obj: Any) -> int:
