@@ -992,3 +992,21 @@ def test_cuda_core_pool_memory_round_trip(rng):
     finally:
         block.close(cstream)
         cstream.sync()
+
+
+@pytest.mark.gpu
+@pytest.mark.sim
+def test_simulator_refuses_discards_by_name_and_takes_the_rest(rng):
+    """Issue #22 items 1, 2, 5: under the simulator a discard names it; NUMA targets and prefetch= work."""
+    from umem_numba import _sim
+
+    if not _sim.active():
+        pytest.skip("checks the simulator's answers (the GPU's are tested above)")
+    data = random_array(rng, 64, np.float32)
+    with um.ManagedBuffer.from_array(data, prefetch="cpu:0") as buf:
+        for call in (buf.discard, lambda: buf.discard_prefetch(0), lambda: PrefetchPlan().add_discard(buf)):
+            with pytest.raises(UnsupportedError, match="simulator"):
+                call()
+        buf.prefetch(Host(numa=0))
+        buf.hints.set_preferred_location("cpu:0")
+        np.testing.assert_array_equal(buf.host, data)
