@@ -28,10 +28,12 @@ memory) and for any object with ``__cuda_array_interface__`` (numba's
 * **Graph capture.**  A copy onto a stream that is capturing a CUDA graph
   raises :class:`~umem_numba.CoherenceError` before it issues anything (no
   prefetch, no staging), so the capture stays intact.
-* **Contiguity.**  Both sides of a DMA copy must be C-contiguous; a strided
-  *numpy* source is made contiguous on the host first, and a strided view of a
-  host-accessible buffer (managed, pinned) is read on the host by
-  ``copy_to_host``.  Any other strided operand is refused with a
+* **Contiguity.**  Both sides of a DMA copy must be contiguous, in the same
+  order: both C (row-major) or both F (column-major, ``order="F"`` buffers and
+  their ``.T`` views); a DMA copy moves bytes.  A *numpy* operand in the
+  other order (or a strided numpy source) is rearranged on the host, and a
+  strided view of a host-accessible buffer (managed, pinned) is read on the
+  host by ``copy_to_host``.  Any other strided operand is refused with a
   ``ValueError`` that says so: copy the contiguous buffer it slices and index
   the result (copying element by element over the bus would be slower than
   that).
@@ -71,7 +73,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -148,6 +150,8 @@ class Side:
     cai_stream: int | None = None  # stream named by a CUDA Array Interface
     kind: str = ""  # the allocation's kind ("managed", "pinned", ...); "" if foreign
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
+    order: str = "C"  # the orders the elements are dense in: "C", "F", "CF" (both) or "" (strided)
+    raw: bool = False  # bytes without a shape (a cuda.core Buffer): matched by size only
 
     @property
     def nbytes(self) -> int:
@@ -175,31 +179,147 @@ def _from_cai(obj: Any, what: str, role: str) -> Side:
         )
     info = _layout.cuda_array_info(obj, what)
     shape, dtype = info.shape, info.dtype
-    contiguous = info.is_c_contiguous
+    order = info.order
     if iface["data"][1] and role == "destination":
         raise ValueError(f"{what}: the destination device array is read-only")
     stream = iface.get("stream")
-    return Side(info.ptr, shape, dtype, contiguous, cai_stream=None if stream is None else int(stream))
+    return Side(info.ptr, shape, dtype, bool(order), cai_stream=None if stream is None else int(stream), order=order)
+
+
+def is_cuda_core(obj: Any) -> bool:
+    """Whether ``obj`` is a cuda.core object (a ``Buffer``, a ``StridedMemoryView``, ...)."""
+    return type(obj).__module__.startswith("cuda.core")
+
+
+def cuda_core_side(obj: Any, what: str, role: str) -> Side:
+    """A cuda.core ``StridedMemoryView`` (an array) or ``Buffer`` (bytes) as a copy operand.
+
+    cuda.core is not imported: its objects are recognised by their module and
+    read through their public attributes.
+
+    Raises
+    ------
+    TypeError
+        Another cuda.core object, or a view of memory only the host can reach.
+    ValueError
+        A closed Buffer, or a read-only view as the destination.
+    """
+    name = type(obj).__name__
+    if hasattr(obj, "strides") and hasattr(obj, "is_device_accessible") and hasattr(obj, "ptr"):
+        if not cuda_core_device_accessible(obj):
+            raise TypeError(
+                f"{what}: the {role} is a cuda.core {name} of host memory; this copy takes device-accessible "
+                "memory (for host data use a numpy array: np.from_dlpack(view))"
+            )
+        if obj.dtype is None:
+            raise TypeError(f"{what}: the {role}, a cuda.core {name}, has no dtype")
+        if role == "destination" and obj.readonly:
+            raise ValueError(f"{what}: the destination cuda.core {name} is read-only")
+        dtype = _layout.normalize_dtype(obj.dtype)
+        shape = tuple(int(d) for d in obj.shape)
+        strides = (
+            _layout.c_strides(shape, dtype.itemsize)
+            if obj.strides is None
+            else tuple(int(st) * dtype.itemsize for st in obj.strides)
+        )
+        order = _layout.dense_order(shape, strides, dtype.itemsize)
+        device = _cuda_core_device(obj)
+        return Side(int(obj.ptr), shape, dtype, bool(order), device_id=device if device >= 0 else None, order=order)
+    if hasattr(obj, "handle") and hasattr(obj, "size") and hasattr(obj, "is_closed"):
+        if obj.is_closed:
+            raise ValueError(f"{what}: the {role}, a cuda.core {name}, is closed")
+        nbytes = int(obj.size)
+        ptr = int(obj.handle) if nbytes else 0
+        device = _cuda_core_device(obj)
+        return Side(
+            ptr,
+            (nbytes,),
+            np.dtype(np.uint8),
+            True,
+            device_id=device if device >= 0 else None,
+            order="CF",
+            raw=True,
+        )
+    raise TypeError(
+        f"{what}: the {role} is a cuda.core {name}; umem_numba copies a cuda.core Buffer (as bytes) "
+        "or a StridedMemoryView"
+    )
+
+
+def cuda_core_device_accessible(obj: Any) -> bool:
+    """Whether a cuda.core object says its memory is device-accessible (``True`` where it cannot say).
+
+    A non-owning ``Buffer.from_handle`` has no memory resource to ask (some
+    cuda.core versions raise there); ``cuMemcpyAsync`` copies any address the
+    driver can resolve, so such a buffer is taken as it is.
+    """
+    try:
+        return bool(obj.is_device_accessible)
+    except Exception:
+        return True
+
+
+def _cuda_core_device(obj: Any) -> int:
+    """A cuda.core object's device ordinal, ``-1`` where it has none to give.
+
+    Only a hint (the context a legacy-stream copy is issued in): a non-owning
+    ``Buffer.from_handle`` may not know its device, and that is no error here.
+    """
+    try:
+        return int(obj.device_id)
+    except Exception:
+        return -1
 
 
 def _resolve(obj: Any, what: str, role: str) -> Side:
     side = _side_of(obj)
-    return side if side is not None else _from_cai(obj, what, role)
+    if side is not None:
+        return side
+    if is_cuda_core(obj):
+        return cuda_core_side(obj, what, role)
+    return _from_cai(obj, what, role)
 
 
 def _check_match(dst: Side, src: Side, what: str) -> None:
+    if dst.raw or src.raw:  # a cuda.core Buffer is bytes: sizes must agree, and the other side be dense
+        if dst.nbytes != src.nbytes:
+            raise ValueError(
+                f"{what}: a cuda.core Buffer is copied as bytes: {src.nbytes} vs {dst.nbytes} bytes "
+                "(source vs destination)"
+            )
+        return
     if dst.shape != src.shape or dst.dtype != src.dtype:
         raise ValueError(
             f"{what}: mismatched arrays: {src.shape} {src.dtype} vs {dst.shape} {dst.dtype} (source vs destination)"
         )
+    if dst.contiguous and src.contiguous and not _same_order(dst.order, src.order):
+        raise ValueError(
+            f"{what}: the source is {_order_name(src.order)} and the destination {_order_name(dst.order)}: "
+            "a DMA copy moves bytes, so both must be in the same order (make the buffer with order=, "
+            "or copy a .T view)"
+        )
+
+
+def _same_order(a: str, b: str) -> bool:
+    """Whether two dense layouts put the elements at the same offsets."""
+    return bool(set(a) & set(b))
+
+
+def _order_name(order: str) -> str:
+    return {"C": "C-ordered (row-major)", "F": "F-ordered (column-major)"}.get(order, "contiguous")
 
 
 def _check_contiguous(side: Side, what: str, role: str) -> None:
     if not side.contiguous:
         raise ValueError(
-            f"{what}: the {role} must be C-contiguous (a strided view cannot be copied by "
+            f"{what}: the {role} must be C-contiguous or F-contiguous (a strided view cannot be copied by "
             "DMA); copy the contiguous array it slices and index the result"
         )
+
+
+def _numpy_order(side: Side) -> Literal["C", "F"]:
+    """The numpy ``order=`` of an array laid out like ``side`` (C unless it is F only)."""
+    return "F" if side.order == "F" else "C"
 
 
 def _issue_context(*sides: Side) -> int | None:
@@ -278,11 +398,14 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
 
     Parameters
     ----------
-    dst, src : umem_numba buffer or device array
+    dst, src : umem_numba buffer, device array or cuda.core object
         Any umem_numba buffer (managed, pinned, VMM, pool device memory, views
-        included) or an object with ``__cuda_array_interface__`` (numba's
-        ``DeviceNDArray``, CuPy arrays).  Same shape and dtype, both
-        C-contiguous.  Pinned buffers need no DEVICEMAP flag here.
+        included), an object with ``__cuda_array_interface__`` (numba's
+        ``DeviceNDArray``, CuPy arrays), or a cuda.core ``StridedMemoryView``
+        of device-accessible memory; a cuda.core ``Buffer`` is bytes: the
+        other side must be contiguous with the same ``nbytes``.  Same shape and dtype, both
+        contiguous in the same order (C, or F).  Pinned buffers need no
+        DEVICEMAP flag here.
     stream : numba stream, 0 or None
         The stream the copy is queued on (``None``/``0``: the legacy default
         stream of the device that owns a buffer operand).
@@ -294,7 +417,8 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
         through :meth:`~umem_numba.ManagedBuffer.copy_to_host` and
         ``copy_from_host``).
     ValueError
-        Shapes or dtypes differ, or an operand is not C-contiguous.
+        Shapes or dtypes differ, an operand is not contiguous, or one is
+        C-ordered and the other F-ordered.
     BufferClosedError
         An operand buffer is closed.
 
@@ -330,7 +454,8 @@ def _copy_sides(d: Side, s: Side, stream: StreamLike, what: str, *, sync: bool) 
 
 
 def _host_side(arr: np.ndarray) -> Side:
-    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, arr.flags.c_contiguous, on_device=False)
+    order = ("C" if arr.flags.c_contiguous else "") + ("F" if arr.flags.f_contiguous else "")
+    return Side(arr.ctypes.data if arr.size else 0, arr.shape, arr.dtype, bool(order), on_device=False, order=order)
 
 
 def _driver_memory(arr: np.ndarray) -> bool:
@@ -625,14 +750,18 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
             )
         host = src.host_view(what)  # settles the coherence first
         if out is None:
-            return host.copy()
+            return host.copy(order="K")  # an F-ordered buffer gives an F-ordered array
         np.copyto(out, host)
         return out
-    if out is not None and not out.flags.c_contiguous:
-        raise ValueError(f"{what}(out): out must be C-contiguous")
+    if out is not None and not (out.flags.c_contiguous or out.flags.f_contiguous):
+        raise ValueError(f"{what}(out): out must be C-contiguous or F-contiguous")
     if out is None:
-        out = np.empty(src.shape, src.dtype)
+        out = np.empty(src.shape, src.dtype, order=_numpy_order(src))
     if not src.nbytes:
+        return out
+    if not _same_order(_host_side(out).order, src.order):
+        # The other order: the bytes land in an array laid out like the source, numpy rearranges them.
+        np.copyto(out, to_host(src, None, stream, staging))
         return out
     handle = stream_handle(stream)
     use_stage = (STAGE_TO_HOST and src.nbytes >= STAGE_MIN_BYTES) if staging is None else bool(staging)
@@ -650,8 +779,10 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
     """Implementation of ``Buffer.copy_from_host`` (see there); ``dst`` is the buffer's side."""
     what = "copy_from_host"
     _check_staging_arg(staging)
-    if _side_of(array) is not None or (
-        not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__")
+    if (
+        _side_of(array) is not None
+        or is_cuda_core(array)
+        or (not isinstance(array, np.ndarray) and hasattr(array, "__cuda_array_interface__"))
     ):
         s = _resolve(array, what, "source")
         _check_match(dst, s, what)
@@ -669,7 +800,8 @@ def from_host(dst: Side, array: Any, stream: StreamLike = None, staging: Any = N
         np.copyto(dst.host_view(what), src)
         return
     _check_contiguous(dst, what, "destination buffer view")
-    src = np.ascontiguousarray(src)  # a strided numpy source is staged on the host
+    # A strided numpy source, or one in the other order, is rearranged on the host.
+    src = np.asfortranarray(src) if dst.order == "F" else np.ascontiguousarray(src)
     if not dst.nbytes:
         return
     handle = stream_handle(stream)

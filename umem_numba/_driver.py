@@ -50,6 +50,7 @@ def _constants(drv: Any) -> SimpleNamespace:
         stream_legacy=int(drv.CU_STREAM_LEGACY),
         stream_per_thread=int(drv.CU_STREAM_PER_THREAD),
         event_disable_timing=int(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+        stream_non_blocking=int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
         # pinned host memory
         hostalloc_portable=int(drv.CU_MEMHOSTALLOC_PORTABLE),
         hostalloc_devicemap=int(drv.CU_MEMHOSTALLOC_DEVICEMAP),
@@ -58,6 +59,8 @@ def _constants(drv: Any) -> SimpleNamespace:
         device_cpu=int(drv.CU_DEVICE_CPU),
         location_device=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE,
         location_host=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST,
+        location_host_numa=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        location_invalid=int(drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_INVALID),
         # advice and range attributes (the legacy int-valued forms: cuda-bindings
         # 13.3 rejects the *_TYPE/*_ID forms in cuMemRangeGetAttribute)
         advise=drv.CUmem_advise,
@@ -65,6 +68,12 @@ def _constants(drv: Any) -> SimpleNamespace:
         range_preferred=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
         range_accessed_by=attr.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
         range_last_prefetch=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+        # The typed forms (CUDA 12.2+), which tell a host NUMA node from the host:
+        # read through range_attribute_int, which works around cuda-bindings 13.3.
+        range_preferred_type=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
+        range_preferred_id=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
+        range_last_prefetch_type=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
+        range_last_prefetch_id=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
         pointer_is_managed=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
         pointer_memory_type=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
         memorytype_host=int(drv.CUmemorytype.CU_MEMORYTYPE_HOST),
@@ -96,6 +105,24 @@ class _Api:
         # CUDA 13 driver (the binding may know a call the driver lacks).
         batch = getattr(drv, "cuMemPrefetchBatchAsync", None)
         self.mem_prefetch_batch = batch if self.driver_version >= 13000 else None
+        # Discards (CUDA 13.0): ``None`` where the binding or the driver lacks them;
+        # the reason is in :attr:`discard_missing`.
+        discard = getattr(drv, "cuMemDiscardBatchAsync", None)
+        discard_prefetch = getattr(drv, "cuMemDiscardAndPrefetchBatchAsync", None)
+        if discard is None or discard_prefetch is None:
+            self.discard_missing = (
+                f"cuda-bindings {version} has no cuMemDiscardBatchAsync / cuMemDiscardAndPrefetchBatchAsync "
+                "(they need cuda-bindings 13 and a CUDA 13 driver)"
+            )
+        elif self.driver_version < 13000:
+            self.discard_missing = (
+                f"the CUDA driver is version {self.driver_version // 1000}.{self.driver_version % 1000 // 10}; "
+                "cuMemDiscardBatchAsync needs a CUDA 13.0 driver (R580 or newer)"
+            )
+        else:
+            self.discard_missing = ""
+        self.mem_discard_batch = None if self.discard_missing else discard
+        self.mem_discard_prefetch_batch = None if self.discard_missing else discard_prefetch
         self.stream_get_device = getattr(drv, "cuStreamGetDevice", None)
         # Bound once: called on every tracked launch.
         self.stream_get_id = getattr(drv, "cuStreamGetId", None)
@@ -493,6 +520,48 @@ def synchronize_devices(devices: list[int] | set[int] | None, what: str) -> None
     for d in sorted(active_devices() if devices is None else devices):
         with device_context(d):
             call("cuCtxSynchronize", detail=what)
+
+
+_range_get_attribute: Any = None
+
+
+def _raw_range_get_attribute() -> Any:
+    """The driver's ``cuMemRangeGetAttribute`` as a ctypes function (found through ``cuGetProcAddress``).
+
+    cuda-bindings 13.3 and older refuse the ``*_TYPE``/``*_ID`` range attributes
+    in their ``cuMemRangeGetAttribute`` wrapper (its helper only knows the four
+    legacy ones, a ``TypeError``); the driver itself has had them since CUDA 12.2.
+    """
+    global _range_get_attribute
+    if _range_get_attribute is None:
+        import ctypes
+
+        pfn, _status = call("cuGetProcAddress", b"cuMemRangeGetAttribute", 12020, 0)
+        if not pfn:
+            raise CudaError("cuGetProcAddress", 0, "CUDA_SUCCESS", "the driver has no cuMemRangeGetAttribute for 12.2")
+        proto = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+        )
+        _range_get_attribute = (proto(int(pfn)), ctypes)
+    return _range_get_attribute
+
+
+def range_attribute_int(attr: Any, ptr: int, nbytes: int, detail: str = "") -> int:
+    """Read a 32-bit range attribute of managed memory (``cuMemRangeGetAttribute``), any binding version.
+
+    The binding's wrapper is used where it takes ``attr``; where it refuses it
+    (cuda-bindings 13.3 and the typed location attributes) the driver's entry
+    point is called directly, and its result is checked like any other call.
+    """
+    try:
+        return int(call("cuMemRangeGetAttribute", 4, attr, ptr, nbytes, detail=detail))
+    except TypeError:
+        pass
+    fn, ctypes = _raw_range_get_attribute()
+    out = ctypes.c_int32(0)
+    err = fn(ctypes.byref(out), 4, int(attr), ptr, nbytes)
+    check((err,), "cuMemRangeGetAttribute", detail)
+    return int(out.value)
 
 
 def mem_get_info() -> tuple[int, int]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
-from ._buffer import Buffer, new_layout
+from . import _driver, _layout
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._checks import as_int
 from ._copy import copy
 from ._lifetime import Allocation, DriverMemory, Transaction
@@ -85,7 +85,9 @@ class PinnedBuffer(Buffer):
         view._device_accessible = self._device_accessible
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
         Parameters
@@ -94,13 +96,16 @@ class PinnedBuffer(Buffer):
         dtype : numpy dtype
         flags : HostAllocFlags
             Any combination of PORTABLE, DEVICEMAP, WRITECOMBINED.
+        order : {"C", "F"}
+            Row-major (default) or column-major (Fortran) element order.
 
         Raises
         ------
         OutOfMemoryError
             The OS refused to lock that much memory.
         """
-        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        order = _layout.check_order(order, "PinnedBuffer.empty")
+        shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         flags = _as_flags(flags)
         device_id = _driver.ensure_context()
         ptr = 0
@@ -124,19 +129,37 @@ class PinnedBuffer(Buffer):
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
-        """Allocate and zero every byte (``nbytes``, not ``size``)."""
-        buf = cls.empty(shape, dtype, flags)
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
+        """Allocate and zero every byte (``nbytes``, not ``size``); ``order`` as in :meth:`empty`."""
+        buf = cls.empty(shape, dtype, flags, order=order)
         alloc = buf._live()
         if alloc.nbytes:
             ctypes.memset(alloc.ptr, 0, alloc.nbytes)
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
-        """A pinned copy of ``array``."""
-        src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, flags)
+    def from_array(
+        cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "K"
+    ) -> PinnedBuffer:
+        """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order.
+
+        A cuda.core ``StridedMemoryView`` or ``Buffer`` of device memory is
+        copied by DMA (host access to the new buffer waits for that copy).
+        """
+        side, dev_order = cuda_core_source(array, order, "PinnedBuffer.from_array")
+        if side is not None:
+            buf = cls.empty(side.shape, side.dtype, flags, order=dev_order)
+            try:
+                copy(buf, array, 0)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
+        order = source_order(src, order, "PinnedBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, flags, order=order)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
         return buf
@@ -164,7 +187,7 @@ class PinnedBuffer(Buffer):
         Raises
         ------
         ValueError
-            Shapes or dtypes differ, or either side is not C-contiguous.
+            Shapes or dtypes differ, or the sides are not contiguous in the same order.
         """
         copy(dst, self, stream)
 

@@ -46,7 +46,7 @@ from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 from . import _launch, _layout, _stats
 from ._advice import HintState, MemAdvice, MigrationPolicy
 from ._advice import ManagedMemoryHints as _DeviceHints
-from ._buffer import Buffer
+from ._buffer import Buffer, source_order
 from ._errors import BufferClosedError, CoherenceError, UnsupportedError
 from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._managed_span import check_range
@@ -184,9 +184,9 @@ class _SimBuffer(ArgHint):
         self._dtype = dtype
 
     @classmethod
-    def _new(cls, alloc: _Allocation, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    def _new(cls, alloc: _Allocation, shape: tuple[int, ...], dtype: np.dtype, order: str = "C") -> Any:
         buf = object.__new__(cls)
-        buf._init(alloc, 0, shape, _layout.c_strides(shape, dtype.itemsize), dtype, True)
+        buf._init(alloc, 0, shape, _layout.strides_for(shape, dtype.itemsize, order), dtype, True)
         return buf
 
     # The window arithmetic is the GPU buffer's (it uses only the fields above and _live).
@@ -231,6 +231,9 @@ class _SimBuffer(ArgHint):
     nbytes = Buffer.nbytes
     itemsize = Buffer.itemsize
     is_c_contiguous = Buffer.is_c_contiguous
+    is_f_contiguous = Buffer.is_f_contiguous
+    transpose = Buffer.transpose
+    T = Buffer.T
     is_view = Buffer.is_view
     __len__ = Buffer.__len__
     __getitem__ = Buffer.__getitem__
@@ -313,7 +316,7 @@ class _SimBuffer(ArgHint):
         _check_staging(staging)
         src = self._array()
         if out is None:
-            return src.copy()
+            return src.copy(order="K")  # an F-ordered buffer gives an F-ordered array, as on a GPU
         if isinstance(out, PinnedBuffer):
             dst = out._host_array("copy_to_host")
         elif isinstance(out, np.ndarray):
@@ -525,32 +528,53 @@ class ManagedBuffer(_SimBuffer):
         attach: str = "global",
         pool: Any = None,
         stream: StreamLike = None,
+        prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
-        """Allocate (zeroed host memory under the simulator)."""
+        """Allocate (zeroed host memory under the simulator); ``prefetch`` is checked, nothing migrates."""
+        order = _layout.check_order(order, "ManagedBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         attach = _check_attach(attach)
         _no_pool(pool, "ManagedBuffer.empty")
         _stream(stream, "ManagedBuffer.empty")
+        if prefetch is not None:
+            _location(prefetch, "ManagedBuffer.empty(prefetch=...)")
         alloc = _Allocation("managed", nbytes)
         if attach == "host":
             alloc.attached = "host"
-        return cls._new(alloc, shp, dt)
+        return cls._new(alloc, shp, dt, order)
 
     @classmethod
     def zeros(
-        cls, shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, pool: Any = None
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        attach: str = "global",
+        stream: StreamLike = 0,
+        pool: Any = None,
+        prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate and zero."""
         _stream(stream, "ManagedBuffer.zeros")
-        return cls.empty(shape, dtype, attach=attach, pool=pool)
+        return cls.empty(shape, dtype, attach=attach, pool=pool, prefetch=prefetch, order=order)
 
     @classmethod
     def from_array(
-        cls, array: Any, *, attach: str = "global", pool: Any = None, stream: StreamLike = None
+        cls,
+        array: Any,
+        *,
+        attach: str = "global",
+        pool: Any = None,
+        stream: StreamLike = None,
+        prefetch: Target | None = None,
+        order: str = "K",
     ) -> ManagedBuffer:
-        """A new buffer holding a copy of ``array``."""
+        """A new buffer holding a copy of ``array`` (``order="K"`` keeps an F-ordered source's order)."""
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
+        order = source_order(src, order, "ManagedBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -574,6 +598,22 @@ class ManagedBuffer(_SimBuffer):
     def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
         """Check the range, target and stream; nothing migrates under the simulator."""
         _prefetch(self, target, stream, start, stop, "prefetch_range")
+
+    def discard(self, stream: StreamLike = None) -> None:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard (cuMemDiscardBatchAsync)")
+
+    def discard_range(self, start: int, stop: int, stream: StreamLike = None) -> None:
+        """Needs a real GPU: UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_range (cuMemDiscardBatchAsync)")
+
+    def discard_prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Needs a real GPU (``cuMemDiscardAndPrefetchBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_prefetch (cuMemDiscardAndPrefetchBatchAsync)")
+
+    def discard_prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
+        """Needs a real GPU: UnsupportedError under the simulator."""
+        raise _unsupported("ManagedBuffer.discard_prefetch_range (cuMemDiscardAndPrefetchBatchAsync)")
 
     @contextlib.contextmanager
     def on_host(self) -> Iterator[np.ndarray]:
@@ -609,31 +649,37 @@ class ManagedBuffer(_SimBuffer):
         return "global" if target is None else target
 
 
-def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global", order: str = "C") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.empty`."""
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
 def managed_zeros(
-    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0
+    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, order: str = "C"
 ) -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.zeros`."""
-    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream, order=order)
 
 
-def managed_like(array: Any, *, attach: str = "global") -> ManagedBuffer:
-    """An uninitialised buffer with ``array``'s shape and dtype."""
+def managed_like(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
+    """An uninitialised buffer with ``array``'s shape and dtype (``order="K"`` keeps an F array's order)."""
     shape = getattr(array, "shape", None)
     dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
     if shape is None or dtype is None:
         arr = np.asarray(array)
-        shape, dtype = arr.shape, arr.dtype
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, "managed_like", allow_keep=True)
+    if order == "K":
+        itemsize = np.dtype(dtype).itemsize
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), itemsize) == "F"
+        order = "F" if f_only else "C"
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
-def managed_from(array: Any, *, attach: str = "global") -> ManagedBuffer:
+def managed_from(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.from_array`."""
-    return ManagedBuffer.from_array(array, attach=attach)
+    return ManagedBuffer.from_array(array, attach=attach, order=order)
 
 
 def _new_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -818,13 +864,25 @@ class PrefetchPlan:
     def __init__(self) -> None:
         self._entries: list[_Entry] = []
 
-    def add(self, obj: Any, target: Target) -> PrefetchPlan:
+    def add(self, obj: Any, target: Target, *, discard: bool = False) -> PrefetchPlan:
         """Add all of ``obj`` to go to ``target`` (checked now; the plan is unchanged on error)."""
+        if discard:
+            raise _unsupported("PrefetchPlan.add(discard=True) (cuMemDiscardAndPrefetchBatchAsync)")
         return self._add(obj, None, None, target, "PrefetchPlan.add")
 
-    def add_range(self, obj: Any, start: int, stop: int, target: Target) -> PrefetchPlan:
+    def add_range(self, obj: Any, start: int, stop: int, target: Target, *, discard: bool = False) -> PrefetchPlan:
         """Add elements ``[start, stop)`` of ``obj`` to go to ``target``."""
+        if discard:
+            raise _unsupported("PrefetchPlan.add_range(discard=True) (cuMemDiscardAndPrefetchBatchAsync)")
         return self._add(obj, start, stop, target, "PrefetchPlan.add_range")
+
+    def add_discard(self, obj: Any) -> PrefetchPlan:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("PrefetchPlan.add_discard (cuMemDiscardBatchAsync)")
+
+    def add_discard_range(self, obj: Any, start: int, stop: int) -> PrefetchPlan:
+        """Needs a real GPU (``cuMemDiscardBatchAsync``): UnsupportedError under the simulator."""
+        raise _unsupported("PrefetchPlan.add_discard_range (cuMemDiscardBatchAsync)")
 
     def _add(self, obj: Any, start: Any, stop: Any, target: Target, name: str) -> PrefetchPlan:
         what = f"{name} (entry {len(self._entries)})"
@@ -875,25 +933,32 @@ class PinnedBuffer(_SimBuffer):
         view._device_accessible = self._device_accessible
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
         """Allocate (zeroed host memory under the simulator)."""
+        order = _layout.check_order(order, "PinnedBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         fl = _as_flags(flags)
-        buf = cls._new(_Allocation("pinned", nbytes), shp, dt)
+        buf = cls._new(_Allocation("pinned", nbytes), shp, dt, order)
         buf._flags = fl
         buf._device_accessible = HostAllocFlags.DEVICEMAP in fl
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+    ) -> PinnedBuffer:
         """Allocate and zero."""
-        return cls.empty(shape, dtype, flags)
+        return cls.empty(shape, dtype, flags, order=order)
 
     @classmethod
-    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def from_array(
+        cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "K"
+    ) -> PinnedBuffer:
         """A copy of ``array``."""
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, flags)
+        buf = cls.empty(src.shape, src.dtype, flags, order=source_order(src, order, "PinnedBuffer.from_array"))
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -929,27 +994,39 @@ class DeviceBuffer(_SimBuffer):
     _constructors = ("DeviceBuffer.empty", "DeviceBuffer.zeros", "DeviceBuffer.from_array")
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def empty(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None, order: str = "C"
+    ) -> DeviceBuffer:
         """Allocate (zeroed host memory under the simulator; memory pools need a GPU)."""
+        order = _layout.check_order(order, "DeviceBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         _no_pool(pool, "DeviceBuffer.empty")
         _stream(stream, "DeviceBuffer.empty")
-        return cls._new(_Allocation("device", nbytes), shp, dt)
+        return cls._new(_Allocation("device", nbytes), shp, dt, order)
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def zeros(
+        cls, shape: Any, dtype: Any = np.float32, *, pool: Any = None, stream: StreamLike = None, order: str = "C"
+    ) -> DeviceBuffer:
         """Allocate and zero."""
-        return cls.empty(shape, dtype, pool=pool, stream=stream)
+        return cls.empty(shape, dtype, pool=pool, stream=stream, order=order)
 
     @classmethod
-    def from_array(cls, array: Any, *, pool: Any = None, stream: StreamLike = None) -> DeviceBuffer:
+    def from_array(cls, array: Any, *, pool: Any = None, stream: StreamLike = None, order: str = "K") -> DeviceBuffer:
         """A new buffer holding a copy of ``array``."""
         src = np.asarray(array)
         if src.dtype.hasobject:
             raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
-        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream)
+        order = source_order(src, order, "DeviceBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream, order=order)
         buf.copy_from_host(src)
         return buf
+
+
+def _vmm_c_only(order: Any, what: str) -> None:
+    """F-ordered VMM buffers need a real GPU (the simulator's VMM buffer is C-ordered only)."""
+    if _layout.check_order(order, what) != "C":
+        raise _unsupported(f"{what}(order='F')")
 
 
 def _row_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -990,8 +1067,10 @@ class VMMBuffer(_SimBuffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "C",
     ) -> VMMBuffer:
         """Reserve host address space for ``capacity`` rows and "map" ``shape``."""
+        _vmm_c_only(order, "VMMBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         if not shp:
             raise ValueError("a VMMBuffer needs at least one dimension (it grows along axis 0); got shape ()")
@@ -1034,8 +1113,10 @@ class VMMBuffer(_SimBuffer):
         exportable: bool = False,
         chunk_bytes: int | None = None,
         stream: StreamLike = 0,
+        order: str = "C",
     ) -> VMMBuffer:
         """Like :meth:`empty`, then zero every byte."""
+        _vmm_c_only(order, "VMMBuffer.zeros")
         _stream(stream, "VMMBuffer.zeros")
         buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes)
         if buf.size:
@@ -1051,9 +1132,11 @@ class VMMBuffer(_SimBuffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "K",
     ) -> VMMBuffer:
         """A new buffer holding a copy of ``array`` (at least 1-d)."""
         src = np.asarray(array)
+        _vmm_c_only(source_order(src, order, "VMMBuffer.from_array"), "VMMBuffer.from_array")
         buf = cls.empty(
             src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes
         )
