@@ -528,3 +528,93 @@ def test_free_to_driver_never_names_a_stream_by_an_ambiguous_handle(monkeypatch)
     assert ("cuStreamWaitEvent", 0, "event-A", 0) in calls  # waited for by id, on the legacy stream
     assert ("cuStreamWaitEvent", 0, "event-legacy", 0) not in calls  # same stream: stream order suffices
     assert calls[-1] == ("cuMemFreeAsync", 0x5550000, 0)
+
+
+# ---------------------------------------------------------------------------
+# The remembered stream id (the raw interface's fast path): a live numba stream's id is
+# kept; once the stream is destroyed its handle may come back for a new stream, whose
+# id must be asked again, and the old stream's free list must not serve it.
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_remembered_stream_id_dies_with_its_stream(rng):
+    """A pool address freed on a destroyed stream is never handed to the stream that reuses its handle
+    while the old work may run (20 trials, sleeping reader), and the id follows the new stream."""
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    from umem_numba._location import stream_handle
+
+    pool = um.MemoryPool("device")
+    nbytes = N * 4
+    reused = 0
+    try:
+        for trial in range(ORDERING_TRIALS):
+            data = random_array(rng, N, np.float32)
+            src = cuda.to_device(data)
+            s1 = cuda.stream()
+            h1 = stream_handle(s1)
+            key1 = _driver.stream_key(h1)
+            ptr = pool.allocate(nbytes, s1)
+            arr = DeviceNDArray((N,), (4,), np.float32, gpu_data=_view(ptr, nbytes))
+            out = cuda.device_array(N, np.float32)
+            sleeping.copy[GRID, BLOCK, s1](src, arr, 1)  # arr = data
+            sleeping.copy[GRID, BLOCK, s1](arr, out, SLEEP_MS)  # reads arr after sleeping
+            pool.free(ptr, s1)
+            del s1
+            gc.collect()
+            s2 = cuda.stream()
+            h2 = stream_handle(s2)
+            key2 = _driver.stream_key(h2)
+            assert key2 != key1, f"trial {trial}: a new stream kept the destroyed stream's id"
+            assert key2 == int(_driver.call("cuStreamGetId", h2))
+            reused += h2 == h1
+            ptr2 = pool.allocate(nbytes, s2)
+            arr2 = DeviceNDArray((N,), (4,), np.float32, gpu_data=_view(ptr2, nbytes))
+            sleeping.fill[GRID, BLOCK, s2](arr2, -1.0, 0)
+            s2.synchronize()
+            cuda.synchronize()
+            np.testing.assert_array_equal(out.copy_to_host(), data, err_msg=f"trial {trial}")
+            pool.free(ptr2, s2)
+        print(f"handles reused in {reused} of {ORDERING_TRIALS} trials")
+    finally:
+        cuda.synchronize()
+        pool.close()
+
+
+def _view(ptr: int, nbytes: int):
+    """numba memory over a pool address (the pool keeps it; numba must not free it)."""
+    from numba.cuda.cudadrv.driver import MemoryPointer
+
+    return MemoryPointer(cuda.current_context(), ptr, nbytes)
+
+
+def test_stream_id_is_kept_only_while_its_owner_lives(monkeypatch):
+    """CPU: the id of a noted stream is asked once while its owner lives, and again after it is gone."""
+    from types import SimpleNamespace
+
+    asked: list[int] = []
+    ids = iter(range(100, 200))
+
+    def get_id(handle):
+        asked.append(handle)
+        return (0, next(ids))
+
+    monkeypatch.setattr(_driver, "_api", SimpleNamespace(stream_get_id=get_id))
+    monkeypatch.setattr(_driver, "_owned_streams", {})
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    _driver.note_owned_stream(0x1000, owner)
+    first = _driver.stream_key(0x1000)
+    assert _driver.stream_key(0x1000) == first
+    assert asked == [0x1000]
+    del owner
+    gc.collect()
+    assert _driver.stream_key(0x1000) != first  # the owner is gone: the handle may name another stream
+    assert asked == [0x1000, 0x1000]
+    for special in (0, 1, 2):  # a different stream per context or thread: never kept
+        _driver.note_owned_stream(special, Owner())
+        assert _driver.owned_stream(special) is None

@@ -474,15 +474,63 @@ def current_device() -> int:
     return int(check(api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
 
 
+#: Streams whose owner is alive, by handle: ``[weak reference to the owner, its id or None]``.
+#: While the owner (a stream numba created) lives, the stream is not destroyed, so its
+#: handle names that one stream in every thread and its ``cuStreamGetId`` can be kept.
+_owned_streams: dict[int, list[Any]] = {}
+_OWNED_KEPT = 256
+
+
+def note_owned_stream(handle: int, owner: Any) -> None:
+    """Remember that ``owner`` (alive) owns the stream ``handle``: :func:`stream_key` may then keep its id.
+
+    Only for an object whose collection destroys the stream (numba's own
+    streams); never for the special handles 0, 1 and 2, which name a
+    different stream per context or thread.
+    """
+    if handle in (0, 1, 2):
+        return
+    known = _owned_streams.get(handle)
+    if known is not None and known[0]() is owner:
+        return
+    try:
+        ref = weakref.ref(owner)
+    except TypeError:
+        return
+    if len(_owned_streams) >= _OWNED_KEPT:
+        _owned_streams.clear()
+    _owned_streams[handle] = [ref, None]
+
+
 def stream_key(handle: int) -> int:
     """A key that names one stream for as long as it exists: ``cuStreamGetId``.
 
     Raw handles are ambiguous: ``0`` is the legacy stream of whichever
     context is current, ``2`` is the calling thread's per-thread stream, and
     a destroyed stream's handle can come back for a new stream.  The stream
-    id is unique in the process.  (Without ``cuStreamGetId``, before CUDA 12,
-    the handle is the key.)
+    id is unique in the process.  It is asked of the driver at every call,
+    except for a stream whose owner is known to be alive
+    (:func:`note_owned_stream`): its handle cannot have been reused.
+    (Without ``cuStreamGetId``, before CUDA 12, the handle is the key.)
     """
+    owned = owned_stream(handle)
+    if owned is not None:
+        key = owned[1]
+        if key is None:
+            key = owned[1] = _ask_stream_id(handle)
+        return int(key)
+    return _ask_stream_id(handle)
+
+
+def owned_stream(handle: int) -> list[Any] | None:
+    """``[owner reference, id or None]`` of a stream whose owner is alive (:func:`note_owned_stream`), else None."""
+    owned = _owned_streams.get(handle)
+    if owned is not None and owned[0]() is not None:
+        return owned
+    return None
+
+
+def _ask_stream_id(handle: int) -> int:
     a = _api if _api is not None else api()
     get = a.stream_get_id
     if get is None:

@@ -48,7 +48,7 @@ from . import _driver, _events, _sim
 from ._buffer import Buffer
 from ._errors import CoherenceError, CudaError
 from ._kernel_call import KernelCall, scalar_type, supports
-from ._location import stream_handle
+from ._location import owns_stream, stream_classes, stream_handle
 from ._tracker import Tracker, _launching
 
 __all__ = ["CoherentKernel", "coherent", "jit", "launch"]
@@ -574,7 +574,7 @@ class _ConfiguredLaunch:
         # (legacy 0/1, per-thread 2) name a different stream per context or
         # thread: those are identified at every launch.
         self._key: int | None = None
-        self._keep_key = self._handle not in (0, 1, 2) and _owns_stream(stream)
+        self._keep_key = self._handle not in (0, 1, 2) and owns_stream(stream)
         #: (ids of the argument types..., device) -> (the types, their KernelCall or None: numba launches).
         self._calls: dict[tuple[int, ...], tuple[tuple[Any, ...], KernelCall | None]] = {}
 
@@ -752,7 +752,7 @@ def _launch_stream(stream: Any) -> Any:
         return stream
     if type(stream) is int:
         return 0 if stream == 0 else _external_for_handle(stream_handle(stream, what="launch"))
-    native, _ = _stream_classes()
+    native, _ = stream_classes()
     if isinstance(stream, native):
         return stream
     known = _external_streams.get(id(stream))
@@ -795,29 +795,6 @@ def _make_external_stream(handle: int) -> Any:
     return cuda.external_stream(handle)
 
 
-def _stream_classes() -> tuple[tuple[type, ...], type | None]:
-    """(the stream kinds numba's launch takes, numba's own ``Stream`` class); found once."""
-    global _STREAM_CLASSES
-    if _STREAM_CLASSES is None:
-        try:
-            from numba.cuda.cudadrv import driver as nbdriver
-
-            found = [getattr(nbdriver, n, None) for n in ("Stream", "ExperimentalStream", "GraphBuilder")]
-            native = tuple(t for t in found if isinstance(t, type))
-            own = found[0] if isinstance(found[0], type) else None
-        except Exception:  # numba-cuda reorganised: wrap everything, keep no identity
-            native, own = (), None
-        _STREAM_CLASSES = (native, own)
-    return _STREAM_CLASSES
-
-
-def _owns_stream(stream: Any) -> bool:
-    """Whether ``stream`` owns its handle: a stream numba created, destroyed only when it is collected."""
-    _, own = _stream_classes()
-    return own is not None and isinstance(stream, own) and getattr(stream, "external", True) is False
-
-
-_STREAM_CLASSES: tuple[tuple[type, ...], type | None] | None = None
 #: Foreign stream objects by id, with a weak reference that proves the id -> numba external stream.
 _external_streams: dict[int, tuple[weakref.ref[Any], Any]] = {}
 #: Raw handles -> numba external stream (the per-thread handle 2 lives in ``_per_thread``).

@@ -376,6 +376,8 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
         ref = weakref.ref(stream)
     except TypeError:  # no weak references (a numpy integer): nothing to remember
         return handle
+    if owns_stream(stream):
+        _driver.note_owned_stream(handle, stream)  # its id can be kept while it lives
     if len(_handles) >= _HANDLES_KEPT:
         _handles.clear()
     _handles[id(stream)] = (ref, handle)
@@ -430,3 +432,28 @@ def stream_device(handle: int) -> int:
     if get is None:  # cuda-bindings older than 12.8: assume the current device's stream
         return _driver.ensure_context()
     return int(_driver.check(get(handle), "cuStreamGetDevice", f"finding the device of stream {handle:#x}"))
+
+
+def stream_classes() -> tuple[tuple[type, ...], type | None]:
+    """(the stream kinds numba's launch takes, numba's own ``Stream`` class); found once."""
+    global _STREAM_CLASSES
+    if _STREAM_CLASSES is None:
+        try:
+            from numba.cuda.cudadrv import driver as nbdriver
+
+            found = [getattr(nbdriver, n, None) for n in ("Stream", "ExperimentalStream", "GraphBuilder")]
+            native = tuple(t for t in found if isinstance(t, type))
+            own = found[0] if isinstance(found[0], type) else None
+        except Exception:  # numba-cuda reorganised: wrap everything, keep no identity
+            native, own = (), None
+        _STREAM_CLASSES = (native, own)
+    return _STREAM_CLASSES
+
+
+def owns_stream(stream: Any) -> bool:
+    """Whether ``stream`` owns its handle: a stream numba created, destroyed only when it is collected."""
+    _, own = stream_classes()
+    return own is not None and isinstance(stream, own) and getattr(stream, "external", True) is False
+
+
+_STREAM_CLASSES: tuple[tuple[type, ...], type | None] | None = None

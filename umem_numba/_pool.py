@@ -401,9 +401,10 @@ class MemoryPool:
 
         Handle 0 is the legacy stream of the pool's device (the context every
         stream-0 operation of the pool runs in): its key is looked up once.
-        Any other handle is asked of the driver each time, since the same
-        handle can name another stream in another thread (2) or after a
-        stream was destroyed.
+        A live numba stream's key is kept by :func:`_driver.stream_key`.  Any
+        other handle is asked of the driver each time, since the same handle
+        can name another stream in another thread (2) or after a stream was
+        destroyed: pass the stream object rather than its raw handle.
         """
         if handle == 0:
             key = self._legacy_key
@@ -411,6 +412,9 @@ class MemoryPool:
                 with _driver.device_context(self.device_id):
                     key = self._legacy_key = _driver.stream_key(0)
             return key
+        owned = _driver.owned_stream(handle)
+        if owned is not None and owned[1] is not None:
+            return int(owned[1])  # a live numba stream: its handle names it alone
         get = self._get_id
         if get is None:  # before CUDA 12: the handle is all there is
             return handle
@@ -418,6 +422,8 @@ class MemoryPool:
         if err != 0:  # e.g. no context current in this thread
             with _driver.device_context(self.device_id):
                 return _driver.stream_key(handle)
+        if owned is not None:
+            owned[1] = int(sid)
         return int(sid)
 
     def _take_idle(self, size: int, handle: int) -> int:
