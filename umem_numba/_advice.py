@@ -82,6 +82,26 @@ def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
             raise unsupported from exc
     if span.memory is not None:
         span.memory.note_advice()
+    if loc is not None and loc.kind == "host_numa" and advice is MemAdvice.SET_PREFERRED_LOCATION:
+        _check_numa_preference_applied(span, loc, what)
+
+
+def _check_numa_preference_applied(span: ManagedSpan, loc: Location, what: str) -> None:
+    """Read a host NUMA preference back: some systems' drivers accept it and keep the old one.
+
+    Seen on an H100 virtual machine with a CUDA 13.0 driver (one NUMA node):
+    ``cuMemAdvise`` returned success and the range still preferred its earlier
+    location, while a prefetch to the same node landed there.  A silent no-op
+    is worse than an error, so it is reported as unsupported.
+    """
+    c = _driver.consts()
+    got = _read_location(span, c.range_preferred, (c.range_preferred_type, c.range_preferred_id))
+    if got != loc:
+        raise UnsupportedError(
+            f"{what} for {loc}: the driver accepted the advice but the range's preferred location reads back "
+            f"as {got if got is not None else 'none'}; this system's driver does not apply host NUMA preferences "
+            "(prefetching to the node still works)"
+        )
 
 
 def _range_attr(span: ManagedSpan, attr: Any, size: int = 4) -> list[int]:
