@@ -426,12 +426,12 @@ class MemoryPool:
             The driver refused (e.g. no peer access between the two GPUs).
         """
         mode = _pool_kinds.check_mode(mode)
-        device_id = as_device(device, what="MemoryPool.set_access")
         if self.kind == "managed":
             raise UnsupportedError(
                 "MemoryPool.set_access: a managed pool cannot change which devices reach it "
                 "(the driver maps managed memory for every device itself)"
             )
+        device_id = as_device(device, what="MemoryPool.set_access")
         if device_id == self.device_id:
             if mode == "rw":
                 return
