@@ -1,6 +1,6 @@
 """Memory pools on the driver's stream-ordered allocator (``cuMemPoolCreate``).
 
-A :class:`MemoryPool` hands out managed or device memory with
+A :class:`MemoryPool` hands out managed, device or pinned host memory with
 ``cuMemAllocFromPoolAsync`` and takes it back with ``cuMemFreeAsync``: both
 are queued on a stream, so allocating and freeing cost a driver call each
 and never synchronise.  Freed memory stays in the pool for the next
@@ -52,6 +52,16 @@ legacy default stream of the pool's device after that stream waits for the
 buffer's recorded events: it never names a stream by a handle that may mean
 another stream in the thread the free runs in (a garbage collection can run
 it in any thread) or a stream destroyed meanwhile.
+
+Kinds, shared pools and access
+------------------------------
+What a pool is made of (its kind and location, the driver's pools it can
+wrap, the access modes) is described in :mod:`umem_numba._pool_kinds`.  A
+pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
+:meth:`MemoryPool.default` is the driver's, shared with other libraries: it
+is never destroyed or trimmed by umem_numba, and it keeps no free lists
+(``release_threshold`` of the wrapper limits them to 0 bytes), so memory
+umem_numba frees is at once in the driver's pool for the other libraries.
 
 Work umem_numba could not see
 -----------------------------
