@@ -24,18 +24,22 @@ def _pinned_pool_or_skip(**kw):
     from umem_numba._pool_kinds import pinned_pool_support
 
     missing = pinned_pool_support(_driver.ensure_context(), kw.get("numa"))
-    if missing:
-        with pytest.raises(um.UnsupportedError, match=r"pinned .*memory pools need"):
-            um.MemoryPool("pinned", **kw)
-        pytest.skip(f"pinned pools unsupported here (the error says so): {missing}")
-    return um.MemoryPool("pinned", **kw)
+    try:
+        pool = um.MemoryPool("pinned", **kw)
+    except um.UnsupportedError as exc:
+        assert "pinned (host) memory pools" in str(exc)
+        if missing:
+            assert missing in str(exc)
+        pytest.skip(f"pinned pools unsupported here (the error says so): {exc}")
+    assert not missing, f"a pinned pool was made although the checks said it needs {missing}"
+    return pool
 
 
 def _pool_attr(pool, name):
     """A pool attribute read from the driver, or None where the binding or the driver lacks it."""
     try:
         return pool._attr(name)
-    except (AttributeError, um.CudaError):
+    except (AttributeError, TypeError, ValueError, um.CudaError):
         return None
 
 

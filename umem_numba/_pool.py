@@ -100,7 +100,7 @@ from typing import Any
 
 from . import _driver, _events, _pool_kinds, _stats
 from ._checks import as_nonnegative_int
-from ._errors import OutOfMemoryError, UnsupportedError
+from ._errors import CudaError, OutOfMemoryError, UnsupportedError
 from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._location import Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
@@ -277,9 +277,15 @@ class MemoryPool:
         props.handleTypes = c.vmm_posix_fd if exportable else c.vmm_no_handle
         props.location = where.to_cu()
         props.maxSize = 0
-        handle = _driver.call_on(
-            loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool at {where} for device {loc.id}"
-        )
+        try:
+            handle = _driver.call_on(
+                loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool at {where} for device {loc.id}"
+            )
+        except CudaError as exc:
+            if kind != "pinned" or exc.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+                raise
+            # The device reported host pools, and the driver refused this one all the same.
+            raise UnsupportedError(f"pinned (host) memory pools at {where}: the driver refused one ({exc})") from exc
         self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
         with Transaction() as tx:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
