@@ -60,7 +60,7 @@ wrap, the access modes) is described in :mod:`umem_numba._pool_kinds`.  A
 pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
 :meth:`MemoryPool.default` is the driver's, shared with other libraries: it
 is never destroyed or trimmed by umem_numba, and it keeps no free lists
-(``release_threshold`` of the wrapper limits them to 0 bytes), so memory
+(their limit is 0 bytes whatever the pool's release threshold), so memory
 umem_numba frees is at once in the driver's pool for the other libraries.
 
 Work umem_numba could not see
