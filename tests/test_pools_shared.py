@@ -172,12 +172,13 @@ def test_default_device_pool_is_the_drivers_current_pool_and_survives_close(rng)
     """Issue #22 item 4: MemoryPool.default("device") is cuDeviceGetMemPool's pool, one wrapper per pool,
     leaves the release threshold alone, keeps no free lists and is never destroyed by close()."""
     dev = _driver.ensure_context()
-    handle = int(_driver.call("cuDeviceGetMemPool", dev))
+    raw = _driver.call("cuDeviceGetMemPool", dev)
+    handle = int(raw)
     attr = _driver.consts().mempool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-    threshold = int(_driver.call("cuMemPoolGetAttribute", handle, attr))
+    threshold = int(_driver.call("cuMemPoolGetAttribute", raw, attr))
     pool = um.MemoryPool.default("device")
     assert pool.handle == handle and pool.shared and um.MemoryPool.default(kind="device", device=dev) is pool
-    assert int(_driver.call("cuMemPoolGetAttribute", handle, attr)) == threshold  # not changed by wrapping
+    assert int(_driver.call("cuMemPoolGetAttribute", raw, attr)) == threshold  # not changed by wrapping
     data = random_array(rng, (300, 7), np.float64)
     buf = um.DeviceBuffer.from_array(data, pool=pool)
     np.testing.assert_array_equal(buf.copy_to_host(), data)
