@@ -474,8 +474,8 @@ def test_pool_argument_checks_on_the_gpu():
 
 
 def test_pool_arguments_are_checked_before_the_driver():
-    with pytest.raises(ValueError, match="'managed' or 'device'"):
-        um.MemoryPool("pinned")
+    with pytest.raises(ValueError, match="'managed', 'device' or 'pinned'"):
+        um.MemoryPool("host")
     with pytest.raises(ValueError, match="release_threshold must be >= 0"):
         um.MemoryPool("device", release_threshold=-1)
     with pytest.raises(TypeError, match="release_threshold must be an int"):

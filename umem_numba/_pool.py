@@ -1,6 +1,6 @@
 """Memory pools on the driver's stream-ordered allocator (``cuMemPoolCreate``).
 
-A :class:`MemoryPool` hands out managed or device memory with
+A :class:`MemoryPool` hands out managed, device or pinned host memory with
 ``cuMemAllocFromPoolAsync`` and takes it back with ``cuMemFreeAsync``: both
 are queued on a stream, so allocating and freeing cost a driver call each
 and never synchronise.  Freed memory stays in the pool for the next
@@ -53,6 +53,16 @@ buffer's recorded events: it never names a stream by a handle that may mean
 another stream in the thread the free runs in (a garbage collection can run
 it in any thread) or a stream destroyed meanwhile.
 
+Kinds, shared pools and access
+------------------------------
+What a pool is made of (its kind and location, the driver's pools it can
+wrap, the access modes) is described in :mod:`umem_numba._pool_kinds`.  A
+pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
+:meth:`MemoryPool.default` is the driver's, shared with other libraries: it
+is never destroyed or trimmed by umem_numba, and it keeps no free lists
+(their limit is 0 bytes whatever the pool's release threshold), so memory
+umem_numba frees is at once in the driver's pool for the other libraries.
+
 Work umem_numba could not see
 -----------------------------
 A plain numba launch on a pool buffer, work of a library the buffer escaped
@@ -88,9 +98,9 @@ import threading
 import weakref
 from typing import Any
 
-from . import _driver, _events, _stats
+from . import _driver, _events, _pool_kinds, _stats
 from ._checks import as_nonnegative_int
-from ._errors import OutOfMemoryError, UnsupportedError
+from ._errors import CudaError, OutOfMemoryError, UnsupportedError
 from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._location import Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
@@ -101,7 +111,7 @@ ROUND = 512
 
 __all__ = ["MemoryPool"]
 
-POOL_KINDS = ("managed", "device")
+POOL_KINDS = _pool_kinds.POOL_KINDS
 #: Release threshold meaning "keep everything until trim()".
 KEEP_ALL = (1 << 64) - 1
 
@@ -113,13 +123,13 @@ HELD_SYNC_BYTES = 256 << 20
 
 _live: weakref.WeakSet[MemoryPool] = weakref.WeakSet()
 _defaults: dict[tuple[str, int], MemoryPool] = {}
+#: The wrappers of the driver's shared pools (:meth:`MemoryPool.default`), by kind and device.
+_shared: dict[tuple[str, int], MemoryPool] = {}
 _defaults_lock = threading.Lock()
 
 
 def _check_kind(kind: Any) -> str:
-    if kind not in POOL_KINDS:
-        raise ValueError(f"MemoryPool kind must be 'managed' or 'device', got {kind!r}")
-    return kind
+    return _pool_kinds.check_kind(kind)
 
 
 def _check_bytes(value: Any, what: str, *, positive: bool = False) -> int:
@@ -151,16 +161,20 @@ def managed_pool_support() -> str:
 
 
 class MemoryPool:
-    """A stream-ordered memory pool of managed or device memory.
+    """A stream-ordered memory pool of managed, device or pinned host memory.
 
     Parameters
     ----------
-    kind : {"managed", "device"}
+    kind : {"managed", "device", "pinned"}
         ``"managed"``: unified memory (host- and device-accessible; the pool's
         device is the preferred location of its allocations).  ``"device"``:
-        device memory (:class:`~umem_numba.DeviceBuffer`).
+        device memory (:class:`~umem_numba.DeviceBuffer`).  ``"pinned"``:
+        page-locked host memory (:class:`~umem_numba.PinnedBuffer`), on the
+        driver's host-location pools; the pool's device gets read-write access
+        to it (:meth:`set_access` grants others).
     device : int, numba device or None
-        The pool's device (``None``: the current one).
+        The pool's device (``None``: the current one).  For a pinned pool, the
+        device that may use its memory and whose context runs its frees.
     release_threshold : int, optional
         Bytes of free memory the pool keeps across synchronisations before
         returning the rest to the driver.  Default: keep everything until
@@ -170,16 +184,26 @@ class MemoryPool:
         Device pools only: create the pool shareable with other processes
         (POSIX file descriptors), which numba IPC through the memory-manager
         plugin needs.
+    numa : int, optional
+        Pinned pools only: the host NUMA node of the memory
+        (``CU_MEM_LOCATION_TYPE_HOST_NUMA``; ``info()["numa_nodes"]`` lists
+        them); ``None``: the host as a whole (``CU_MEM_LOCATION_TYPE_HOST``).
 
     Raises
     ------
     ValueError, TypeError
-        Bad kind, device or threshold (before any driver call).
+        Bad kind, device, threshold or NUMA node (before any driver call).
     UnsupportedError
         Managed pools need cuda-bindings 13, a CUDA 13 driver and
-        concurrentManagedAccess on every device: the message says which is
-        missing.  A device without memory-pool support, or an exportable
-        managed pool (the driver cannot share managed pools), is refused too.
+        concurrentManagedAccess on every device; pinned pools need a CUDA 13
+        driver (a CUDA 12.6 one at a host NUMA node) and a device that
+        reports host memory pools: the message says which is missing.  A
+        device without memory-pool support, or an exportable managed or
+        pinned pool (the driver can share device pools only), is refused too.
+
+    See Also
+    --------
+    MemoryPool.default : the driver's pool that CuPy, RMM and cuda.core share.
 
     Examples
     --------
@@ -187,6 +211,7 @@ class MemoryPool:
     >>> buf = um.ManagedBuffer.empty(1 << 20, pool=pool, stream=s)  # doctest: +SKIP
     >>> buf.close()               # queued on s: no synchronisation # doctest: +SKIP
     >>> pool.trim(0)                                               # doctest: +SKIP
+    >>> staging = um.PinnedBuffer.empty(1 << 20, pool=um.MemoryPool("pinned"), stream=s)  # doctest: +SKIP
     """
 
     __slots__ = (
@@ -204,31 +229,45 @@ class MemoryPool:
         "_idle",
         "_legacy_key",
         "_limit",
+        "_owned",
         "_raw_lists",
         "_raw_sizes",
+        "_where",
         "device_id",
         "exportable",
         "kind",
     )
 
     def __init__(
-        self, kind: str, device: Target = None, release_threshold: int | None = None, *, exportable: bool = False
+        self,
+        kind: str,
+        device: Target = None,
+        release_threshold: int | None = None,
+        *,
+        exportable: bool = False,
+        numa: int | None = None,
     ) -> None:
         kind = _check_kind(kind)
         threshold = KEEP_ALL if release_threshold is None else _check_bytes(release_threshold, "release_threshold")
-        if kind == "managed" and exportable:
+        if kind != "device" and exportable:
             raise UnsupportedError(
-                "a managed memory pool cannot be exported to other processes "
+                f"a {kind} memory pool cannot be exported to other processes "
                 "(the driver supports IPC for device pools only)"
             )
+        numa = _pool_kinds.check_numa(kind, numa)
         device_id = as_device(device, what="MemoryPool")
         loc = Location.device(device_id)
+        where = _pool_kinds.pool_location(kind, device_id, numa)
         api = _driver.api()
         drv, c = api.drv, api.c
         if kind == "managed":
             missing = managed_pool_support()
             if missing:
                 raise UnsupportedError(f"managed memory pools need {missing}")
+        elif kind == "pinned":
+            missing = _pool_kinds.pinned_pool_support(device_id, numa)
+            if missing:
+                raise UnsupportedError(f"pinned (host) memory pools need {missing}")
         elif not _driver.device_attribute("MEMORY_POOLS_SUPPORTED", loc.id):
             raise UnsupportedError(f"device {loc.id} does not support memory pools")
         if exportable and not _driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", loc.id) & int(c.vmm_posix_fd):
@@ -236,14 +275,39 @@ class MemoryPool:
         props = drv.CUmemPoolProps()
         props.allocType = c.pool_managed if kind == "managed" else c.vmm_pinned
         props.handleTypes = c.vmm_posix_fd if exportable else c.vmm_no_handle
-        props.location = loc.to_cu()
+        props.location = where.to_cu()
         props.maxSize = 0
-        handle = _driver.call_on(
-            loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool on device {loc.id}"
+        try:
+            handle = _driver.call_on(
+                loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool at {where} for device {loc.id}"
+            )
+        except CudaError as exc:
+            if kind != "pinned" or exc.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+                raise
+            # The device reported host pools, and the driver refused this one all the same.
+            raise UnsupportedError(f"pinned (host) memory pools at {where}: the driver refused one ({exc})") from exc
+        self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
+        with Transaction() as tx:
+            tx.append(_driver.call, "cuMemPoolDestroy", handle)
+            self.release_threshold = threshold
+            if kind == "pinned":
+                # A host pool is mapped for no device until access is granted (cuMemPoolCreate).
+                self._grant(loc.id, "rw")
+            tx.commit()
+        self._finalizer = finalizer(
+            self, _destroy, handle, self._cache, self._raw_lists, self._held, self._idle, loc.id
         )
+        _live.add(self)
+
+    def _adopt(self, kind: str, device_id: int, handle: Any, where: Location, *, owned: bool, exportable: bool) -> None:
+        """Set up the façade over the driver pool ``handle`` (made here, or the driver's, ``owned=False``)."""
+        api = _driver.api()
+        drv = api.drv
         self.kind = kind
-        self.device_id = loc.id
+        self.device_id = device_id
         self.exportable = bool(exportable)
+        self._where = where
+        self._owned = owned
         self._handle = handle
         self._closed = False
         self._alloc_fn = drv.cuMemAllocFromPoolAsync
@@ -265,19 +329,70 @@ class MemoryPool:
         #: that a free on the same handle in the same thread need not ask the driver again.
         self._raw_sizes: dict[int, tuple[int, int, int | None, int]] = {}
         self._get_id = api.stream_get_id
-        self._cache_limit = threshold
-        total = int(_driver.call("cuDeviceTotalMem", loc.id))
-        if kind == "managed":
-            total += _host_ram()
-        self._limit = total
-        with Transaction() as tx:
-            tx.append(_driver.call, "cuMemPoolDestroy", handle)
-            self.release_threshold = threshold
-            tx.commit()
-        self._finalizer = finalizer(
-            self, _destroy, handle, self._cache, self._raw_lists, self._held, self._idle, loc.id
+        #: A shared pool keeps no free lists: memory umem_numba frees must reach the driver's
+        #: pool, where the other libraries allocate from.
+        self._cache_limit = KEEP_ALL if owned else 0
+        #: The most an allocation can ask for (larger requests are refused before the driver).
+        self._limit: int = (
+            (_host_ram() or KEEP_ALL) if kind == "pinned" else int(_driver.call("cuDeviceTotalMem", device_id))
         )
-        _live.add(self)
+        if kind == "managed":
+            self._limit += _host_ram()
+
+    @classmethod
+    def default(cls, kind: str = "device", device: Target = None) -> MemoryPool:
+        """The driver's pool that other libraries allocate from too, wrapped without owning it.
+
+        Parameters
+        ----------
+        kind : {"device", "managed"}
+            ``"device"``: the device's *current* pool (``cuDeviceGetMemPool``,
+            its default pool unless ``cuDeviceSetMemPool`` chose another), the
+            pool of ``cudaMallocAsync``, CuPy's ``MemoryAsyncPool``, cuda.core's
+            ``DeviceMemoryResource(device)`` and RMM's async resources built on
+            it.  ``"managed"``: the device's default managed pool
+            (``cuMemGetDefaultMemPool``, CUDA 13), RMM's
+            ``CudaAsyncManagedMemoryResource``.
+        device : int, numba device or None
+            ``None``: the current device.
+
+        Returns
+        -------
+        MemoryPool
+            One wrapper per pool and process (asked again if the device's
+            current pool changed).  It is never destroyed: :meth:`close` only
+            gives umem_numba's memory back and stops using the pool.  It keeps
+            no free lists (closed buffers' memory goes back to the driver's
+            pool at once, where the other libraries can reuse it) and does not
+            change the pool's release threshold; setting
+            :attr:`release_threshold` or calling :meth:`trim` acts on the
+            shared pool, for every library (a trim releases only memory no
+            allocation uses, other libraries' free memory included).
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad kind or device (before any driver call).
+        UnsupportedError
+            No memory pools on the device; for ``"managed"``, cuda-bindings
+            13, a CUDA 13 driver or concurrentManagedAccess is missing.
+        """
+        kind = _pool_kinds.check_kind(kind, _pool_kinds.SHARED_KINDS, "MemoryPool.default")
+        device_id = as_device(device, what="MemoryPool.default")
+        handle = _pool_kinds.shared_pool_handle(kind, device_id)
+        key = (kind, device_id)
+        with _defaults_lock:
+            pool = _shared.get(key)
+            if pool is not None and not pool._closed and int(pool._handle) == int(handle):
+                return pool
+            pool = object.__new__(cls)
+            pool._adopt(kind, device_id, handle, Location.device(device_id), owned=False, exportable=False)
+            pool._finalizer = finalizer(
+                pool, _release_all, pool._cache, pool._raw_lists, pool._held, pool._idle, device_id
+            )
+            _live.add(pool)
+            _shared[key] = pool
+        return pool
 
     # -- properties ---------------------------------------------------------------
     @property
@@ -292,8 +407,85 @@ class MemoryPool:
 
     @property
     def location(self) -> Location:
-        """The pool's device as a :class:`~umem_numba.Location`."""
-        return Location.device(self.device_id)
+        """Where the pool's memory lives: its device, or the host (a host NUMA node) for a pinned pool."""
+        return self._where
+
+    @property
+    def shared(self) -> bool:
+        """Whether this wraps a pool the driver owns (:meth:`default`): never destroyed by umem_numba."""
+        return not self._owned
+
+    # -- access from devices ---------------------------------------------------------
+    def set_access(self, device: Target, mode: str | None) -> None:
+        """Grant device ``device`` access to the pool's memory (``cuMemPoolSetAccess``), or revoke it.
+
+        Parameters
+        ----------
+        device : int or numba device
+            A device other than the pool's own (peer access between GPUs; for a
+            pinned pool, another GPU that may use the host memory).  The pool's
+            own device always has read-write access: ``"rw"`` for it does
+            nothing, anything else is refused.
+        mode : {"rw", "r", None}
+            Read-write, read-only, or no access.  The grant covers the pool's
+            memory now and later; read it back with :meth:`access`.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad mode, unknown device, or a change to the pool's own device
+            (before any driver call but the device count).
+        UnsupportedError
+            A managed pool (the driver maps managed memory for every device
+            itself and refuses access changes).
+        CudaError
+            The driver refused (e.g. no peer access between the two GPUs).
+        """
+        mode = _pool_kinds.check_mode(mode)
+        if self.kind == "managed":
+            raise UnsupportedError(
+                "MemoryPool.set_access: a managed pool cannot change which devices reach it "
+                "(the driver maps managed memory for every device itself)"
+            )
+        device_id = as_device(device, what="MemoryPool.set_access")
+        if device_id == self.device_id:
+            if mode == "rw":
+                return
+            raise ValueError(
+                f"MemoryPool.set_access: device {device_id} is this pool's own device, which always has "
+                f"read-write access; {mode!r} would take it away"
+            )
+        self._live()
+        self._grant(device_id, mode)
+
+    def _grant(self, device_id: int, mode: str | None) -> None:
+        desc = _pool_kinds.access_desc(device_id, mode)
+        _driver.call_on(
+            self.device_id,
+            "cuMemPoolSetAccess",
+            self._handle,
+            [desc],
+            1,
+            detail=f"granting device {device_id} {mode or 'no'} access to a {self.kind} memory pool",
+        )
+
+    def access(self, device: Target) -> str | None:
+        """How device ``device`` may use the pool's memory, read from the driver (``cuMemPoolGetAccess``).
+
+        Returns
+        -------
+        {"rw", "r", None}
+            Read-write, read-only, or no access.
+        """
+        device_id = as_device(device, what="MemoryPool.access")
+        flags = _driver.call_on(
+            self.device_id,
+            "cuMemPoolGetAccess",
+            self._live(),
+            Location.device(device_id).to_cu(),
+            detail=f"reading device {device_id}'s access to a {self.kind} memory pool",
+        )
+        return _pool_kinds.mode_of_flags(flags)
 
     def _attr(self, name: str) -> int:
         attr = getattr(_driver.consts().mempool_attribute, "CU_MEMPOOL_ATTR_" + name)
@@ -319,7 +511,7 @@ class MemoryPool:
     def release_threshold(self, value: int) -> None:
         value = _check_bytes(value, "release_threshold")
         self._set_attr("RELEASE_THRESHOLD", value)
-        self._cache_limit = value
+        self._cache_limit = value if self._owned else 0  # a shared pool keeps no free lists
         if self.cached_bytes > value:
             self.release_cached()
 
@@ -537,7 +729,8 @@ class MemoryPool:
                 # The frees are stream-ordered on the legacy stream: let them run, then give what
                 # the pool holds unused back to the driver, so that another size can use it.
                 _driver.call("cuStreamSynchronize", 0, detail="letting freed pool memory return")
-                _driver.call("cuMemPoolTrimTo", self._handle, 0, detail="trimming a memory pool out of memory")
+                if self._owned:  # never trim a pool other libraries share behind their backs
+                    _driver.call("cuMemPoolTrimTo", self._handle, 0, detail="trimming a memory pool out of memory")
             return self._driver_allocate(size, handle)
 
     def _retry(self, err: Any, nbytes: int, handle: int) -> int:
@@ -622,7 +815,11 @@ class MemoryPool:
         The free lists are emptied first (and the legacy stream synchronised,
         so that their frees have run).  Memory whose stream-ordered free on
         another stream has not run yet cannot be released: synchronise those
-        streams first for a full trim.
+        streams first for a full trim.  On a shared pool (:meth:`default`) the
+        trim is the caller's explicit choice for every library using the
+        pool: it releases only memory no allocation uses (other libraries'
+        free memory too), never memory in use; umem_numba itself never trims
+        a shared pool.
         """
         keep = _check_bytes(keep_bytes, "keep_bytes")
         self._live()
@@ -743,7 +940,9 @@ class MemoryPool:
         memory once they are all freed.  The device is synchronised first:
         destroying a pool while its allocations or frees are still queued on a
         stream crashed the driver in our tests (an H200, driver 580).  Closing
-        twice does nothing.
+        twice does nothing.  A shared pool (:meth:`default`) is not destroyed:
+        umem_numba only stops using it (the next :meth:`default` call makes a
+        new wrapper).
         """
         if self._closed:
             return
@@ -751,7 +950,8 @@ class MemoryPool:
         self.release_cached()
         self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
-        _destroy_settled(self._handle, self.device_id)
+        if self._owned:
+            _destroy_settled(self._handle, self.device_id)
 
     def __enter__(self) -> MemoryPool:
         return self
@@ -761,7 +961,9 @@ class MemoryPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"handle={self.handle:#x}"
-        return f"MemoryPool({self.kind!r}, device={self.device_id}, {state})"
+        where = f", location={self._where}" if self.kind == "pinned" else ""
+        shared = ", shared" if not self._owned else ""
+        return f"MemoryPool({self.kind!r}, device={self.device_id}{where}{shared}, {state})"
 
 
 def _name(err: Any) -> str:
@@ -793,6 +995,22 @@ def _destroy_settled(handle: Any, device_id: int) -> None:
     synchronize_for_reuse({device_id}, "settling a memory pool's queued work before destroying it")
     with _driver.device_context(device_id):
         _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
+
+
+def _release_all(
+    free_lists: dict[int, list[_PoolMemory]],
+    raw_lists: dict[tuple[int, int], list[int]],
+    held: list[_Held],
+    idle: dict[int, list[int]],
+    device_id: int,
+) -> None:
+    """A collected wrapper of a shared pool: its memory back to the driver's pool, which stays."""
+    try:
+        _release_lists(free_lists)
+        _release_raw_lists(raw_lists, device_id)
+        _release_parked(held, idle, device_id)
+    except Exception:  # the context is gone: the driver released everything with it
+        pass
 
 
 def _destroy(
@@ -1023,6 +1241,9 @@ def default_pool(kind: str, device_id: int) -> MemoryPool:
     return pool
 
 
+_BUFFER_OF = {"managed": "ManagedBuffer", "device": "DeviceBuffer", "pinned": "PinnedBuffer"}
+
+
 def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     """Validate a ``pool=`` argument of a buffer constructor."""
     if type(pool) is MemoryPool and pool.kind == kind and not pool._closed:
@@ -1030,10 +1251,8 @@ def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     if not isinstance(pool, MemoryPool):
         raise TypeError(f"{what}: pool must be a umem_numba.MemoryPool, got {type(pool).__name__}")
     if pool.kind != kind:
-        other = "DeviceBuffer" if pool.kind == "device" else "ManagedBuffer"
         raise ValueError(
-            f"{what}: this is a {pool.kind!r} pool; it makes {other}s, not "
-            f"{'ManagedBuffer' if kind == 'managed' else 'DeviceBuffer'}s"
+            f"{what}: this is a {pool.kind!r} pool; it makes {_BUFFER_OF[pool.kind]}s, not {_BUFFER_OF[kind]}s"
         )
     pool._live()
     return pool

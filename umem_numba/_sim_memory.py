@@ -934,9 +934,19 @@ class PinnedBuffer(_SimBuffer):
 
     @classmethod
     def empty(
-        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "C",
+        pool: Any = None,
+        stream: StreamLike = None,
     ) -> PinnedBuffer:
-        """Allocate (zeroed host memory under the simulator)."""
+        """Allocate (zeroed host memory under the simulator; pinned pools need a GPU)."""
+        _no_pool(pool, "PinnedBuffer.empty")
+        if stream is not None:
+            raise ValueError("PinnedBuffer.empty: stream= is the allocation stream of pool memory; pass pool= too")
         order = _layout.check_order(order, "PinnedBuffer.empty")
         shp, dt, nbytes = _new_layout(shape, dtype)
         fl = _as_flags(flags)
@@ -947,18 +957,39 @@ class PinnedBuffer(_SimBuffer):
 
     @classmethod
     def zeros(
-        cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "C"
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "C",
+        pool: Any = None,
+        stream: StreamLike = None,
     ) -> PinnedBuffer:
         """Allocate and zero."""
-        return cls.empty(shape, dtype, flags, order=order)
+        return cls.empty(shape, dtype, flags, order=order, pool=pool, stream=stream)
 
     @classmethod
     def from_array(
-        cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT, *, order: str = "K"
+        cls,
+        array: Any,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "K",
+        pool: Any = None,
+        stream: StreamLike = None,
     ) -> PinnedBuffer:
         """A copy of ``array``."""
+        _no_pool(pool, "PinnedBuffer.from_array")
         src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, flags, order=source_order(src, order, "PinnedBuffer.from_array"))
+        buf = cls.empty(
+            src.shape,
+            src.dtype,
+            flags,
+            order=source_order(src, order, "PinnedBuffer.from_array"),
+            pool=pool,
+            stream=stream,
+        )
         if buf.size:
             np.copyto(buf._array(), src)
         return buf
@@ -1325,6 +1356,11 @@ class MemoryPool(_NeedsGpu):
     """A stream-ordered memory pool: needs a real GPU (UnsupportedError under the simulator)."""
 
     _what = "MemoryPool (a stream-ordered driver pool)"
+
+    @classmethod
+    def default(cls, *args: Any, **kwargs: Any) -> Any:
+        """Needs a real GPU (raises :class:`~umem_numba.UnsupportedError`)."""
+        raise _unsupported("MemoryPool.default (the driver's pool other libraries share)")
 
 
 class AddressRange(_NeedsGpu):
