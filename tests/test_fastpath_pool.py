@@ -419,6 +419,7 @@ def _fake_pool(monkeypatch):
     pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
     pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
     pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    pool._last = _pool._NO_STREAM
     fresh = iter(range(0x10000, 1 << 40, 0x10000))
     log: list[str] = []
     hooks: dict[str, object] = {}
