@@ -117,6 +117,7 @@ _NO_STREAM: _Last = (_no_owner, -1, None, None)
 
 #: Free-list sizes are multiples of this (bytes), as in CuPy's pool.
 ROUND = 512
+_ROUND_UP, _ROUND_MASK = ROUND - 1, -ROUND  # size = (nbytes + _ROUND_UP) & _ROUND_MASK
 
 __all__ = ["MemoryPool"]
 
@@ -409,12 +410,15 @@ class MemoryPool:
         owner = ref()
         thread = 0  # the thread matters only for the handles 1 and 2, a stream per context or thread
         if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
-            handle, key, lists = self._resolve(stream)
-            if 0 < handle < 3:
-                thread = threading.get_ident()
+            if type(stream) is int and 2 < stream < _MAX_HANDLE:  # a raw handle: as _resolve, with no call
+                handle, key, lists = stream, None, None
+            else:
+                handle, key, lists = self._resolve(stream)
+                if 0 < handle < 3:
+                    thread = threading.get_ident()
         if self._closed:
             self._live()
-        size = (nbytes + ROUND - 1) & -ROUND
+        size = (nbytes + _ROUND_UP) & _ROUND_MASK
         ptr = 0
         if lists is None and self._raw_lists:
             if key is None:
@@ -451,7 +455,12 @@ class MemoryPool:
         to own (foreign streams, raw handles) are never remembered: their key
         is asked of the driver when it is needed.
         """
-        handle = stream if type(stream) is int and 0 <= stream < _MAX_HANDLE else stream_handle(stream, what=what)
+        if type(stream) is int and 0 <= stream < _MAX_HANDLE:
+            handle = stream
+            if handle > 2:  # a raw handle: its key is looked up when needed (_stream_key keeps a live numba stream's)
+                return handle, None, None
+        else:
+            handle = stream_handle(stream, what=what)
         if handle == 0:  # the legacy stream of the pool's device, the same in every thread
             key = self._legacy_key
             if key is None:  # looked up when a free list needs it (see _stream_key)
@@ -671,7 +680,13 @@ class MemoryPool:
         ref, handle, key, lists = self._last  # the last live numba stream (see _resolve), inline as in allocate()
         owner = ref()
         if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
-            handle, key, lists = self._resolve(stream)  # a bad stream raises before the address is taken
+            entry = self._raw_sizes.get(ptr)
+            if entry is not None and type(stream) is int and stream == entry[1] and stream > 2:
+                # The raw handle it was allocated on (checked then): the allocation's key serves
+                # (see below), with no lookup.
+                handle, key, lists = stream, entry[2], None
+            else:
+                handle, key, lists = self._resolve(stream)  # a bad stream raises before the address is taken
         entry = self._raw_sizes.pop(ptr, None)
         if entry is None:
             raise ValueError(
@@ -743,7 +758,7 @@ class MemoryPool:
             handle, key, _ = self._resolve(stream, what)
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
-        size = (nbytes + ROUND - 1) & -ROUND
+        size = (nbytes + _ROUND_UP) & _ROUND_MASK
         free_list = self._cache.get(size)
         if free_list:
             try:
