@@ -47,7 +47,11 @@ a list.  The raw :meth:`MemoryPool.allocate` / :meth:`MemoryPool.free`
 interface (addresses, no coherence record) keeps free lists per size *and
 stream* (by ``cuStreamGetId``), as CuPy's pool does: an address freed on a
 stream is handed out again for an allocation on that stream only, where
-stream order makes it safe.  A free that goes to the driver is queued on the
+stream order makes it safe.  The id of a live numba stream is kept while its
+object lives, and the pool remembers the last one it saw (by a weak
+reference), so passing the stream object (or its handle while it lives) costs
+no driver call; a raw handle of a stream nobody is known to own costs one
+``cuStreamGetId``.  A free that goes to the driver is queued on the
 legacy default stream of the pool's device after that stream waits for the
 buffer's recorded events: it never names a stream by a handle that may mean
 another stream in the thread the free runs in (a garbage collection can run
@@ -442,18 +446,20 @@ class MemoryPool:
         The key (``cuStreamGetId``) is known without a driver call for handle
         0 once looked up (the legacy stream of the pool's device, see
         :meth:`_stream_key`) and for a live numba stream (its id is kept by
-        :func:`_driver.stream_key`).  A live numba stream is also remembered
-        in ``_last`` (a weak reference to the stream object, its handle and
-        its id, its raw free lists): the hot paths (:meth:`allocate`, :meth:`free`,
-        :meth:`allocation`) check it inline and take the handle and id from it
-        with no parsing and no lookup.  That is sound because the reference
-        is alive: a stream numba created is destroyed only once its object is
-        collected, so while the object lives its handle names that one stream
-        in every thread, and neither the object nor the int handle (matched
-        only while the object lives) can mean another stream.  The handles 0,
-        1 and 2 (a stream per context or thread) and streams nobody is known
-        to own (foreign streams, raw handles) are never remembered: their key
-        is asked of the driver when it is needed.
+        :func:`_driver.stream_key`).  Both are remembered in ``_last``: for a
+        live numba stream, a weak reference to the stream object, its handle,
+        its id and its raw free lists (for handle 0, an owner that is always
+        alive).  The hot paths (:meth:`allocate`, :meth:`free`,
+        :meth:`allocation`) check it inline and take the handle, id and lists
+        from it with no parsing and no lookup.  That is sound because the
+        reference is alive: a stream numba created is destroyed only once its
+        object is collected, so while the object lives its handle names that
+        one stream in every thread, and neither the object nor its int handle
+        (matched only while the object lives) can mean another stream; once it
+        is collected, the handle is looked up again.  The handles 1 and 2 (a
+        stream per context or thread), raw handles and foreign streams are
+        never remembered: their key is asked of the driver when it is needed
+        (:meth:`_stream_key`; a live numba stream's raw handle gets its kept id).
         """
         if type(stream) is int and 0 <= stream < _MAX_HANDLE:
             handle = stream
