@@ -419,6 +419,7 @@ def _fake_pool(monkeypatch):
     pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
     pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
     pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    pool._last = _pool._NO_STREAM
     fresh = iter(range(0x10000, 1 << 40, 0x10000))
     log: list[str] = []
     hooks: dict[str, object] = {}
@@ -563,6 +564,7 @@ def test_remembered_stream_id_dies_with_its_stream(rng):
             pool.free(ptr, s1)
             del s1
             gc.collect()
+            cuda.current_context().deallocations.clear()  # numba defers cuStreamDestroy: destroy s1 now
             s2 = cuda.stream()
             h2 = stream_handle(s2)
             key2 = _driver.stream_key(h2)
@@ -618,3 +620,192 @@ def test_stream_id_is_kept_only_while_its_owner_lives(monkeypatch):
     for special in (0, 1, 2):  # a different stream per context or thread: never kept
         _driver.note_owned_stream(special, Owner())
         assert _driver.owned_stream(special) is None
+
+
+# ---------------------------------------------------------------------------
+# The pool's last-stream cache (``MemoryPool._last``): the last live numba stream's handle, id
+# and free lists, matched by a weak reference to the stream object (or its int handle while the
+# object lives).  A dead object's handle may come back for another stream: never served from it.
+
+
+def _numba_stream(handle: int):
+    """A numba ``Stream`` object that owns ``handle`` (as ``cuda.stream()`` makes; no driver here)."""
+    from numba.cuda.cudadrv.driver import Stream
+
+    return Stream(handle, None, external=False)
+
+
+def _fake_pool_with_ids(monkeypatch):
+    """:func:`_fake_pool` whose ``cuStreamGetId`` answers from ``ids`` (handle -> id) and counts questions."""
+    from umem_numba import _location
+
+    pool, _log, _hooks = _fake_pool(monkeypatch)
+    ids: dict[int, int] = {}
+    asked: list[int] = []
+
+    def get_id(handle):
+        asked.append(handle)
+        return (0, ids[handle])
+
+    pool._get_id = get_id
+    monkeypatch.setattr(_driver, "_owned_streams", {})
+    monkeypatch.setattr(_location, "_handles", {})
+    return pool, ids, asked
+
+
+def test_last_stream_cache_never_serves_a_dead_streams_reused_handle(monkeypatch):
+    """CPU, fakes: while a numba stream lives, the pool serves it (object or int handle) from its
+    last-stream cache with no ``cuStreamGetId``; once the object is collected and the driver hands its
+    handle to a new stream (another id), neither the new object nor the int handle gets the dead
+    stream's free list, and the new id is asked."""
+    pool, ids, asked = _fake_pool_with_ids(monkeypatch)
+    ids[0x1000] = 11
+    s1 = _numba_stream(0x1000)
+    a = pool.allocate(4096, s1)
+    pool.free(a, s1)
+    assert pool._last[1:3] == (0x1000, 11)
+    asked.clear()
+    for stream in (s1, 0x1000, s1):  # the object, then its raw handle while the object lives
+        assert pool.allocate(4096, stream) == a  # the same stream: stream order makes reuse safe
+        pool.free(a, stream)
+    assert asked == [], "the live stream's id was asked again"
+
+    del s1, stream
+    gc.collect()
+    ids[0x1000] = 22  # the driver reuses the handle for another stream
+    s2 = _numba_stream(0x1000)
+    b = pool.allocate(4096, s2)
+    assert b != a, "the dead stream's free list served the stream that reuses its handle"
+    assert pool._last[1:3] == (0x1000, 22) and asked == [0x1000]
+    pool.free(b, s2)
+    assert pool.allocate(4096, 0x1000) == b  # the int handle now names s2
+    pool.free(b, 0x1000)
+    del s2
+    gc.collect()
+    ids[0x1000] = 33  # and once more, reached through the int handle alone (no object registered)
+    c = pool.allocate(4096, 0x1000)
+    assert c not in (a, b), "the cache served a raw handle after its stream object died"
+    pool.free(c, 0x1000)
+    assert pool._raw_lists[11][4096] == [a] and pool._raw_lists[22][4096] == [b]
+
+
+def test_last_stream_cache_orders_a_buffer_on_the_stream_that_reuses_a_dead_handle(monkeypatch):
+    """CPU, fakes: a pool buffer's block carries an event of stream s1 (id 11).  Reused on s1 it is
+    ordered once; after s1 is collected and its handle comes back for s2 (id 22), taking the block on
+    s2 (object or int handle) orders s2 after s1's event, by the new id."""
+    from types import SimpleNamespace
+
+    from umem_numba import _pool
+    from umem_numba._tracker import Tracker
+
+    pool, ids, _asked = _fake_pool_with_ids(monkeypatch)
+    ordered: list[int] = []
+    monkeypatch.setattr(um.MemoryPool, "_order_reuse", lambda self, tracker, stream, key: ordered.append(key))
+    ids[0x1000] = 11
+    tracker = Tracker(0)
+    tracker.add(0x1000, SimpleNamespace(stream=0x1000, key=11, device_id=0, handle=None))
+    assert pool._keep(_pool._PoolMemory(pool, "device", 0x10000, 4096, 4096), tracker)
+
+    def cycle(stream):
+        alloc = pool.allocation(4096, stream, "device")
+        assert alloc.ptr == 0x10000  # the listed block
+        alloc.close()
+
+    s1 = _numba_stream(0x1000)
+    cycle(s1)
+    cycle(s1)
+    cycle(0x1000)
+    assert ordered == [11]  # ordered once for s1, by its id, then served from the cache
+    del s1
+    gc.collect()
+    ids[0x1000] = 22
+    s2 = _numba_stream(0x1000)
+    cycle(s2)
+    assert ordered == [11, 22], "s2 took the block with s1's id: not ordered after s1's work"
+    del s2
+    gc.collect()
+    ids[0x1000] = 33
+    cycle(0x1000)
+    assert ordered == [11, 22, 33]
+
+
+def test_last_stream_cache_never_holds_per_thread_or_legacy_handles_of_other_threads(monkeypatch):
+    """CPU, fakes: numba's per-thread default stream object (handle 2, a different stream in every
+    thread) never enters the cache: an address freed on it in one thread is not handed to it in
+    another.  Handle 0 (the legacy stream of the pool's device, one stream) is cached once its id is
+    known and serves every thread."""
+    import threading
+
+    pool, ids, asked = _fake_pool_with_ids(monkeypatch)
+    per_thread = _numba_stream(2)  # numba's cuda.per_thread_default_stream(): owned, handle 2
+    thread_ids = {threading.get_ident(): 1001}
+
+    def get_id(handle):
+        asked.append(handle)
+        return (0, thread_ids[threading.get_ident()] if handle == 2 else ids[handle])
+
+    pool._get_id = get_id
+    a = pool.allocate(4096, per_thread)
+    pool.free(a, per_thread)
+    assert pool._last[1] != 2
+
+    def other_thread():
+        thread_ids[threading.get_ident()] = 2002
+        b = pool.allocate(4096, per_thread)
+        pool.free(b, per_thread)
+        return b
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        b = ex.submit(other_thread).result(timeout=30)
+    assert b != a, "another thread's per-thread stream got the block with no ordering"
+    assert pool.allocate(4096, per_thread) == a  # this thread's own per-thread stream reuses it
+
+    monkeypatch.setattr(_driver, "stream_key", lambda handle: 5 if handle == 0 else -1)
+    c = pool.allocate(4096, 0)
+    pool.free(c, 0)
+    assert pool._last[1:3] == (0, 5)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        assert ex.submit(pool.allocate, 4096, 0).result(timeout=30) == c  # one legacy stream for all threads
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["object", "handle"])
+def test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader(how, rng):
+    """A pool buffer is read (tracked, sleeping) on stream s1 and closed; s1 is collected and
+    destroyed while the reader sleeps; a new stream s2 (often with s1's handle) takes the block
+    (``how``: passed as the object or its int handle) and a plain kernel fills it.  s2 must wait for
+    the reader, although the pool's last-stream cache held s1's handle and id (20 trials)."""
+    from umem_numba._location import stream_handle
+
+    pool = um.MemoryPool("device")
+    coherent_copy = um.coherent(sleeping.copy)
+    reused = 0
+    try:
+        for trial in range(ORDERING_TRIALS):
+            data = random_array(rng, N, np.float32)
+            out = cuda.device_array(N, np.float32)
+            s1 = cuda.stream()
+            h1 = stream_handle(s1)
+            a = um.DeviceBuffer.from_array(data, pool=pool, stream=s1)
+            coherent_copy[GRID, BLOCK, s1](a, out, SLEEP_MS)  # tracked read of a on s1, after a sleep
+            a_ptr = a.ptr
+            a.close()  # onto the free list with s1's events
+            del a, s1
+            gc.collect()
+            cuda.current_context().deallocations.clear()  # numba defers cuStreamDestroy: destroy s1 now
+            s2 = cuda.stream()
+            h2 = stream_handle(s2)
+            reused += h2 == h1
+            b = um.DeviceBuffer.empty(N, np.float32, pool=pool, stream=s2 if how == "object" else h2)
+            assert b.ptr == a_ptr, f"trial {trial}: the listed block was not reused"
+            sleeping.fill[GRID, BLOCK, s2](b, 7.0, 0)  # plain: only s2's order protects the reader
+            cuda.synchronize()
+            got = out.copy_to_host()
+            assert np.array_equal(got, data), f"trial {trial}: {int((got != data).sum())} of {N} elements overwritten"
+            b.close()
+            del s2
+        print(f"handles reused in {reused} of {ORDERING_TRIALS} trials")
+    finally:
+        cuda.synchronize()
+        pool.close()

@@ -506,6 +506,7 @@ def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkey
     pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
     pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
     pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    pool._last = _pool._NO_STREAM
     ordered: list[int] = []
     monkeypatch.setattr(um.MemoryPool, "_order_reuse", lambda self, tracker, stream, key: ordered.append(key))
     monkeypatch.setattr(um.MemoryPool, "_stream_key", lambda self, handle: handle + 100)  # ids differ from handles

@@ -69,10 +69,10 @@ class DeviceBuffer(Buffer):
         shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         if pool is not None:
             check_pool(pool, "device", "DeviceBuffer.empty")
-        handle = stream_handle(stream, what="DeviceBuffer.empty")
-        if pool is None:
-            pool = default_pool("device", _driver.ensure_context())
-        alloc = pool.allocation(nbytes, handle, "device")
+            alloc = pool.allocation(nbytes, stream, "device", "DeviceBuffer.empty")  # parses the stream
+        else:
+            handle = stream_handle(stream, what="DeviceBuffer.empty")  # a bad stream before any driver call
+            alloc = default_pool("device", _driver.ensure_context()).allocation(nbytes, handle, "device")
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         return buf

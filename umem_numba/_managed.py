@@ -139,7 +139,7 @@ class ManagedBuffer(Buffer):
                 raise ValueError(
                     "ManagedBuffer.empty: pool memory is attached globally; attach='host' needs a pool-less buffer"
                 )
-            alloc = pool.allocation(nbytes, stream_handle(stream, what="ManagedBuffer.empty"), "managed")
+            alloc = pool.allocation(nbytes, stream, "managed", "ManagedBuffer.empty")  # parses the stream
             buf = object.__new__(cls)
             buf._init(alloc, 0, shape, strides, dtype, True)
             return buf

@@ -47,7 +47,11 @@ a list.  The raw :meth:`MemoryPool.allocate` / :meth:`MemoryPool.free`
 interface (addresses, no coherence record) keeps free lists per size *and
 stream* (by ``cuStreamGetId``), as CuPy's pool does: an address freed on a
 stream is handed out again for an allocation on that stream only, where
-stream order makes it safe.  A free that goes to the driver is queued on the
+stream order makes it safe.  The id of a live numba stream is kept while its
+object lives, and the pool remembers the last one it saw (by a weak
+reference), so passing the stream object (or its handle while it lives) costs
+no driver call; a raw handle of a stream nobody is known to own costs one
+``cuStreamGetId``.  A free that goes to the driver is queued on the
 legacy default stream of the pool's device after that stream waits for the
 buffer's recorded events: it never names a stream by a handle that may mean
 another stream in the thread the free runs in (a garbage collection can run
@@ -96,18 +100,38 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from . import _driver, _events, _pool_kinds, _stats
 from ._checks import as_nonnegative_int
 from ._errors import CudaError, OutOfMemoryError, UnsupportedError
 from ._lifetime import Allocation, Memory, Transaction, finalizer
-from ._location import Location, StreamLike, Target, as_device, stream_handle
+from ._location import _MAX_HANDLE, Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
 from ._tracker import Tracker
 
+
+def _no_owner() -> None:
+    """The owner in :data:`_NO_STREAM`: none, so no stream matches it."""
+
+
+#: What the owner in ``MemoryPool._last`` of handle 0 returns: something alive that no caller can pass.
+_ALWAYS = object()
+
+
+def _always() -> object:
+    """The owner in ``MemoryPool._last`` of handle 0: the pool's legacy stream, whose key never changes."""
+    return _ALWAYS
+
+
+_Last = tuple[Callable[[], Any], int, "int | None", "dict[int, list[int]] | None"]
+#: ``MemoryPool._last`` before any live numba stream was used: matches no stream.
+_NO_STREAM: _Last = (_no_owner, -1, None, None)
+
 #: Free-list sizes are multiples of this (bytes), as in CuPy's pool.
 ROUND = 512
+_ROUND_UP, _ROUND_MASK = ROUND - 1, -ROUND  # size = (nbytes + _ROUND_UP) & _ROUND_MASK
 
 __all__ = ["MemoryPool"]
 
@@ -227,6 +251,7 @@ class MemoryPool:
         "_held",
         "_held_seen",
         "_idle",
+        "_last",
         "_legacy_key",
         "_limit",
         "_owned",
@@ -314,8 +339,9 @@ class MemoryPool:
         self._free_fn = drv.cuMemFreeAsync
         #: The buffers' free lists: rounded size -> memory of closed buffers (see the module notes).
         self._cache: dict[int, list[_PoolMemory]] = {}
-        #: The raw interface's free lists: (rounded size, stream key) -> addresses.
-        self._raw_lists: dict[tuple[int, int], list[int]] = {}
+        #: The raw interface's free lists: stream key -> rounded size -> addresses.  A stream's
+        #: dict is never replaced nor removed (``_last`` may refer to it).
+        self._raw_lists: dict[int, dict[int, list[int]]] = {}
         #: Memory of work umem_numba could not see, waiting for a device synchronise (module notes).
         self._held: list[_Held] = []
         #: The synchronise generation when the held list was last scanned.
@@ -326,8 +352,12 @@ class MemoryPool:
         self._legacy_key: int | None = None
         #: Every address allocate() handed out that is in use (not freed): its rounded size, and
         #: the stream (handle, key, thread) it was allocated on when the key was looked up, so
-        #: that a free on the same handle in the same thread need not ask the driver again.
+        #: that a free on the same handle (in the same thread, for the handles 1 and 2 that name a
+        #: stream per context or thread; 0 otherwise) need not ask the driver again.
         self._raw_sizes: dict[int, tuple[int, int, int | None, int]] = {}
+        #: The last live numba stream used with this pool: (weak reference to the stream object
+        #: that owns it, its handle, its ``cuStreamGetId``, its raw free lists); see :meth:`_resolve`.
+        self._last: _Last = _NO_STREAM
         self._get_id = api.stream_get_id
         #: A shared pool keeps no free lists: memory umem_numba frees must reach the driver's
         #: pool, where the other libraries allocate from.
@@ -534,7 +564,9 @@ class MemoryPool:
     def cached_bytes(self) -> int:
         """Bytes on the free lists: closed buffers' memory and freed addresses, kept for reuse (held too)."""
         buffers = sum(size * len(free_list) for size, free_list in list(self._cache.items()))
-        raw = sum(size * len(free_list) for (size, _), free_list in list(self._raw_lists.items()))
+        raw = sum(
+            size * len(free_list) for lists in list(self._raw_lists.values()) for size, free_list in list(lists.items())
+        )
         idle = sum(size * len(free_list) for size, free_list in list(self._idle.items()))
         return buffers + raw + idle + sum(e.size for e in list(self._held))
 
@@ -569,15 +601,27 @@ class MemoryPool:
             nbytes = _check_bytes(nbytes, "nbytes", positive=True)
         elif nbytes <= 0:
             raise ValueError(f"nbytes must be positive, got {nbytes}")
-        handle = stream if type(stream) is int else stream_handle(stream)
+        # The last live numba stream (see _resolve), inline: this is the whole cost of a reuse.
+        ref, handle, key, lists = self._last
+        owner = ref()
+        thread = 0  # the thread matters only for the handles 1 and 2, a stream per context or thread
+        if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
+            if type(stream) is int and 2 < stream < _MAX_HANDLE:  # a raw handle: as _resolve, with no call
+                handle, key, lists = stream, None, None
+            else:
+                handle, key, lists = self._resolve(stream)
+                if 0 < handle < 3:
+                    thread = threading.get_ident()
         if self._closed:
             self._live()
-        size = (nbytes + ROUND - 1) & -ROUND
-        key = None
+        size = (nbytes + _ROUND_UP) & _ROUND_MASK
         ptr = 0
-        if self._raw_lists:
-            key = self._stream_key(handle)
-            free_list = self._raw_lists.get((size, key))
+        if lists is None and self._raw_lists:
+            if key is None:
+                key = self._stream_key(handle)
+            lists = self._raw_lists.get(key)
+        if lists:
+            free_list = lists.get(size)
             if free_list:
                 try:
                     ptr = free_list.pop()
@@ -585,8 +629,60 @@ class MemoryPool:
                     pass
         if not ptr:
             ptr = self._take_idle(size, handle) or self._allocate_or_empty_lists(size, handle)
-        self._raw_sizes[ptr] = (size, handle, key, threading.get_ident())
+        self._raw_sizes[ptr] = (size, handle, key, thread)
         return ptr
+
+    def _resolve(self, stream: StreamLike, what: str = "") -> tuple[int, int | None, dict[int, list[int]] | None]:
+        """``(handle, key, raw free lists)`` of a stream-like value (None: only the driver can tell the key).
+
+        The key (``cuStreamGetId``) is known without a driver call for handle
+        0 once looked up (the legacy stream of the pool's device, see
+        :meth:`_stream_key`) and for a live numba stream (its id is kept by
+        :func:`_driver.stream_key`).  Both are remembered in ``_last``: for a
+        live numba stream, a weak reference to the stream object, its handle,
+        its id and its raw free lists (for handle 0, an owner that is always
+        alive).  The hot paths (:meth:`allocate`, :meth:`free`,
+        :meth:`allocation`) check it inline and take the handle, id and lists
+        from it with no parsing and no lookup.  That is sound because the
+        reference is alive: a stream numba created is destroyed only once its
+        object is collected, so while the object lives its handle names that
+        one stream in every thread, and neither the object nor its int handle
+        (matched only while the object lives) can mean another stream; once it
+        is collected, the handle is looked up again.  The handles 1 and 2 (a
+        stream per context or thread), raw handles and foreign streams are
+        never remembered: their key is asked of the driver when it is needed
+        (:meth:`_stream_key`; a live numba stream's raw handle gets its kept id).
+        """
+        if type(stream) is int and 0 <= stream < _MAX_HANDLE:
+            handle = stream
+            if handle > 2:  # a raw handle: its key is looked up when needed (_stream_key keeps a live numba stream's)
+                return handle, None, None
+        else:
+            handle = stream_handle(stream, what=what)
+        if handle == 0:  # the legacy stream of the pool's device, the same in every thread
+            key = self._legacy_key
+            if key is None:  # looked up when a free list needs it (see _stream_key)
+                return 0, None, None
+            lists = self._lists_for(key)
+            self._last = (_always, 0, key, lists)
+            return 0, key, lists
+        if handle < 3:
+            return handle, None, None
+        owned = _driver.owned_stream(handle)
+        if owned is None:
+            return handle, None, None
+        key = owned[1]
+        key = self._stream_key(handle) if key is None else int(key)
+        lists = self._lists_for(key)
+        self._last = (owned[0], handle, key, lists)
+        return handle, key, lists
+
+    def _lists_for(self, key: int) -> dict[int, list[int]]:
+        """The raw free lists of the stream ``key`` (rounded size -> addresses), made on first use."""
+        lists = self._raw_lists.get(key)
+        if lists is None:
+            lists = self._raw_lists.setdefault(key, {})
+        return lists
 
     def _stream_key(self, handle: int) -> int:
         """The stream's ``cuStreamGetId``, as the operation on ``handle`` will see it.
@@ -604,7 +700,7 @@ class MemoryPool:
                 with _driver.device_context(self.device_id):
                     key = self._legacy_key = _driver.stream_key(0)
             return key
-        owned = _driver.owned_stream(handle)
+        owned = _driver.owned_stream(handle) if handle > 2 else None  # 1 and 2 are never owned
         if owned is not None and owned[1] is not None:
             return int(owned[1])  # a live numba stream: its handle names it alone
         get = self._get_id
@@ -772,28 +868,48 @@ class MemoryPool:
         ValueError
             ``ptr`` is not memory of this pool's :meth:`allocate` that is in use.
         """
-        handle = 0 if unordered else stream if type(stream) is int else stream_handle(stream)
+        if unordered:
+            entry = self._raw_sizes.pop(ptr, None)
+            if entry is None:
+                raise ValueError(
+                    f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
+                )
+            self._hold(ptr, entry[0], {self.device_id}, True)
+            return
+        ref, handle, key, lists = self._last  # the last live numba stream (see _resolve), inline as in allocate()
+        owner = ref()
+        if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
+            entry = self._raw_sizes.get(ptr)
+            if entry is not None and type(stream) is int and stream == entry[1] and stream > 2:
+                # The raw handle it was allocated on (checked then): the allocation's key serves
+                # (see below), with no lookup.
+                handle, key, lists = stream, entry[2], None
+            else:
+                handle, key, lists = self._resolve(stream)  # a bad stream raises before the address is taken
         entry = self._raw_sizes.pop(ptr, None)
         if entry is None:
             raise ValueError(
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
         size = entry[0]
-        if unordered:
-            self._hold(ptr, size, {self.device_id}, True)
-            return
         limit = self._cache_limit
         if not self._closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit):
-            # The allocation's key serves when the handle and thread are the same.  If the stream
-            # was destroyed and its handle reused meanwhile, the entry is filed under the dead
-            # stream's id, which no allocation can present again: it only waits for
-            # release_cached(), never reaches an unordered stream.
-            key = entry[2]
-            if key is None or handle != entry[1] or threading.get_ident() != entry[3]:
-                key = self._stream_key(handle)
-            free_list = self._raw_lists.get((size, key))
+            if lists is None:
+                if key is None:
+                    # The allocation's key serves when the handle is the same (and the thread, for
+                    # the handles 1 and 2).  If the stream was destroyed and its handle reused
+                    # meanwhile, the entry is filed under the dead stream's id, which no allocation
+                    # can present again: it only waits for release_cached(), never reaches an
+                    # unordered stream.
+                    key = entry[2]
+                    if key is None or handle != entry[1] or (0 < handle < 3 and threading.get_ident() != entry[3]):
+                        key = self._stream_key(handle)
+                lists = self._raw_lists.get(key)
+                if lists is None:
+                    lists = self._raw_lists.setdefault(key, {})
+            free_list = lists.get(size)
             if free_list is None:
-                free_list = self._raw_lists.setdefault((size, key), [])
+                free_list = lists.setdefault(size, [])
             free_list.append(ptr)
             if self._closed:  # close() emptied the lists meanwhile: this entry too
                 self.release_cached()
@@ -830,17 +946,22 @@ class MemoryPool:
                 _driver.call("cuStreamSynchronize", 0, detail="letting freed pool memory return before a trim")
         _driver.call("cuMemPoolTrimTo", self._handle, keep, detail="trimming a memory pool")
 
-    def allocation(self, nbytes: int, stream: int, kind: str) -> Allocation:
+    def allocation(self, nbytes: int, stream: StreamLike, kind: str, what: str = "") -> Allocation:
         """An :class:`~umem_numba._lifetime.Allocation` of ``nbytes`` on ``stream``, freed back stream-ordered.
 
         ``nbytes`` may be 0 (nothing is allocated); ``kind`` is the
-        statistics bucket (``"managed"`` or ``"device"``).  Memory comes from
-        the free list of its size when one is there (no driver call), else
-        from the driver's pool.
+        statistics bucket (``"managed"`` or ``"device"``); ``what`` names the
+        caller in the message about a bad ``stream``.  Memory comes from the
+        free list of its size when one is there (no driver call), else from
+        the driver's pool.
         """
+        ref, handle, key, _ = self._last  # the last live numba stream (see _resolve), inline as in allocate()
+        owner = ref()
+        if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
+            handle, key, _ = self._resolve(stream, what)
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
-        size = (nbytes + ROUND - 1) & -ROUND
+        size = (nbytes + _ROUND_UP) & _ROUND_MASK
         free_list = self._cache.get(size)
         if free_list:
             try:
@@ -853,9 +974,10 @@ class MemoryPool:
                 memory.tracker = None
                 memory.nbytes = nbytes
                 if tracker.writes or tracker.reads:
-                    key = self._stream_key(stream)
+                    if key is None:
+                        key = self._stream_key(handle)
                     if memory.ordered_on != key or tracker.recorded_since(memory.ordered_mark):
-                        self._order_reuse(tracker, stream, key)
+                        self._order_reuse(tracker, handle, key)
                         # The stream now comes after every carried event: the next reuse on it
                         # need not look again, unless an event is filed meanwhile (checked here,
                         # so that one filed by a launch racing the close is caught too).
@@ -863,22 +985,22 @@ class MemoryPool:
                         memory.ordered_mark = tracker.mark()
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
         if self._idle or self._held:
-            ptr = self._take_idle(size, stream)
+            ptr = self._take_idle(size, handle)
             if ptr:  # nothing can still use it: no event, no wait
                 return Allocation(
                     kind, _PoolMemory(self, kind, ptr, nbytes, size), ptr, self.device_id, Tracker(self.device_id)
                 )
-        with _driver.device_context(self.device_id if stream == 0 else None) as dev:
-            ptr = self._allocate_or_empty_lists(size, stream)
+        with _driver.device_context(self.device_id if handle == 0 else None) as dev:
+            ptr = self._allocate_or_empty_lists(size, handle)
             tracker = Tracker(self.device_id)
             with Transaction() as tx:
-                tx.append(self._driver_free, ptr, stream)
+                tx.append(self._driver_free, ptr, handle)
                 memory = _PoolMemory(self, kind, ptr, nbytes, size)
                 alloc = Allocation(kind, memory, ptr, self.device_id, tracker)
                 tx.commit()
             # Usable once the stream reaches the allocation: host access and
             # copies on other streams wait for this event.
-            tracker.add(stream, _events.record(stream, dev))  # the allocation is the first write
+            tracker.add(handle, _events.record(handle, dev))  # the allocation is the first write
         return alloc
 
     def _order_reuse(self, tracker: Tracker, stream: int, key: int) -> None:
@@ -970,13 +1092,13 @@ def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
 
 
-def _release_raw_lists(lists: dict[tuple[int, int], list[int]], device_id: int) -> None:
+def _release_raw_lists(lists: dict[int, dict[int, list[int]]], device_id: int) -> None:
     """Free the raw interface's listed addresses to the driver.
 
     An entry was freed on its stream, which may be gone by now: the device is
     synchronised first, then each address is freed on the legacy stream.
     """
-    raw = [free_list for free_list in list(lists.values()) if free_list]
+    raw = [free_list for per_stream in list(lists.values()) for free_list in list(per_stream.values()) if free_list]
     if not raw:
         return
     synchronize_for_reuse({device_id}, "settling raw pool memory before giving it back")
@@ -1016,7 +1138,7 @@ def _release_all(
 def _destroy(
     handle: Any,
     free_lists: dict[int, list[_PoolMemory]],
-    raw_lists: dict[tuple[int, int], list[int]],
+    raw_lists: dict[int, dict[int, list[int]]],
     held: list[_Held],
     idle: dict[int, list[int]],
     device_id: int,
