@@ -1121,7 +1121,7 @@ def _destroy_settled(handle: Any, device_id: int) -> None:
 
 def _release_all(
     free_lists: dict[int, list[_PoolMemory]],
-    raw_lists: dict[tuple[int, int], list[int]],
+    raw_lists: dict[int, dict[int, list[int]]],
     held: list[_Held],
     idle: dict[int, list[int]],
     device_id: int,
