@@ -265,27 +265,30 @@ class PriorityStream:
 
         from umem_numba import _driver
 
-        _driver.ensure_context()  # numba's context current (CudaUnavailableError without a GPU)
+        device = _driver.ensure_context()  # numba's context current (CudaUnavailableError without a GPU)
         least, greatest = _driver.call("cuCtxGetStreamPriorityRange")
         self.priority = int(greatest if highest else least)
         flags = int(_driver.api().drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
         handle = _driver.call("cuStreamCreateWithPriority", flags, self.priority)
         self.handle = int(handle)
         self.stream = cuda.external_stream(self.handle)
-        self._finalizer = weakref.finalize(self, _destroy_stream, handle)
+        self._finalizer = weakref.finalize(self, _destroy_stream, handle, device, _driver)
+        # Not at exit: the driver destroys the stream with its context, and a destroy
+        # issued while numba, PyTorch or CuPy tear down may meet a context being destroyed.
+        self._finalizer.atexit = False
 
     def close(self) -> None:
         """Destroy the stream (the driver lets the queued work finish first)."""
         self._finalizer()
 
 
-def _destroy_stream(handle: Any) -> None:
-    from umem_numba import _driver
-
-    if _driver.shutting_down():
+def _destroy_stream(handle: Any, device: int, _driver: Any) -> None:
+    # ``_driver`` (umem_numba._driver) comes bound: importing from a finalizer can fail at exit.
+    if _driver.shutting_down():  # the process is exiting (atexit included): the driver reclaims it
         return
     try:
-        _driver.call("cuStreamDestroy", handle)
+        # In the stream's own context: a collection may run this in any thread, with any context current.
+        _driver.call_on(device, "cuStreamDestroy", handle)
     except Exception as exc:
         if not _driver.context_gone(exc):
             raise

@@ -19,7 +19,12 @@ policy, and the sender decides what it gives away.
 Rendezvous: rank 0 creates a private directory (``tempfile.mkdtemp``, mode
 0700, so only this user's processes can connect), broadcasts its path, every
 rank listens on ``<dir>/r<rank>.sock``, and after a collective check that all
-of them listen each rank connects to its peers and sends.  A connect to a
+of them listen each rank connects to its peers and sends.  A ``directory=``
+given by the caller must be a directory owned by this user with mode 0700,
+or it is refused.  The ranks' process ids are allgathered first; a connection
+is accepted only from a process of this user (``SO_PEERCRED``) whose pid is
+the pid of the rank its message claims to come from, so another process of
+the node cannot pose as a rank and hand over descriptors of its choosing.  A connect to a
 listening Unix socket completes without the peer's ``accept`` and a small
 message fits in the socket buffer, so no rank waits for another to send; each
 then accepts one connection per peer.  Every socket operation has a timeout,
@@ -37,6 +42,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -182,8 +188,9 @@ def exchange_fds(
     timeout : float
         Seconds any one socket operation may take.
     directory : str, optional
-        Where the sockets go (must exist and be reachable by every rank);
-        default: a new private directory made by rank 0 and removed at the end.
+        Where the sockets go: an existing directory, owned by this user with
+        mode 0700, reachable by every rank; default: a new private directory
+        made by rank 0 and removed at the end.
 
     Returns
     -------
@@ -195,7 +202,9 @@ def exchange_fds(
     ------
     FdPassError
         On every rank, when any rank failed (the message has one line per
-        distinct error, naming the ranks).
+        distinct error, naming the ranks): among others a ``directory`` that
+        is not private to this user, or a connection from a process that is
+        not the rank it claims to be.
     """
     rank = int(comm.Get_rank())
     peers = sorted({int(p) for p in peers})
@@ -209,13 +218,15 @@ def exchange_fds(
             error = f"cannot create a directory for the sockets: {exc}"
     if own_dir:
         where = comm.bcast(where, root=0)
+    # Who each rank is, for the SO_PEERCRED check of every connection accepted below.
+    pids = [int(p) for p in comm.allgather(os.getpid())]
     server: socket.socket | None = None
     path = ""
     got: dict[int, tuple[list[int], dict[str, Any]]] = {}
     try:
         if error is None and where is not None:
             path = os.path.join(where, f"r{rank}.sock")
-            error = _listen_error(path)
+            error = _directory_error(where) or _listen_error(path)
             if error is None:
                 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
@@ -239,11 +250,13 @@ def exchange_fds(
                 conn, _ = server.accept()
                 with conn:
                     conn.settimeout(timeout)
+                    pid, uid = _peer_credentials(conn)
                     their_fds, theirs = recv_fds(conn)
                 sender = theirs.get("rank")
-                if sender not in peers or sender in got:
+                refused = _refusal(sender, pid, uid, peers, pids, got)
+                if refused:
                     _close_all(their_fds)
-                    raise ConnectionError(f"unexpected descriptors from rank {sender!r} (peers: {peers})")
+                    raise ConnectionError(refused)
                 got[int(sender)] = (their_fds, theirs)
         except (OSError, ValueError) as exc:  # ConnectionError and TimeoutError are OSErrors
             error = f"passing descriptors to/from ranks {peers} failed: {type(exc).__name__}: {exc}"
@@ -264,6 +277,57 @@ def exchange_fds(
         if own_dir and rank == 0 and where is not None:
             shutil.rmtree(where, ignore_errors=True)
     return got
+
+
+def _directory_error(where: str) -> str | None:
+    """Why the socket directory is unsafe (None if it is a directory of this user's, mode 0700)."""
+    try:
+        st = os.lstat(where)
+    except OSError as exc:
+        return f"the socket directory {where!r} cannot be used: {exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the socket directory {where!r} is not a directory (a symbolic link is refused too)"
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        return (
+            f"the socket directory {where!r} is owned by uid {st.st_uid}, not by this user (uid {euid}): "
+            "another user could replace the sockets in it"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode != 0o700:
+        return (
+            f"the socket directory {where!r} has mode {mode:#o}, not 0o700: other users could reach or "
+            "replace the sockets in it (chmod 700 it, or leave directory= unset)"
+        )
+    return None
+
+
+def _peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process that connected (``SO_PEERCRED``, recorded by the kernel at connect)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _refusal(
+    sender: Any, pid: int, uid: int, peers: Sequence[int], pids: Sequence[int], got: Mapping[int, Any]
+) -> str | None:
+    """Why the descriptors of process ``pid``/``uid``, claiming to be rank ``sender``, are refused (None: taken)."""
+    euid = os.geteuid()
+    if uid != euid:
+        return f"a process of uid {uid} (pid {pid}) connected, not one of this user (uid {euid}): refused"
+    if not isinstance(sender, int) or isinstance(sender, bool) or sender not in peers:
+        return f"unexpected descriptors from rank {sender!r} (pid {pid}; peers: {list(peers)})"
+    if sender in got:
+        return f"rank {sender} sent its descriptors twice (the second time from pid {pid})"
+    if pids[sender] != pid:
+        owner = [r for r, p in enumerate(pids) if p == pid]
+        who = f"rank {owner[0]}" if owner else "not a rank of this communicator"
+        return (
+            f"a process claiming to be rank {sender} connected, but its pid is {pid} ({who}) and rank "
+            f"{sender}'s pid is {pids[sender]}: refused (ranks in different PID namespaces cannot use halo='ipc')"
+        )
+    return None
 
 
 def _listen_error(path: str) -> str | None:

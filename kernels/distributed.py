@@ -465,13 +465,18 @@ class RankHeat:
         error = None
         try:
             for peer, (their_fds, theirs) in sorted(got.items()):
-                try:
-                    self._ipc_in[peer] = self._map_neighbour(peer, their_fds, theirs)
-                finally:
-                    for fd in their_fds:
-                        os.close(fd)
+                self._ipc_in[peer] = self._map_neighbour(peer, their_fds, theirs)
         except Exception as exc:
             error = f"mapping a neighbour's outbox: {type(exc).__name__}: {exc}"
+        finally:
+            # Every peer's descriptors, mapped or not: a failure on one peer must not leak the later ones'.
+            # (A mapping holds its own reference to the memory; the descriptors are not needed after it.)
+            for their_fds, _ in got.values():
+                for fd in their_fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
         self._check_collective(error, "mapping")
         rb = self.row_bytes
         out = int(self._outbox.ptr)

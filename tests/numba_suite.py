@@ -58,6 +58,7 @@ def run(tests: list[str], plugin: bool, log_path: Path, processes: int, timeout:
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
     if plugin:
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "umem_numba"
+        env["UMEM_NUMBA_EMM_IPC"] = "1"  # numba's IPC tests need the plugin's pool exportable (off by default)
     cmd = [sys.executable, "-m", "numba.runtests", "-v", "-m", str(processes), *tests]
     t0 = time.perf_counter()
     note = ""

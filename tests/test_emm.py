@@ -145,9 +145,11 @@ def test_managed_pool_refuses_ipc_clearly():
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
 def test_ipc_handles_of_pool_memory_open_in_another_process():
-    """numba's IPC through the plugin: a whole array and a view, opened by children with and without the plugin."""
+    """numba's IPC through the plugin (on with UMEM_NUMBA_EMM_IPC=1): a whole array and a view, opened by
+    children with and without the plugin."""
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    r = _run(f"""
+    r = _run(
+        f"""
         import json, multiprocessing as mp, os, sys
         import numpy as np
         from numba import cuda
@@ -174,7 +176,9 @@ def test_ipc_handles_of_pool_memory_open_in_another_process():
             "part_ok": bool(np.array_equal(part, 2 * x[17:5017])),
             "after_ok": bool(np.array_equal(after, expect)),
         }}))
-    """)
+    """,
+        UMEM_NUMBA_EMM_IPC="1",
+    )
     assert r["handle"] == "PoolIpcHandle" and r["manager"] == "UmemNumbaMemoryManager"
     assert r["child_manager"] == "UmemNumbaMemoryManager" and r["other_manager"] != "UmemNumbaMemoryManager"
     assert r["before_ok"], "the child read other values than the parent wrote"

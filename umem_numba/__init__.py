@@ -26,7 +26,7 @@ from ._errors import (
 )
 from ._info import info
 from ._launch import CoherentKernel, coherent, jit, launch
-from ._location import HOST, Location, as_location
+from ._location import HOST, Host, Location, as_location
 from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._pinned import HostAllocFlags, PinnedBuffer
 from ._pool import MemoryPool
@@ -82,6 +82,7 @@ __all__ = [
     # locations
     "Location",
     "HOST",
+    "Host",
     "as_location",
     # managed
     "ManagedBuffer",

@@ -1,6 +1,6 @@
 """Memory advice for managed memory: hints, their live driver state, and migration policies.
 
-Ranges are element ranges ``[start, stop)`` of the flat, C-ordered buffer
+Ranges are element ranges ``[start, stop)`` of the flat buffer in memory order
 (:mod:`umem_numba._managed_span` says exactly how they are checked).
 
 What the driver reports
@@ -22,7 +22,7 @@ from . import _driver
 from ._errors import CudaError, UnsupportedError
 from ._location import HOST, Location, StreamLike, Target, as_location
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
-from ._prefetch import prefetch
+from ._prefetch import discard, discard_prefetch, prefetch
 
 __all__ = ["HintState", "ManagedMemoryHints", "MemAdvice", "MigrationPolicy"]
 
@@ -82,6 +82,26 @@ def _advise(span: ManagedSpan, advice: MemAdvice, loc: Location | None) -> None:
             raise unsupported from exc
     if span.memory is not None:
         span.memory.note_advice()
+    if loc is not None and loc.kind == "host_numa" and advice is MemAdvice.SET_PREFERRED_LOCATION:
+        _check_numa_preference_applied(span, loc, what)
+
+
+def _check_numa_preference_applied(span: ManagedSpan, loc: Location, what: str) -> None:
+    """Read a host NUMA preference back: some systems' drivers accept it and keep the old one.
+
+    Seen on an H100 virtual machine with a CUDA 13.0 driver (one NUMA node):
+    ``cuMemAdvise`` returned success and the range still preferred its earlier
+    location, while a prefetch to the same node landed there.  A silent no-op
+    is worse than an error, so it is reported as unsupported.
+    """
+    c = _driver.consts()
+    got = _read_location(span, c.range_preferred, (c.range_preferred_type, c.range_preferred_id))
+    if got != loc:
+        raise UnsupportedError(
+            f"{what} for {loc}: the driver accepted the advice but the range's preferred location reads back "
+            f"as {got if got is not None else 'none'}; this system's driver does not apply host NUMA preferences "
+            "(prefetching to the node still works)"
+        )
 
 
 def _range_attr(span: ManagedSpan, attr: Any, size: int = 4) -> list[int]:
@@ -97,8 +117,33 @@ def _read_flag(span: ManagedSpan, attr: Any) -> bool:
     return bool(_range_attr(span, attr)[0])
 
 
-def _read_location(span: ManagedSpan, attr: Any) -> Location | None:
-    return Location.from_legacy_id(_range_attr(span, attr)[0])
+def _read_location(span: ManagedSpan, attr: Any, typed: tuple[Any, Any]) -> Location | None:
+    """A location attribute: the typed pair (``*_TYPE``, ``*_ID``) where the driver has it, else the legacy id.
+
+    Only the typed pair tells a host NUMA node from the host (the legacy id
+    says ``CU_DEVICE_CPU`` for both); it needs a CUDA 12.2 driver.
+    """
+    if _driver.api().driver_version < _TYPED_LOCATIONS:
+        return Location.from_legacy_id(_range_attr(span, attr)[0])
+    detail = f"reading hints of {span.label}"
+    with _driver.device_context(span.device_id):
+        loc_type = _driver.range_attribute_int(typed[0], span.ptr, span.nbytes, detail)
+        loc_id = _driver.range_attribute_int(typed[1], span.ptr, span.nbytes, detail)
+    return Location.from_typed(loc_type, loc_id)
+
+
+#: The driver version with the typed range attributes (CUDA 12.2).
+_TYPED_LOCATIONS = 12020
+
+
+def _preferred(span: ManagedSpan) -> Location | None:
+    c = _driver.consts()
+    return _read_location(span, c.range_preferred, (c.range_preferred_type, c.range_preferred_id))
+
+
+def _last_prefetch(span: ManagedSpan) -> Location | None:
+    c = _driver.consts()
+    return _read_location(span, c.range_last_prefetch, (c.range_last_prefetch_type, c.range_last_prefetch_id))
 
 
 def _read_accessed_by(span: ManagedSpan) -> frozenset[Location]:
@@ -255,7 +300,7 @@ class ManagedMemoryHints:
     Parameters
     ----------
     obj : ManagedBuffer or managed array
-        A C-contiguous :class:`~umem_numba.ManagedBuffer` (or view), or an
+        A contiguous (C or F) :class:`~umem_numba.ManagedBuffer` (or view), or an
         object with ``__cuda_array_interface__`` pointing at managed memory.
     start, stop : int, optional
         Element range ``[start, stop)`` (see the module notes); the whole
@@ -316,7 +361,7 @@ class ManagedMemoryHints:
     @property
     def preferred_location(self) -> Location | None:
         """The preferred location of every page, or ``None`` (none, or pages disagree)."""
-        return _read_location(self._span("preferred_location"), _driver.consts().range_preferred)
+        return _preferred(self._span("preferred_location"))
 
     @property
     def accessed_by(self) -> frozenset[Location]:
@@ -326,17 +371,16 @@ class ManagedMemoryHints:
     @property
     def last_prefetch_location(self) -> Location | None:
         """Where every page was last prefetched, or ``None`` (never, or to different places)."""
-        return _read_location(self._span("last_prefetch_location"), _driver.consts().range_last_prefetch)
+        return _last_prefetch(self._span("last_prefetch_location"))
 
     def state(self) -> HintState:
         """All four hints at once, read from the driver."""
         span = self._span("state")
-        c = _driver.consts()
         return HintState(
-            _read_flag(span, c.range_read_mostly),
-            _read_location(span, c.range_preferred),
+            _read_flag(span, _driver.consts().range_read_mostly),
+            _preferred(span),
             _read_accessed_by(span),
-            _read_location(span, c.range_last_prefetch),
+            _last_prefetch(span),
         )
 
     # -- advice ---------------------------------------------------------------------
@@ -346,7 +390,7 @@ class ManagedMemoryHints:
         Parameters
         ----------
         advice : MemAdvice
-        target : numba device, int, "cpu"/"host" or Location
+        target : numba device, int, "cpu"/"host", "cpu:N" (host NUMA node N) or Location
             Required for ``SET_PREFERRED_LOCATION`` and ``(UN)SET_ACCESSED_BY``;
             must be omitted for the others (the driver would ignore it).
 
@@ -364,6 +408,11 @@ class ManagedMemoryHints:
             if target is None:
                 raise ValueError(f"{what} needs a target: a device, an ordinal or 'cpu'")
             loc: Location | None = as_location(target, check=False, what=what)
+            if loc is not None and loc.numa is not None and advice is not MemAdvice.SET_PREFERRED_LOCATION:
+                raise ValueError(
+                    f"{what} takes a device or the host ('cpu'), not {loc}: the driver keeps accessed-by "
+                    "mappings per processor, not per NUMA node"
+                )
         elif target is not None:
             raise ValueError(f"{what} takes no target (the driver ignores it); got {target!r}")
         else:
@@ -382,7 +431,7 @@ class ManagedMemoryHints:
         self.advise(MemAdvice.UNSET_READ_MOSTLY)
 
     def set_preferred_location(self, target: Target) -> None:
-        """Prefer ``target`` (a device or ``"cpu"``) as where the range's pages live."""
+        """Prefer ``target`` (a device, ``"cpu"`` or a host NUMA node ``"cpu:N"``) as where the range's pages live."""
         self.advise(MemAdvice.SET_PREFERRED_LOCATION, target)
 
     def unset_preferred_location(self) -> None:
@@ -448,6 +497,14 @@ class ManagedMemoryHints:
     def prefetch(self, target: Target, stream: StreamLike = None) -> None:
         """Prefetch the range to ``target`` asynchronously on ``stream`` (see ManagedBuffer.prefetch)."""
         prefetch(self._obj, target, stream, self._start, self._stop)
+
+    def discard(self, stream: StreamLike = None) -> None:
+        """Discard the range's contents on ``stream`` (see ManagedBuffer.discard)."""
+        discard(self._obj, stream, self._start, self._stop)
+
+    def discard_prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Discard the range and prefetch it to ``target`` on ``stream`` (see ManagedBuffer.discard_prefetch)."""
+        discard_prefetch(self._obj, target, stream, self._start, self._stop)
 
     def __repr__(self) -> str:
         return f"ManagedMemoryHints({type(self._obj).__name__}, elements [{self._start}, {self._stop}))"

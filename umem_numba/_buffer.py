@@ -253,6 +253,11 @@ class Buffer(_Base):
         return _layout.is_c_contiguous(self._shape, self._strides, self._dtype.itemsize)
 
     @property
+    def is_f_contiguous(self) -> bool:
+        """Whether the elements are dense in column-major (Fortran) order."""
+        return _layout.is_f_contiguous(self._shape, self._strides, self._dtype.itemsize)
+
+    @property
     def is_view(self) -> bool:
         """False for the buffer that owns the allocation, True for views of it."""
         return not self._owner
@@ -268,6 +273,30 @@ class Buffer(_Base):
         self._live()
         offset, shape, strides = _layout.index_view(self._shape, self._strides, key)
         return self._view(self._offset + offset, shape, strides)
+
+    def transpose(self, *axes: Any) -> Buffer:
+        """A view with the axes permuted, like ``ndarray.transpose`` (no copy).
+
+        ``transpose()`` reverses the axes: the transpose of a C-ordered
+        buffer is F-ordered and the other way round.  ``transpose(1, 0, 2)``
+        or ``transpose((1, 0, 2))`` gives the order of the axes.
+        """
+        self._live()
+        ndim = len(self._shape)
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        if not axes:
+            perm = tuple(range(ndim))[::-1]
+        else:
+            perm = tuple(_layout.as_axis(a, ndim, "transpose") for a in axes)
+            if sorted(perm) != list(range(ndim)):
+                raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of {ndim} axes")
+        return self._view(self._offset, tuple(self._shape[a] for a in perm), tuple(self._strides[a] for a in perm))
+
+    @property
+    def T(self) -> Buffer:
+        """The transposed view (axes reversed), like ``ndarray.T``."""
+        return self.transpose()
 
     def view(self, dtype: Any) -> Buffer:
         """Reinterpret a C-contiguous buffer as another dtype of the same itemsize."""
@@ -300,7 +329,10 @@ class Buffer(_Base):
         if n != self.size:
             raise ValueError(f"cannot reshape {self._shape} ({self.size} elements) into {new_shape}")
         if not self.is_c_contiguous:
-            raise ValueError("reshape needs a C-contiguous buffer; this view is strided")
+            raise ValueError(
+                "reshape needs a C-contiguous buffer; this view is strided or F-ordered "
+                "(reshape the .T of an F-ordered buffer)"
+            )
         return self._view(self._offset, new_shape, _layout.c_strides(new_shape, self._dtype.itemsize))
 
     # -- device side: what numba and other CUDA libraries see ----------------------
@@ -366,7 +398,13 @@ class Buffer(_Base):
         # Read by numba's typing on every launch: kept short.
         alloc = self._alloc
         if alloc is None or alloc.closed or not self._device_accessible:
-            alloc = self._device_export()  # raises the right error
+            try:
+                alloc = self._device_export()  # raises the right error
+            except _NotOnDeviceError as exc:
+                # Not as an AttributeError here: numba's typing would take that
+                # as "no _numba_type_" and launch on the host pointer through
+                # __dlpack__, with nothing tracked.
+                raise UnsupportedError(f"a kernel launch cannot use this buffer: {exc}") from None
         if self._views_can_retire and not self._owner:
             self._live()
         tracker = alloc.tracker
@@ -425,8 +463,8 @@ class Buffer(_Base):
         if not self.nbytes:
             return
         alloc = self._live()
-        if not self.is_c_contiguous:
-            raise ValueError("zeroing needs a C-contiguous buffer")
+        if not (self.is_c_contiguous or self.is_f_contiguous):
+            raise ValueError("zeroing needs a C-contiguous or F-contiguous buffer")
         what = f"zeroing a {type(self).__name__}"
         with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, True)], stream, what):
             _driver.call("cuMemsetD8Async", alloc.device_ptr + self._offset, 0, self.nbytes, stream, detail=what)
@@ -643,11 +681,11 @@ class Buffer(_Base):
         Notes
         -----
         Queued after device work recorded on this buffer; later host access
-        and launches are ordered after it.  A pageable numpy source has been
-        read when this returns; a page-locked one (a :class:`PinnedBuffer`'s
-        memory) must stay unchanged until the copy is done
-        (``buf.synchronize()``), unless it is passed as the PinnedBuffer
-        itself, whose coherence then guards it.  A managed destination is
+        and launches are ordered after it.  A numpy source has been read
+        when this returns: for one over page-locked or managed memory (a
+        :class:`PinnedBuffer`'s or :class:`ManagedBuffer`'s ``.host``) that
+        means waiting for the copy itself; pass the PinnedBuffer itself for
+        an asynchronous copy, which its coherence then guards.  A managed destination is
         prefetched to its device first (where the device allows) so that the
         copy engine writes device memory.
 
@@ -663,17 +701,19 @@ class Buffer(_Base):
         alloc = self._live()
         ptr = alloc.device_ptr + self._offset if self.size else 0
         host_view = self._host_array if self._host_accessible else None
+        order = _layout.dense_order(self._shape, self._strides, self._dtype.itemsize)
         return _copy.Side(
             ptr,
             self._shape,
             self._dtype,
-            self.is_c_contiguous,
+            bool(order),
             alloc.tracker,
             alloc.device_id,
             alloc.kind in _copy.DEVICE_KINDS,
             None,
             alloc.kind,
             host_view,
+            order,
         )
 
     def synchronize(self) -> None:
@@ -728,8 +768,16 @@ _layouts: dict[tuple[Any, Any], Layout] = {}
 _LAYOUTS_KEPT = 512
 
 
-def new_layout(shape: Any, dtype: Any) -> Layout:
-    """Validate a constructor's shape and dtype: ``(shape, dtype, nbytes, strides)``."""
+def new_layout(shape: Any, dtype: Any, order: str = "C") -> Layout:
+    """Validate a constructor's shape and dtype: ``(shape, dtype, nbytes, strides)``.
+
+    ``order`` is ``"C"`` or ``"F"`` (the caller checked it with
+    :func:`umem_numba._layout.check_order`).
+    """
+    if order != "C":
+        dt = _layout.normalize_dtype(dtype)
+        shp = _layout.normalize_shape(shape)
+        return (shp, dt, _layout.checked_nbytes(shp, dt), _layout.f_strides(shp, dt.itemsize))
     # Only plain ints are keys: True == 1 and hashes alike, but a bool is no size.
     plain = type(shape) is int or (type(shape) is tuple and all(type(d) is int for d in shape))
     key = (shape, dtype)
@@ -750,6 +798,45 @@ def new_layout(shape: Any, dtype: Any) -> Layout:
             _layouts.clear()
         _layouts[key] = layout
     return layout
+
+
+def source_order(src: np.ndarray, order: Any, what: str) -> str:
+    """The order a ``from_array`` copy of ``src`` is stored in: ``"K"`` keeps an F-ordered source's."""
+    order = _layout.check_order(order, what, allow_keep=True)
+    if order == "K":
+        return "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+    return order
+
+
+def cuda_core_source(array: Any, order: Any, what: str) -> tuple[_copy.Side | None, str]:
+    """What a ``from_array`` of a cuda.core object copies: ``(side, order)`` for a DMA copy.
+
+    ``(None, "")`` for anything else, and for a cuda.core view of memory only
+    the host can reach (``np.from_dlpack`` reads it).  The order is the
+    source's for ``"K"``; an explicit other order is refused (a DMA copy
+    keeps the byte order).
+    """
+    if not _copy.is_cuda_core(array) or not _copy.cuda_core_device_accessible(array):
+        return None, ""
+    side = _copy.cuda_core_side(array, what, "source")
+    wanted = _layout.check_order(order, what, allow_keep=True)
+    if not side.contiguous:
+        raise ValueError(f"{what}: the cuda.core {type(array).__name__} is strided; a DMA copy needs it contiguous")
+    if wanted == "K":
+        return side, "F" if side.order == "F" else "C"
+    if wanted not in side.order:
+        raise ValueError(
+            f"{what}: order={wanted!r} of a source in {side.order} order: a DMA copy keeps the order "
+            "(leave order='K', or copy through the host)"
+        )
+    return side, wanted
+
+
+def host_source(array: Any) -> np.ndarray:
+    """A ``from_array`` source as numpy (a cuda.core view of host memory through DLPack)."""
+    if _copy.is_cuda_core(array) and hasattr(array, "__dlpack__"):
+        return np.from_dlpack(array)
+    return np.asarray(array)
 
 
 def _nothing() -> None:
@@ -791,8 +878,8 @@ def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
 def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
     shape = tuple(iface["shape"])
-    descr = iface.get("descr")
-    named = descr and any(field[0] for field in descr)
+    descr = iface.get("descr") or []
+    named = any(field[0] for field in descr)
     dtype = np.dtype([tuple(field) for field in descr]) if named else np.dtype(iface["typestr"])
     if not iface["data"][0] or 0 in shape:
         return np.empty(shape, dtype)

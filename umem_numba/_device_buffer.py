@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
-from ._buffer import Buffer, new_layout
+from . import _driver, _layout
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._location import StreamLike, stream_handle
 from ._pool import MemoryPool, check_pool, default_pool
+from ._tracker import refuse_capture
 
 __all__ = ["DeviceBuffer"]
 
@@ -35,7 +36,13 @@ class DeviceBuffer(Buffer):
 
     @classmethod
     def empty(
-        cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None, stream: StreamLike = None
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+        order: str = "C",
     ) -> DeviceBuffer:
         """Allocate without initialising.
 
@@ -47,41 +54,68 @@ class DeviceBuffer(Buffer):
             A ``"device"`` pool; default: the current device's default pool.
         stream : numba stream, 0 or None
             The allocation stream.
+        order : {"C", "F"}
+            Row-major (default) or column-major (Fortran) element order.
 
         Raises
         ------
         TypeError, ValueError
-            Bad shape, dtype or pool (before any driver call).
+            Bad shape, dtype, order or pool (before any driver call).
         OutOfMemoryError
             The pool cannot provide that much.
         """
-        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        if order != "C":
+            order = _layout.check_order(order, "DeviceBuffer.empty")
+        shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         if pool is not None:
             check_pool(pool, "device", "DeviceBuffer.empty")
-        handle = stream_handle(stream, what="DeviceBuffer.empty")
-        if pool is None:
-            pool = default_pool("device", _driver.ensure_context())
-        alloc = pool.allocation(nbytes, handle, "device")
+            alloc = pool.allocation(nbytes, stream, "device", "DeviceBuffer.empty")  # parses the stream
+        else:
+            handle = stream_handle(stream, what="DeviceBuffer.empty")  # a bad stream before any driver call
+            alloc = default_pool("device", _driver.ensure_context()).allocation(nbytes, handle, "device")
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         return buf
 
     @classmethod
     def zeros(
-        cls, shape: Any, dtype: Any = np.float32, *, pool: MemoryPool | None = None, stream: StreamLike = None
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        *,
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+        order: str = "C",
     ) -> DeviceBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``)."""
         handle = stream_handle(stream, what="DeviceBuffer.zeros")
-        buf = cls.empty(shape, dtype, pool=pool, stream=handle)
+        _driver.ensure_context()
+        refuse_capture(handle, "DeviceBuffer.zeros")  # before allocating on the stream: a capture stays intact
+        buf = cls.empty(shape, dtype, pool=pool, stream=handle, order=order)
         buf._fill_zero(handle)
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = None) -> DeviceBuffer:
-        """A new buffer holding a copy of ``array`` (DMA on ``stream``)."""
-        src = np.asarray(array)
+    def from_array(
+        cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = None, order: str = "K"
+    ) -> DeviceBuffer:
+        """A new buffer holding a copy of ``array`` (DMA on ``stream``); ``order="K"`` keeps an F source's order."""
+        side, dev_order = cuda_core_source(array, order, "DeviceBuffer.from_array")
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy
+            buf = cls.empty(side.shape, side.dtype, pool=pool, stream=stream, order=dev_order)
+            try:
+                buf.copy_from_host(array, stream=stream)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
         if src.dtype.hasobject:
             raise TypeError("DeviceBuffer.from_array: object arrays cannot live in device memory")
-        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=stream)
-        buf.copy_from_host(src, stream=stream)
+        order = source_order(src, order, "DeviceBuffer.from_array")
+        handle = stream_handle(stream, what="DeviceBuffer.from_array")
+        _driver.ensure_context()
+        refuse_capture(handle, "DeviceBuffer.from_array")  # before allocating on the stream
+        buf = cls.empty(src.shape, src.dtype, pool=pool, stream=handle, order=order)
+        buf.copy_from_host(src, stream=handle)
         return buf

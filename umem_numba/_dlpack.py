@@ -4,6 +4,16 @@ The structures are DLPack's (``dlpack.h``, the unversioned ``DLManagedTensor``
 that every consumer accepts).  The capsule keeps a Python object alive (the
 buffer view being exported) until the consumer calls the deleter, or until
 the capsule is collected without having been consumed.
+
+At interpreter exit
+-------------------
+A consumer's tensor (PyTorch, CuPy) can outlive this module: module teardown
+clears modules' globals (this one before ``__main__``, where the user's
+tensors live), and the consumer then calls the deleter.  So the C callbacks
+and the table of live exports are kept alive for the life of the process
+(one leaked reference each), the callbacks bind what they use early, and once
+the process exits (:func:`umem_numba._driver.shutting_down`) they release
+nothing: the driver reclaims the memory.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from . import _driver
 
 __all__ = ["KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "make_capsule"]
 
@@ -47,7 +59,8 @@ class _DLManagedTensor(ctypes.Structure):
     pass
 
 
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_MANAGED_P = ctypes.POINTER(_DLManagedTensor)
+_DELETER = ctypes.CFUNCTYPE(None, _MANAGED_P)
 _DLManagedTensor._fields_ = [
     ("dl_tensor", _DLTensor),
     ("manager_ctx", ctypes.c_void_p),
@@ -70,25 +83,55 @@ _live: dict[int, tuple[Any, ...]] = {}
 _live_lock = threading.Lock()
 
 
-@_DELETER
-def _deleter(managed: Any) -> None:
-    address = ctypes.addressof(managed.contents)
-    with _live_lock:
-        entry = _live.pop(address, None)
+def _deleter_py(
+    managed: Any,
+    _quiet: Any = _driver.shutting_down,
+    _addressof: Any = ctypes.addressof,
+    _table: dict[int, tuple[Any, ...]] = _live,
+    _lock: Any = _live_lock,
+) -> None:
+    # Defaults bind early: a consumer may call this after module teardown set our globals to None.
+    if _quiet():
+        return  # exit: the structures stay (leaked with the table), the driver reclaims the memory
+    address = _addressof(managed.contents)
+    with _lock:
+        entry = _table.pop(address, None)
     if entry is not None:
         release = entry[-1]
         release()
 
 
-@_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule: int) -> None:
+_deleter = _DELETER(_deleter_py)
+
+
+def _capsule_destructor_py(
+    capsule: int,
+    _quiet: Any = _driver.shutting_down,
+    _api: Any = _pythonapi,
+    _cast: Any = ctypes.cast,
+    _pointer_type: Any = _MANAGED_P,
+    _delete: Any = _deleter_py,
+    _name: bytes = _NAME,
+) -> None:
     # Unconsumed capsule (still named "dltensor"): the producer cleans up.
+    if _quiet():
+        return
     try:
-        if _pythonapi.PyCapsule_IsValid(capsule, _NAME):
-            pointer = _pythonapi.PyCapsule_GetPointer(capsule, _NAME)
-            _deleter(ctypes.cast(pointer, ctypes.POINTER(_DLManagedTensor)))
-    except Exception:  # interpreter exit: ctypes is already torn down
+        if _api.PyCapsule_IsValid(capsule, _name):
+            pointer = _api.PyCapsule_GetPointer(capsule, _name)
+            _delete(_cast(pointer, _pointer_type))
+    except Exception:  # pragma: no cover - defensive: a destructor must never raise
         pass
+
+
+_capsule_destructor = _CAPSULE_DESTRUCTOR(_capsule_destructor_py)
+
+# Never freed, even by module teardown: consumers hold pointers to the C thunks
+# (the deleter, the capsule destructor) and into the structures the table keeps,
+# and may use them after this module's globals are gone.
+for _immortal in (_deleter, _capsule_destructor, _live):
+    _pythonapi.Py_IncRef(ctypes.py_object(_immortal))
+del _immortal
 
 
 def dl_dtype(dtype: np.dtype) -> tuple[int, int]:

@@ -17,10 +17,12 @@ writes a driver constant as a literal.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -52,6 +54,7 @@ def _constants(drv: Any) -> SimpleNamespace:
         stream_legacy=int(drv.CU_STREAM_LEGACY),
         stream_per_thread=int(drv.CU_STREAM_PER_THREAD),
         event_disable_timing=int(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+        stream_non_blocking=int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
         # pinned host memory
         hostalloc_portable=int(drv.CU_MEMHOSTALLOC_PORTABLE),
         hostalloc_devicemap=int(drv.CU_MEMHOSTALLOC_DEVICEMAP),
@@ -60,6 +63,8 @@ def _constants(drv: Any) -> SimpleNamespace:
         device_cpu=int(drv.CU_DEVICE_CPU),
         location_device=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE,
         location_host=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST,
+        location_host_numa=drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        location_invalid=int(drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_INVALID),
         # advice and range attributes (the legacy int-valued forms: cuda-bindings
         # 13.3 rejects the *_TYPE/*_ID forms in cuMemRangeGetAttribute)
         advise=drv.CUmem_advise,
@@ -67,7 +72,15 @@ def _constants(drv: Any) -> SimpleNamespace:
         range_preferred=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
         range_accessed_by=attr.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
         range_last_prefetch=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+        # The typed forms (CUDA 12.2+), which tell a host NUMA node from the host:
+        # read through range_attribute_int, which works around cuda-bindings 13.3.
+        range_preferred_type=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
+        range_preferred_id=attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
+        range_last_prefetch_type=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
+        range_last_prefetch_id=attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
         pointer_is_managed=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        pointer_memory_type=drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        memorytype_host=int(drv.CUmemorytype.CU_MEMORYTYPE_HOST),
         # virtual memory management
         vmm_pinned=drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
         vmm_posix_fd=vmm_handle.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -98,6 +111,24 @@ class _Api:
         # CUDA 13 driver (the binding may know a call the driver lacks).
         batch = getattr(drv, "cuMemPrefetchBatchAsync", None)
         self.mem_prefetch_batch = batch if self.driver_version >= 13000 else None
+        # Discards (CUDA 13.0): ``None`` where the binding or the driver lacks them;
+        # the reason is in :attr:`discard_missing`.
+        discard = getattr(drv, "cuMemDiscardBatchAsync", None)
+        discard_prefetch = getattr(drv, "cuMemDiscardAndPrefetchBatchAsync", None)
+        if discard is None or discard_prefetch is None:
+            self.discard_missing = (
+                f"cuda-bindings {version} has no cuMemDiscardBatchAsync / cuMemDiscardAndPrefetchBatchAsync "
+                "(they need cuda-bindings 13 and a CUDA 13 driver)"
+            )
+        elif self.driver_version < 13000:
+            self.discard_missing = (
+                f"the CUDA driver is version {self.driver_version // 1000}.{self.driver_version % 1000 // 10}; "
+                "cuMemDiscardBatchAsync needs a CUDA 13.0 driver (R580 or newer)"
+            )
+        else:
+            self.discard_missing = ""
+        self.mem_discard_batch = None if self.discard_missing else discard
+        self.mem_discard_prefetch_batch = None if self.discard_missing else discard_prefetch
         self.stream_get_device = getattr(drv, "cuStreamGetDevice", None)
         # Bound once: called on every tracked launch.
         self.stream_get_id = getattr(drv, "cuStreamGetId", None)
@@ -133,9 +164,9 @@ def _probe() -> str:
     """Load the binding and initialise the driver; return '' or why not."""
     global _api
     if _sim.active():
-        from ._sim_driver import SimDriver, install_numba
-
         from cuda import bindings
+
+        from ._sim_driver import SimDriver, install_numba
 
         sim = SimDriver()
         install_numba(sim)
@@ -278,9 +309,83 @@ def context_gone(exc: BaseException) -> bool:
     return isinstance(exc, CudaError) and exc.name in _GONE
 
 
-def shutting_down() -> bool:
-    """Whether the interpreter is finalizing (finalizers must stay quiet then)."""
-    return sys.is_finalizing()
+#: Set by :func:`_at_exit`, umem_numba's exit hook: the process is exiting.
+_exiting = False
+
+
+def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
+    """Whether the process is exiting: finalizers, deleters and free callbacks must do nothing then.
+
+    True from the moment umem_numba's exit hook runs (an ``atexit`` handler
+    that runs before every ``weakref.finalize`` finalizer run at exit, see
+    below), and while the interpreter finalizes.  ``sys.is_finalizing()``
+    alone is not enough: it is still ``False`` while ``atexit`` handlers run,
+    and numba's memory finalizers (the plugin's free callback), PyTorch's or
+    CuPy's teardown can free umem_numba memory then, in whatever context is
+    current, while other libraries tear their own state down.  The driver
+    reclaims every allocation, stream and pool when the process ends, so
+    from here on nothing is freed.
+    """
+    # Early-bound default: module teardown sets this module's globals to None,
+    # and a __del__ run after that still needs an answer.  ``_exiting`` is then
+    # None, which also means exiting.
+    return _exiting is not False or _is_finalizing()
+
+
+def _at_exit() -> None:
+    """umem_numba's exit hook: let queued device work finish, then :func:`shutting_down` is True for good."""
+    global _exiting
+    try:
+        _settle_devices()
+    except Exception:  # a sticky error, a driver already going: nothing to do about it at exit
+        pass
+    finally:
+        _exiting = True
+
+
+def _settle_devices() -> None:
+    """``cuCtxSynchronize`` on every active primary context (only where this process loaded the driver).
+
+    At exit nothing is freed any more, and the driver tears down the contexts,
+    with their streams and pools, after Python is done.  Destroying a pool
+    with frees still queued behind running work crashed the driver in our
+    tests (see ``MemoryPool.close``), so the work still queued (a kernel still
+    running, stream-ordered frees behind it) finishes first, while every
+    context is intact.  It costs at most the time that work had left to run
+    (a kernel that never ends keeps the process from exiting).  Pure driver
+    calls: numba's own state may already be going.
+    """
+    a = _api
+    if a is None or _forked_child:
+        return  # the driver was never loaded here: no device work, and no reason to load it now
+    drv = a.drv
+    err, count = drv.cuDeviceGetCount()
+    if err != 0:
+        return
+    for d in range(int(count)):
+        err, _flags, active = drv.cuDevicePrimaryCtxGetState(d)
+        if err != 0 or not active:
+            continue
+        err, ctx = drv.cuDevicePrimaryCtxRetain(d)
+        if err != 0:
+            continue
+        try:
+            if drv.cuCtxPushCurrent(ctx)[0] == 0:
+                try:
+                    drv.cuCtxSynchronize()
+                finally:
+                    drv.cuCtxPopCurrent()
+        finally:
+            drv.cuDevicePrimaryCtxRelease(d)
+
+
+# ``weakref.finalize`` runs its finalizers still alive at exit (atexit=True, numba's
+# memory finalizers among them) from one atexit handler, registered when the first
+# finalize object of the process is made.  atexit runs the handler registered last
+# first: making sure that handler is registered before ours makes ours run before it,
+# so every finalizer run at exit sees shutting_down() (numba's utils do the same).
+weakref.finalize(_at_exit, _at_exit).detach()
+atexit.register(_at_exit)
 
 
 # --------------------------------------------------------------------------
@@ -386,15 +491,63 @@ def current_device() -> int:
     return int(check(api().drv.cuCtxGetDevice(), "cuCtxGetDevice"))
 
 
+#: Streams whose owner is alive, by handle: ``[weak reference to the owner, its id or None]``.
+#: While the owner (a stream numba created) lives, the stream is not destroyed, so its
+#: handle names that one stream in every thread and its ``cuStreamGetId`` can be kept.
+_owned_streams: dict[int, list[Any]] = {}
+_OWNED_KEPT = 256
+
+
+def note_owned_stream(handle: int, owner: Any) -> None:
+    """Remember that ``owner`` (alive) owns the stream ``handle``: :func:`stream_key` may then keep its id.
+
+    Only for an object whose collection destroys the stream (numba's own
+    streams); never for the special handles 0, 1 and 2, which name a
+    different stream per context or thread.
+    """
+    if handle in (0, 1, 2):
+        return
+    known = _owned_streams.get(handle)
+    if known is not None and known[0]() is owner:
+        return
+    try:
+        ref = weakref.ref(owner)
+    except TypeError:
+        return
+    if len(_owned_streams) >= _OWNED_KEPT:
+        _owned_streams.clear()
+    _owned_streams[handle] = [ref, None]
+
+
 def stream_key(handle: int) -> int:
     """A key that names one stream for as long as it exists: ``cuStreamGetId``.
 
     Raw handles are ambiguous: ``0`` is the legacy stream of whichever
     context is current, ``2`` is the calling thread's per-thread stream, and
     a destroyed stream's handle can come back for a new stream.  The stream
-    id is unique in the process.  (Without ``cuStreamGetId``, before CUDA 12,
-    the handle is the key.)
+    id is unique in the process.  It is asked of the driver at every call,
+    except for a stream whose owner is known to be alive
+    (:func:`note_owned_stream`): its handle cannot have been reused.
+    (Without ``cuStreamGetId``, before CUDA 12, the handle is the key.)
     """
+    owned = owned_stream(handle)
+    if owned is not None:
+        key = owned[1]
+        if key is None:
+            key = owned[1] = _ask_stream_id(handle)
+        return int(key)
+    return _ask_stream_id(handle)
+
+
+def owned_stream(handle: int) -> list[Any] | None:
+    """``[owner reference, id or None]`` of a stream whose owner is alive (:func:`note_owned_stream`), else None."""
+    owned = _owned_streams.get(handle)
+    if owned is not None and owned[0]() is not None:
+        return owned
+    return None
+
+
+def _ask_stream_id(handle: int) -> int:
     a = _api if _api is not None else api()
     get = a.stream_get_id
     if get is None:
@@ -432,6 +585,48 @@ def synchronize_devices(devices: list[int] | set[int] | None, what: str) -> None
     for d in sorted(active_devices() if devices is None else devices):
         with device_context(d):
             call("cuCtxSynchronize", detail=what)
+
+
+_range_get_attribute: Any = None
+
+
+def _raw_range_get_attribute() -> Any:
+    """The driver's ``cuMemRangeGetAttribute`` as a ctypes function (found through ``cuGetProcAddress``).
+
+    cuda-bindings 13.3 and older refuse the ``*_TYPE``/``*_ID`` range attributes
+    in their ``cuMemRangeGetAttribute`` wrapper (its helper only knows the four
+    legacy ones, a ``TypeError``); the driver itself has had them since CUDA 12.2.
+    """
+    global _range_get_attribute
+    if _range_get_attribute is None:
+        import ctypes
+
+        pfn, _status = call("cuGetProcAddress", b"cuMemRangeGetAttribute", 12020, 0)
+        if not pfn:
+            raise CudaError("cuGetProcAddress", 0, "CUDA_SUCCESS", "the driver has no cuMemRangeGetAttribute for 12.2")
+        proto = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+        )
+        _range_get_attribute = (proto(int(pfn)), ctypes)
+    return _range_get_attribute
+
+
+def range_attribute_int(attr: Any, ptr: int, nbytes: int, detail: str = "") -> int:
+    """Read a 32-bit range attribute of managed memory (``cuMemRangeGetAttribute``), any binding version.
+
+    The binding's wrapper is used where it takes ``attr``; where it refuses it
+    (cuda-bindings 13.3 and the typed location attributes) the driver's entry
+    point is called directly, and its result is checked like any other call.
+    """
+    try:
+        return int(call("cuMemRangeGetAttribute", 4, attr, ptr, nbytes, detail=detail))
+    except TypeError:
+        pass
+    fn, ctypes = _raw_range_get_attribute()
+    out = ctypes.c_int32(0)
+    err = fn(ctypes.byref(out), 4, int(attr), ptr, nbytes)
+    check((err,), "cuMemRangeGetAttribute", detail)
+    return int(out.value)
 
 
 def mem_get_info() -> tuple[int, int]:

@@ -29,15 +29,28 @@ What it reaches
     stream-ordered pool for page-locked host memory that numba's interface
     could use, so they are not counted in ``stats()``.
 
-Frees are stream-ordered (``cuMemFreeAsync`` on the legacy default stream,
-which orders after every *blocking* stream of the device, as numba's own
-``cuMemFree`` would).  Work on non-blocking streams (``cuda.external_stream``
-of a non-blocking stream) must be synchronised before the array is dropped,
-as with RMM's plugin.  Inside ``numba.cuda.defer_cleanup()`` frees are queued
-and run when the block ends.
+Frees are ordered after *every* stream of the device, non-blocking ones
+included, as numba's own ``cuMemFree`` (which synchronises) is: numba does not
+tell an allocator on which streams its kernels used an array, so a freed
+array's memory is *held* by the pool and handed out again only after a
+device synchronise that began after the free (``MemoryPool.free(ptr,
+unordered=True)``; see :mod:`umem_numba._pool`).  The pool synchronises once
+it holds 32 blocks or 256 MiB and an allocation finds no settled memory of
+its size (numba's own allocator synchronises about as often), and otherwise
+takes new memory from the driver: no free ever costs a host wait.  Work of a
+kernel on *another* device that used the array (peer access) must be
+synchronised before the array is dropped, as with numba's own allocator.
+Inside ``numba.cuda.defer_cleanup()`` frees are queued and run when the block
+ends.
 
 IPC
 ---
+Off by default: every numba array of the process lives in the plugin's one
+pool, and a handle gives the receiving process the whole pool (read-write).
+Turn it on with ``UMEM_NUMBA_EMM_IPC=1`` (or
+:attr:`UmemNumbaMemoryManager.exportable` set to ``True``) before numba
+creates the context; ``get_ipc_handle()`` otherwise raises
+:class:`~umem_numba.UnsupportedError` naming the setting.  With it on,
 ``DeviceNDArray.get_ipc_handle()`` works for memory of the (default) device
 pool: the pool is created exportable (POSIX file descriptors, where the
 device supports them), and the handle carries the pool's descriptor and the
@@ -72,6 +85,7 @@ from ._errors import OutOfMemoryError, UnsupportedError
 __all__ = ["UmemNumbaMemoryManager"]
 
 _ENV = "UMEM_NUMBA_EMM_POOL"
+_ENV_IPC = "UMEM_NUMBA_EMM_IPC"
 
 
 def _env_pool_kind() -> str:
@@ -79,6 +93,16 @@ def _env_pool_kind() -> str:
     if kind not in ("device", "managed"):
         raise ValueError(f"{_ENV} must be 'device' or 'managed', got {kind!r}")
     return kind
+
+
+def _env_ipc() -> bool:
+    """``UMEM_NUMBA_EMM_IPC``: whether the plugin's device pool is made exportable (default: no)."""
+    value = os.environ.get(_ENV_IPC, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{_ENV_IPC} must be 1 or 0 (also true/false, yes/no, on/off), got {value!r}")
 
 
 def _existing_context() -> int | None:
@@ -123,12 +147,14 @@ class _CtxGuard:
 
 def _pool_free(pool: Any, ctx_handle: Any, ptr: int, size: int) -> None:
     with _CtxGuard(ctx_handle):
-        pool.free(ptr, 0)
+        pool.free(ptr, unordered=True)  # numba's kernels may still use it on any stream
     _stats.record_free("emm", size)
 
 
 def _free_dtor(pool: Any, ctx_handle: Any, size: int) -> Any:
-    def free_pool_memory(ptr: int) -> None:  # the name shows in numba's dealloc log
+    def free_pool_memory(ptr: int, _quiet: Any = _driver.shutting_down) -> None:  # the name shows in numba's log
+        if _quiet():  # exit: the driver reclaims the pool (see _finalizer)
+            return
         _pool_free(pool, ctx_handle, ptr, size)
 
     return free_pool_memory
@@ -139,7 +165,12 @@ def _finalizer(mgr: UmemNumbaMemoryManager, pool: Any, ptr: int, size: int) -> A
     deallocations = mgr.deallocations
     ctx_handle = mgr._ctx_handle
 
-    def core() -> None:
+    def core(_quiet: Any = _driver.shutting_down) -> None:
+        # numba registers this with weakref.finalize(atexit=True): it also runs at exit, when
+        # contexts may be going (numba's, PyTorch's, CuPy's teardown).  Then nothing is freed:
+        # the driver reclaims the pool with the process.  (Bound early: module globals may be None.)
+        if _quiet():
+            return
         allocations.pop(ptr, None)
         if deallocations.is_disabled:  # inside defer_cleanup(): run when it ends
             deallocations.add_item(_free_dtor(pool, ctx_handle, size), ptr, size)
@@ -173,6 +204,12 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     pool_kind : {"device", "managed"}
         Class attribute: the pool kind of contexts created from now on
         (default from ``UMEM_NUMBA_EMM_POOL``, else ``"device"``).
+    exportable : bool
+        Class attribute: whether contexts created from now on get an
+        exportable device pool, which numba IPC (``get_ipc_handle()``) needs
+        (default from ``UMEM_NUMBA_EMM_IPC``, else ``False``).  Every numba
+        array of the process lives in that pool, and a handle shares the whole
+        pool with the receiving process: turn it on only for IPC.
 
     Raises
     ------
@@ -182,6 +219,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     """
 
     pool_kind: str = _env_pool_kind()
+    exportable: bool = _env_ipc()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         context = kwargs.get("context")
@@ -199,6 +237,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         self._managed_pool: Any = None
         self._managed_tried = False
         self._kind = type(self).pool_kind
+        self._ipc = bool(type(self).exportable)
         if self._kind not in ("device", "managed"):
             raise ValueError(f"pool_kind must be 'device' or 'managed', got {self._kind!r}")
         self._ctx_handle = None if context is None else context.handle
@@ -212,7 +251,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             device = self.context.device
             dev = int(getattr(device, "id", device))  # numba's Device, or the binding's CUdevice
             exportable = False
-            if self._kind == "device":
+            if self._kind == "device" and self._ipc:  # only when asked: see the module notes
                 fd = int(_driver.consts().vmm_posix_fd)
                 exportable = bool(_driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", dev) & fd)
             self._pool = MemoryPool(self._kind, device=dev, exportable=exportable)
@@ -307,8 +346,9 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         Raises
         ------
         UnsupportedError
-            The memory comes from a managed pool, or the device cannot export
-            pools (the message says which).
+            IPC is off (``UMEM_NUMBA_EMM_IPC``), the memory comes from a
+            managed pool, or the device cannot export pools (the message says
+            which).
         """
         pool = self._pool
         owner = memory.owner
@@ -320,6 +360,12 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                 "numba IPC handles need device memory, but umem_numba's memory manager allocates from a "
                 "managed pool here (UMEM_NUMBA_EMM_POOL=managed), which the driver cannot export; use "
                 "UMEM_NUMBA_EMM_POOL=device for IPC"
+            )
+        if not getattr(self, "_ipc", False):
+            raise UnsupportedError(
+                "numba IPC through umem_numba's memory manager is off: its pool holds every numba array of "
+                "the process and a handle would share all of it, so it is exportable only on request; set "
+                f"{_ENV_IPC}=1 (or UmemNumbaMemoryManager.exportable = True) before numba creates the context"
             )
         if not pool.exportable:
             raise UnsupportedError(
@@ -341,13 +387,15 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                 data = _driver.call(
                     "cuMemPoolExportPointer", base, detail=f"exporting the pool allocation at {base:#x} for IPC"
                 )
+                raw = bytes(ctypes.string_at(data.getPtr(), _EXPORT_BYTES))
+                offset = int(memory.handle) - base
+                source_info = self.context.device.get_device_identity()
+                # The handle owns the descriptor from here (its finalizer closes it), but only
+                # once constructed: registering the finalizer is the last thing its __init__ does.
+                return PoolIpcHandle(memory, _ExportData(raw), memory.size, source_info, offset=offset, pool_fd=fd)
             except BaseException:
                 os.close(fd)
                 raise
-        raw = bytes(ctypes.string_at(data.getPtr(), _EXPORT_BYTES))
-        offset = int(memory.handle) - base
-        source_info = self.context.device.get_device_identity()
-        return PoolIpcHandle(memory, _ExportData(raw), memory.size, source_info, offset=offset, pool_fd=fd)
 
     # -- lifetime --------------------------------------------------------------------------
     def reset(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _driver, _sim
+from ._errors import CudaError
+from ._location import numa_nodes
 
 
 def _versions() -> dict[str, str]:
@@ -36,6 +38,11 @@ def _device_info(ordinal: int) -> dict[str, Any]:
         "vmm_supported": bool(attr("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", ordinal)),
         "vmm_posix_fd_export": bool(attr("HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", ordinal)),
     }
+    try:
+        # The host NUMA node nearest the device (-1: none, e.g. no NUMA); a CUDA 12.2+ attribute.
+        info["host_numa_id"] = attr("HOST_NUMA_ID", ordinal)
+    except (AttributeError, CudaError):
+        info["host_numa_id"] = -1
     if info["vmm_supported"]:
         from ._vmm_access import allocation_granularity
 
@@ -55,13 +62,17 @@ def info() -> dict[str, Any]:
     -------
     dict
         ``{"available": bool, "reason": str, "driver_version": int,
-        "versions": {...}, "devices": [ {...}, ... ]}``.  On a machine with no
+        "versions": {...}, "numa_nodes": [...], "devices": [ {...}, ... ]}``.
+        ``numa_nodes`` are the host's online NUMA nodes (the ``N`` of a
+        ``"cpu:N"`` / ``Host(numa=N)`` location; ``[]`` where the system
+        does not say), and each device's ``host_numa_id`` is the node nearest
+        to it as the driver reports it (``-1``: none).  On a machine with no
         GPU, ``available`` is False, ``reason`` says why, and ``devices`` is
         empty; nothing raises.  ``"simulator"`` is True under numba's CUDA
         simulator (``NUMBA_ENABLE_CUDASIM=1``): ``reason`` then says that
         buffers are host memory and nothing migrates.
     """
-    out: dict[str, Any] = {"versions": _versions(), "simulator": _sim.active()}
+    out: dict[str, Any] = {"versions": _versions(), "simulator": _sim.active(), "numa_nodes": numa_nodes() or []}
     if out["simulator"]:
         out.update(available=False, reason=_sim.NOTE, devices=[])
         return out
@@ -82,6 +93,8 @@ def format_info(data: dict[str, Any]) -> str:
     lines = []
     v = data["versions"]
     lines.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    if data.get("numa_nodes"):
+        lines.append("host NUMA nodes: " + ", ".join(map(str, data["numa_nodes"])) + " (targets 'cpu:N')")
     if data.get("simulator"):
         lines.append(f"CUDA: no GPU in use, {data['reason']}")
         return "\n".join(lines)
@@ -106,6 +119,8 @@ def format_info(data: dict[str, Any]) -> str:
             "vmm_posix_fd_export",
         ):
             lines.append(f"  {key}: {'yes' if d[key] else 'no'}")
+        if d.get("host_numa_id", -1) >= 0:
+            lines.append(f"  host_numa_id: {d['host_numa_id']} (the nearest host NUMA node)")
         if "vmm_granularity" in d:
             lines.append(f"  vmm_granularity: {d['vmm_granularity'] // 1024} KiB")
     return "\n".join(lines)

@@ -85,6 +85,41 @@ def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def f_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Column-major (Fortran) strides in bytes: the first index varies fastest."""
+    strides = []
+    acc = itemsize
+    for d in shape:
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(strides)
+
+
+#: What ``order=`` takes: C (row-major) or F (column-major, Fortran).
+ORDERS = ("C", "F")
+
+
+def check_order(order: Any, what: str, *, allow_keep: bool = False) -> str:
+    """Validate an ``order=`` argument: ``"C"`` or ``"F"`` (and ``"K"``, keep the source's, where allowed)."""
+    allowed = ORDERS + (("K",) if allow_keep else ())
+    if not isinstance(order, str) or order.upper() not in allowed:
+        names = ", ".join(repr(o) for o in allowed)
+        raise ValueError(f"{what}: order must be one of {names}, got {order!r}")
+    return order.upper()
+
+
+def strides_for(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
+    """Dense strides in ``order`` (``"C"`` or ``"F"``)."""
+    return f_strides(shape, itemsize) if order == "F" else c_strides(shape, itemsize)
+
+
+def dense_order(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> str:
+    """In which orders the elements are dense: ``"CF"`` (both: 1-d, or trivial dims), ``"C"``, ``"F"`` or ``""``."""
+    return ("C" if is_c_contiguous(shape, strides, itemsize) else "") + (
+        "F" if is_f_contiguous(shape, strides, itemsize) else ""
+    )
+
+
 def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
     if 0 in shape:
         return True
@@ -105,6 +140,19 @@ def is_f_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: 
             return False
         expected *= d
     return True
+
+
+def as_axis(value: Any, ndim: int, what: str) -> int:
+    """An axis number in ``[0, ndim)`` (negative counts from the end, like numpy)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: an axis cannot be a bool")
+    try:
+        axis = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: axes must be ints, got {type(value).__name__}") from None
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what}: axis {axis} is out of bounds for {ndim} dimension(s)")
+    return axis + ndim if axis < 0 else axis
 
 
 def index_view(
@@ -197,6 +245,11 @@ class DeviceArrayInfo(NamedTuple):
     def is_c_contiguous(self) -> bool:
         """Whether the elements are dense in row-major order."""
         return is_c_contiguous(self.shape, self.strides, self.dtype.itemsize)
+
+    @property
+    def order(self) -> str:
+        """The orders the elements are dense in (see :func:`dense_order`)."""
+        return dense_order(self.shape, self.strides, self.dtype.itemsize)
 
 
 def cuda_array_info(obj: Any, what: str) -> DeviceArrayInfo:

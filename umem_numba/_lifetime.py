@@ -138,13 +138,27 @@ def finalizer(obj: object, func: Callable[..., Any], *args: Any) -> weakref.fina
     """``weakref.finalize(obj, func, *args)`` that does not run at interpreter exit.
 
     At exit the driver reclaims every allocation, mapping and pool of the
-    process anyway, and by then numba may have torn its contexts down: a
-    free, unmap or pool destroy issued during shutdown can only fail, or
-    crash inside the driver.  So umem_numba's finalizers stay silent then.
+    process anyway, and by then numba, PyTorch or CuPy may be tearing their
+    contexts down: a free, unmap or pool destroy issued during shutdown can
+    only fail, or crash inside the driver.  So umem_numba's finalizers stay
+    silent then: not run by ``weakref``'s exit handler (``atexit=False``), and
+    doing nothing when their object is collected once the process exits
+    (:func:`umem_numba._driver.shutting_down`).
     """
-    f = weakref.finalize(obj, func, *args)
+    f = weakref.finalize(obj, _unless_exiting, func, *args)
     f.atexit = False
     return f
+
+
+def _unless_exiting(func: Callable[..., Any], *args: Any, _quiet: Callable[[], bool] = _driver.shutting_down) -> None:
+    """Run a finalizer's function, unless the process is exiting (:func:`umem_numba._driver.shutting_down`).
+
+    ``atexit=False`` alone does not cover exit: a finalizer still runs when its
+    object is collected while other ``atexit`` handlers run (numba's, PyTorch's,
+    CuPy's teardown drop objects then), when contexts may be going.
+    """
+    if not _quiet():
+        func(*args)
 
 
 def _release(memory: Memory, tracker: Tracker, generation: int) -> None:
@@ -199,8 +213,9 @@ class Allocation:
     -----
     The release on collection is ``__del__``, not ``weakref.finalize``: a
     finalizer costs about 2 µs to create, as much as a whole pool allocation
-    should.  ``__del__`` never runs the release while the interpreter shuts
-    down (the driver reclaims everything then; see :func:`finalizer`).
+    should.  ``__del__`` never runs the release once the process exits
+    (:func:`umem_numba._driver.shutting_down`: the driver reclaims everything
+    then; see :func:`finalizer`).
     """
 
     __slots__ = (
@@ -240,13 +255,18 @@ class Allocation:
         if memory is not None:
             _stats.record_alloc(memory.kind, memory.nbytes)
 
-    def __del__(self) -> None:
+    def __del__(self, _quiet: Callable[[], bool] = _driver.shutting_down) -> None:
+        # ``_quiet`` is bound early: at interpreter exit this module's globals may already be None.
         if not self._released:
             self._released = True
-            if not sys.is_finalizing():
+            if not _quiet():
                 _release(self.memory, self.tracker, self.generation)  # type: ignore[arg-type]
 
     def _release_now(self) -> None:
+        if _driver.shutting_down():
+            # A DLPack consumer let go while the process exits (PyTorch, CuPy tear down then):
+            # the driver reclaims the memory; a free now may run in a context being destroyed.
+            return
         with _exports_lock:
             if self._released:
                 return

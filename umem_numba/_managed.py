@@ -8,14 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
+from . import _driver, _layout
 from ._advice import ManagedMemoryHints, MigrationPolicy
-from ._buffer import Buffer, new_layout
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from ._copy import copy
 from ._lifetime import Allocation, DriverMemory
-from ._location import StreamLike, Target, stream_handle
+from ._location import Location, StreamLike, Target, as_location, stream_handle
 from ._pool import MemoryPool, check_pool
-from ._prefetch import prefetch
-from ._tracker import DeviceUse, Tracker
+from ._prefetch import discard, discard_prefetch, prefetch
+from ._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
 
@@ -71,6 +72,8 @@ class ManagedBuffer(Buffer):
         attach: str = "global",
         pool: MemoryPool | None = None,
         stream: StreamLike = None,
+        prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate without initialising.
 
@@ -89,7 +92,18 @@ class ManagedBuffer(Buffer):
             (stream-ordered, see :mod:`umem_numba._pool`); ``attach`` must then
             be ``"global"``.
         stream : numba stream, 0 or None
-            The allocation stream of a pool buffer (ignored without a pool).
+            The allocation stream of a pool buffer, and the stream of the
+            ``prefetch`` (otherwise unused).
+        prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
+            Prefetch the new memory there on ``stream`` (like RMM's
+            ``PrefetchResourceAdaptor``): stream-ordered, tracked like
+            :meth:`prefetch`, and read back as the buffer's
+            ``hints.last_prefetch_location``.  The target is checked before
+            anything is allocated.
+        order : {"C", "F"}
+            Row-major (default) or column-major (Fortran) element order.
+            Kernels see an F-ordered buffer as ``array(..., "F")``; element
+            ranges (advice, prefetch) count in memory order.
 
         Returns
         -------
@@ -98,13 +112,24 @@ class ManagedBuffer(Buffer):
         Raises
         ------
         TypeError, ValueError
-            Bad shape, dtype or attach value (before any driver call).
+            Bad shape, dtype, attach value or prefetch target (before any
+            driver call).
+        UnsupportedError
+            ``prefetch`` to a device without concurrentManagedAccess.
         OutOfMemoryError
             The driver cannot provide that much managed memory.
         CudaUnavailableError
             No GPU or driver.
         """
-        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        if order != "C":
+            order = _layout.check_order(order, "ManagedBuffer.empty")
+        if prefetch is not None:
+            new_layout(shape, dtype)  # a bad shape is reported before a bad target
+            loc = _prefetch_target(prefetch, "ManagedBuffer.empty")
+            buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=stream, order=order)
+            buf._prefetch_new(loc, stream)
+            return buf
+        shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         if attach != "global":
             attach = _check_attach(attach)
         if pool is not None:
@@ -114,7 +139,7 @@ class ManagedBuffer(Buffer):
                 raise ValueError(
                     "ManagedBuffer.empty: pool memory is attached globally; attach='host' needs a pool-less buffer"
                 )
-            alloc = pool.allocation(nbytes, stream_handle(stream, what="ManagedBuffer.empty"), "managed")
+            alloc = pool.allocation(nbytes, stream, "managed", "ManagedBuffer.empty")  # parses the stream
             buf = object.__new__(cls)
             buf._init(alloc, 0, shape, strides, dtype, True)
             return buf
@@ -148,35 +173,82 @@ class ManagedBuffer(Buffer):
         attach: str = "global",
         stream: StreamLike = 0,
         pool: MemoryPool | None = None,
+        prefetch: Target | None = None,
+        order: str = "C",
     ) -> ManagedBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``).
 
         The memset is tracked like a kernel: host access waits for it.  With
-        ``pool``, ``stream`` is also the allocation stream.
+        ``pool``, ``stream`` is also the allocation stream; ``prefetch``
+        migrates the zeroed memory to a target on ``stream`` after the
+        memset (see :meth:`empty`); ``order`` as in :meth:`empty`.
         """
         handle = stream_handle(stream, what="ManagedBuffer.zeros")
-        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle)
+        order = _layout.check_order(order, "ManagedBuffer.zeros")
+        loc = None if prefetch is None else _prefetch_target(prefetch, "ManagedBuffer.zeros", shape, dtype)
+        _driver.ensure_context()
+        refuse_capture(handle, "ManagedBuffer.zeros")  # before allocating: a capture stays intact
+        buf = cls.empty(shape, dtype, attach=attach, pool=pool, stream=handle, order=order)
         buf._fill_zero(handle)
+        if loc is not None:
+            buf._prefetch_new(loc, handle)
         return buf
 
     @classmethod
     def from_array(
-        cls, array: Any, *, attach: str = "global", pool: MemoryPool | None = None, stream: StreamLike = None
+        cls,
+        array: Any,
+        *,
+        attach: str = "global",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+        prefetch: Target | None = None,
+        order: str = "K",
     ) -> ManagedBuffer:
-        """A new buffer holding a copy of ``array`` (any layout; stored C-ordered).
+        """A new buffer holding a copy of ``array`` (any layout).
 
         Parameters
         ----------
-        array : array_like
-            Host data; converted with ``np.asarray`` (no object dtypes).
+        array : array_like, cuda.core Buffer or StridedMemoryView
+            Host data, converted with ``np.asarray`` (no object dtypes); or a
+            cuda.core ``StridedMemoryView`` / ``Buffer`` (bytes, stored as
+            ``uint8``) of device-accessible memory, copied by DMA on
+            ``stream`` (the source must stay unchanged until that copy is
+            done).
         attach, pool, stream
             As in :meth:`empty`.
+        prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
+            Prefetch the filled buffer there on ``stream`` (see :meth:`empty`).
+        order : {"K", "C", "F"}
+            ``"K"`` (default) keeps an F-ordered source's order and stores
+            anything else C-ordered; ``"C"`` or ``"F"`` forces one.
         """
-        src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream)
-        if buf.size:
-            np.copyto(buf._host_array("from_array"), src)
+        what = "ManagedBuffer.from_array"
+        side, dev_order = cuda_core_source(array, order, what)
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy on ``stream``
+            loc = None if prefetch is None else _prefetch_target(prefetch, what, side.shape, side.dtype)
+            buf = cls.empty(side.shape, side.dtype, attach=attach, pool=pool, stream=stream, order=dev_order)
+            _copy_into(buf, array, stream)
+        else:
+            src = host_source(array)
+            order = source_order(src, order, what)
+            loc = None if prefetch is None else _prefetch_target(prefetch, what, src.shape, src.dtype)
+            buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
+            if buf.size:
+                np.copyto(buf._host_array("from_array"), src)
+        if loc is not None:
+            buf._prefetch_new(loc, stream)
         return buf
+
+    def _prefetch_new(self, loc: Location, stream: StreamLike) -> None:
+        """The ``prefetch=`` of a constructor: the new buffer is closed again if it fails."""
+        if not self.size:
+            return  # nothing to migrate
+        try:
+            prefetch(self, loc, stream)
+        except BaseException:
+            self.close()
+            raise
 
     def _repr_extra(self) -> str:
         return f", attached_to={self.attached_to!r}"
@@ -195,7 +267,7 @@ class ManagedBuffer(Buffer):
         self.hints.apply_policy(policy)
 
     def prefetch(self, target: Target, stream: StreamLike = None) -> None:
-        """Migrate the buffer to ``target`` (a device, an ordinal or ``"cpu"``) asynchronously on ``stream``.
+        """Migrate the buffer to ``target`` (a device, an ordinal, ``"cpu"``, ``"cpu:N"``) asynchronously.
 
         Host access waits for the prefetch (coherence).  Raises
         :class:`~umem_numba.UnsupportedError` where the target device or the
@@ -204,8 +276,43 @@ class ManagedBuffer(Buffer):
         prefetch(self, target, stream)
 
     def prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
-        """Prefetch elements ``[start, stop)`` of the flat C-ordered buffer (no negative wrap-around)."""
+        """Prefetch elements ``[start, stop)`` of the flat buffer, in memory order (no negative wrap-around)."""
         prefetch(self, target, stream, start, stop)
+
+    def discard(self, stream: StreamLike = None) -> None:
+        """Tell the driver the contents are no longer needed (``cuMemDiscardBatchAsync``, on ``stream``).
+
+        The pages may be dropped: a later migration of them moves no data,
+        and reading an element before writing it gives an indeterminate
+        value.  Tracked as a write (ordered after every earlier use; host
+        access and later work wait for it).  Use it on scratch data whose
+        values are about to be overwritten, before it would otherwise
+        migrate (see :mod:`umem_numba._prefetch`).
+
+        Raises
+        ------
+        UnsupportedError
+            cuda-bindings or the driver older than CUDA 13, or a device of
+            the system without concurrentManagedAccess.
+        """
+        discard(self, stream)
+
+    def discard_range(self, start: int, stop: int, stream: StreamLike = None) -> None:
+        """Discard elements ``[start, stop)`` (the convention of :meth:`prefetch_range`)."""
+        discard(self, stream, start, stop)
+
+    def discard_prefetch(self, target: Target, stream: StreamLike = None) -> None:
+        """Discard the contents and prefetch the pages to ``target`` (``cuMemDiscardAndPrefetchBatchAsync``).
+
+        The buffer ends up resident at ``target`` without its old values
+        travelling: for memory that is about to be overwritten there.
+        Errors as in :meth:`discard` and :meth:`prefetch`.
+        """
+        discard_prefetch(self, target, stream)
+
+    def discard_prefetch_range(self, start: int, stop: int, target: Target, stream: StreamLike = None) -> None:
+        """:meth:`discard_prefetch` of elements ``[start, stop)``."""
+        discard_prefetch(self, target, stream, start, stop)
 
     # -- host holds ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -276,28 +383,55 @@ class ManagedBuffer(Buffer):
         return "global" if target is None else target
 
 
-def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global") -> ManagedBuffer:
+def _copy_into(buf: Buffer, source: Any, stream: StreamLike) -> None:
+    """A constructor's DMA copy from a device source; the new buffer is closed again if it fails."""
+    try:
+        copy(buf, source, stream)
+    except BaseException:
+        buf.close()
+        raise
+
+
+def _prefetch_target(target: Target, what: str, shape: Any = None, dtype: Any = None) -> Location:
+    """Check a constructor's ``prefetch=`` target before anything is allocated."""
+    if shape is not None:
+        new_layout(shape, dtype)  # a bad shape is reported before a bad target
+    what = f"{what}(prefetch={target!r})"
+    loc = as_location(target, check=False, what=what)
+    return as_location(loc, require_concurrent=True, what=what)
+
+
+def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global", order: str = "C") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.empty`."""
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
 def managed_zeros(
-    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0
+    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, order: str = "C"
 ) -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.zeros`."""
-    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream)
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream, order=order)
 
 
-def managed_like(array: Any, *, attach: str = "global") -> ManagedBuffer:
-    """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``)."""
+def managed_like(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
+    """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``).
+
+    ``order="K"`` (default) keeps the order of an F-ordered ``array``.
+    """
     shape = getattr(array, "shape", None)
     dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
     if shape is None or dtype is None:
         arr = np.asarray(array)
-        shape, dtype = arr.shape, arr.dtype
-    return ManagedBuffer.empty(shape, dtype, attach=attach)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, "managed_like", allow_keep=True)
+    if order == "K":
+        dt = np.dtype(dtype)
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), dt.itemsize) == "F"
+        order = "F" if f_only else "C"
+    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
 
 
-def managed_from(array: Any, *, attach: str = "global") -> ManagedBuffer:
+def managed_from(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
     """Shortcut for :meth:`ManagedBuffer.from_array`."""
-    return ManagedBuffer.from_array(array, attach=attach)
+    return ManagedBuffer.from_array(array, attach=attach, order=order)

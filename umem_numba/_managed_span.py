@@ -1,13 +1,18 @@
 """A validated byte range of managed memory: what advice and prefetch act on.
 
-Every range in umem_numba's advice and prefetch API is ``[start, stop)`` in
-*elements* of the buffer seen as a flat, C-ordered array: element ``i`` is the
-bytes ``[i * itemsize, (i + 1) * itemsize)`` after the buffer's first element.
+Every range in umem_numba's advice, prefetch and discard API is ``[start,
+stop)`` in *elements* of the buffer seen as a flat array in memory order:
+element ``i`` is the bytes ``[i * itemsize, (i + 1) * itemsize)`` after the
+buffer's first element.  For a C-ordered buffer that is the row-major flat
+index (``buf.host.ravel(order="C")[i]``); for an F-ordered one (``order="F"``,
+or the ``.T`` of a C-ordered buffer) the column-major flat index
+(``buf.host.ravel(order="F")[i]``): a range of an F-ordered matrix is a run of
+whole or partial *columns*.
 Bounds work like a Python slice without the wrap-around: ``0 <= start < stop
 <= size``; a negative bound is an :class:`IndexError`, never "from the end",
 and an empty range is a :class:`ValueError` (there is nothing to advise or
-prefetch).  Views must be C-contiguous; a view's range counts from the view's
-first element.
+prefetch).  Views must be contiguous (C or F); a view's range counts from the
+view's first element.
 """
 
 from __future__ import annotations
@@ -71,14 +76,15 @@ def element_count(obj: Any, what: str) -> int:
                 f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
                 "memory; advice and prefetch need a ManagedBuffer"
             )
-        if not obj.is_c_contiguous:
+        if not (obj.is_c_contiguous or obj.is_f_contiguous):
             raise ValueError(
-                f"{what}: the buffer view is strided; advice and prefetch need a C-contiguous buffer or view"
+                f"{what}: the buffer view is strided; advice and prefetch need a C-contiguous "
+                "(or F-contiguous) buffer or view"
             )
         return obj.size
     info = _layout.cuda_array_info(obj, what)
-    if not info.is_c_contiguous:
-        raise ValueError(f"{what}: the array is not C-contiguous")
+    if not info.order:
+        raise ValueError(f"{what}: the array is not C-contiguous (nor F-contiguous)")
     return info.size
 
 

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
-from ._buffer import Buffer, new_layout
+from . import _driver, _layout
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._checks import as_int
 from ._copy import copy
 from ._lifetime import Allocation, DriverMemory, Transaction
-from ._location import StreamLike
+from ._location import StreamLike, stream_handle
+from ._pool import MemoryPool, check_pool
 from ._tracker import Tracker
 
 __all__ = ["HostAllocFlags", "PinnedBuffer"]
@@ -73,6 +74,15 @@ class PinnedBuffer(Buffer):
     host access to the pinned buffer waits for them (coherence), so a host
     write can never race an upload still reading the buffer.  With
     :attr:`HostAllocFlags.DEVICEMAP` kernels can use the buffer directly.
+
+    With ``pool=`` (a ``MemoryPool("pinned")``) the memory comes from the
+    driver's stream-ordered host pool, like a pool's device or managed
+    memory: allocated on ``stream`` (host access waits for the stream to
+    reach the allocation), freed stream-ordered, reused through the pool's
+    free lists with the old buffer's coherence record, counted in
+    ``stats()["pinned"]`` and the pool's statistics.  Kernels on the devices
+    the pool grants access to (its own, :meth:`MemoryPool.set_access`) can
+    use it directly.
     """
 
     __slots__ = ("_device_accessible", "_flags")
@@ -85,7 +95,16 @@ class PinnedBuffer(Buffer):
         view._device_accessible = self._device_accessible
 
     @classmethod
-    def empty(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
+    def empty(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "C",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+    ) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
         Parameters
@@ -93,15 +112,30 @@ class PinnedBuffer(Buffer):
         shape : int or tuple of int
         dtype : numpy dtype
         flags : HostAllocFlags
-            Any combination of PORTABLE, DEVICEMAP, WRITECOMBINED.
+            Any combination of PORTABLE, DEVICEMAP, WRITECOMBINED
+            (``cuMemHostAlloc``'s; pool memory takes none).
+        order : {"C", "F"}
+            Row-major (default) or column-major (Fortran) element order.
+        pool : MemoryPool, optional
+            A ``"pinned"`` pool: the memory comes from it, stream-ordered on
+            ``stream`` (see the class notes).
+        stream : numba stream, 0 or None
+            The allocation stream of a pool buffer (only with ``pool``).
 
         Raises
         ------
+        TypeError, ValueError
+            Bad shape, dtype, order, flags, pool or stream (before any driver call).
         OutOfMemoryError
             The OS refused to lock that much memory.
         """
-        shape, dtype, nbytes, strides = new_layout(shape, dtype)
+        order = _layout.check_order(order, "PinnedBuffer.empty")
+        shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
         flags = _as_flags(flags)
+        if pool is not None:
+            return cls._from_pool(pool, stream, shape, dtype, nbytes, strides, flags)
+        if stream is not None:
+            raise ValueError("PinnedBuffer.empty: stream= is the allocation stream of pool memory; pass pool= too")
         device_id = _driver.ensure_context()
         ptr = 0
         device_ptr = None
@@ -124,19 +158,84 @@ class PinnedBuffer(Buffer):
         return buf
 
     @classmethod
-    def zeros(cls, shape: Any, dtype: Any = np.float32, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
-        """Allocate and zero every byte (``nbytes``, not ``size``)."""
-        buf = cls.empty(shape, dtype, flags)
+    def _from_pool(
+        cls,
+        pool: MemoryPool,
+        stream: StreamLike,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        nbytes: int,
+        strides: tuple[int, ...],
+        flags: HostAllocFlags,
+    ) -> PinnedBuffer:
+        """A buffer of pinned pool memory, allocated on ``stream`` (see :meth:`empty`)."""
+        check_pool(pool, "pinned", "PinnedBuffer.empty")
+        if flags:
+            raise ValueError(
+                f"PinnedBuffer.empty: flags ({flags!r}) are cuMemHostAlloc's; pool memory takes none "
+                "(devices reach it through the pool's access grants, MemoryPool.set_access)"
+            )
+        handle = stream_handle(stream, what="PinnedBuffer.empty")
+        alloc = pool.allocation(nbytes, handle, "pinned")
+        buf = object.__new__(cls)
+        buf._init(alloc, 0, shape, strides, dtype, True)
+        buf._flags = flags
+        buf._device_accessible = True  # the same address on the host and on the granted devices
+        return buf
+
+    @classmethod
+    def zeros(
+        cls,
+        shape: Any,
+        dtype: Any = np.float32,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "C",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+    ) -> PinnedBuffer:
+        """Allocate and zero every byte (``nbytes``, not ``size``); arguments as in :meth:`empty`.
+
+        Pool memory is zeroed on ``stream`` (``cuMemsetD8Async``, no host wait).
+        """
+        buf = cls.empty(shape, dtype, flags, order=order, pool=pool, stream=stream)
+        if pool is not None:
+            buf._fill_zero(stream_handle(stream, what="PinnedBuffer.zeros"))
+            return buf
         alloc = buf._live()
         if alloc.nbytes:
             ctypes.memset(alloc.ptr, 0, alloc.nbytes)
         return buf
 
     @classmethod
-    def from_array(cls, array: Any, flags: HostAllocFlags = HostAllocFlags.DEFAULT) -> PinnedBuffer:
-        """A pinned copy of ``array``."""
-        src = np.asarray(array)
-        buf = cls.empty(src.shape, src.dtype, flags)
+    def from_array(
+        cls,
+        array: Any,
+        flags: HostAllocFlags = HostAllocFlags.DEFAULT,
+        *,
+        order: str = "K",
+        pool: MemoryPool | None = None,
+        stream: StreamLike = None,
+    ) -> PinnedBuffer:
+        """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order.
+
+        A cuda.core ``StridedMemoryView`` or ``Buffer`` of device memory is
+        copied by DMA (host access to the new buffer waits for that copy).
+        ``pool`` and ``stream`` as in :meth:`empty`; a host source is copied
+        on the host once the stream has reached the allocation.
+        """
+        side, dev_order = cuda_core_source(array, order, "PinnedBuffer.from_array")
+        if side is not None:
+            buf = cls.empty(side.shape, side.dtype, flags, order=dev_order, pool=pool, stream=stream)
+            try:
+                copy(buf, array, stream_handle(stream, what="PinnedBuffer.from_array"))
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
+        order = source_order(src, order, "PinnedBuffer.from_array")
+        buf = cls.empty(src.shape, src.dtype, flags, order=order, pool=pool, stream=stream)
         if buf.size:
             np.copyto(buf._host_array("from_array"), src)
         return buf
@@ -150,8 +249,8 @@ class PinnedBuffer(Buffer):
     def driver_flags(self) -> HostAllocFlags:
         """The flags as the driver reports them (``cuMemHostGetFlags``)."""
         alloc = self._live()
-        if not alloc.nbytes:
-            return self._flags
+        if not alloc.nbytes or (alloc.memory is not None and alloc.memory.stream_ordered):
+            return self._flags  # pool memory is not cuMemHostAlloc's: it has no such flags
         return HostAllocFlags(int(_driver.call("cuMemHostGetFlags", alloc.ptr)) & _ALL_FLAGS)
 
     def _repr_extra(self) -> str:
@@ -164,7 +263,7 @@ class PinnedBuffer(Buffer):
         Raises
         ------
         ValueError
-            Shapes or dtypes differ, or either side is not C-contiguous.
+            Shapes or dtypes differ, or the sides are not contiguous in the same order.
         """
         copy(dst, self, stream)
 

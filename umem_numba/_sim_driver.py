@@ -956,7 +956,7 @@ class SimDriver:
 
             def run() -> None:
                 self._check_live(p, 4 * n, "cuMemsetD32Async")
-                np.frombuffer((ctypes.c_uint32 * n).from_address(p), np.uint32)[:] = v
+                np.frombuffer((ctypes.c_uint32 * n).from_address(p), np.uint32)[:] = v  # type: ignore[call-overload]
 
             try:
                 self._enqueue(handle, run, "cuMemsetD32Async")
@@ -1109,6 +1109,17 @@ class SimDriver:
                 return (_SUCCESS, same(mem.preferred[pages]))
             if name == "LAST_PREFETCH_LOCATION":
                 return (_SUCCESS, same(mem.last_prefetch[pages]))
+            if name.endswith(("_LOCATION_TYPE", "_LOCATION_ID")):
+                legacy = same(mem.preferred[pages] if name.startswith("PREFERRED") else mem.last_prefetch[pages])
+                lt = self._real.CUmemLocationType
+                if name.endswith("_ID"):
+                    return (_SUCCESS, max(legacy, 0))
+                kind = (
+                    lt.CU_MEM_LOCATION_TYPE_INVALID
+                    if legacy == -2
+                    else (lt.CU_MEM_LOCATION_TYPE_HOST if legacy == -1 else lt.CU_MEM_LOCATION_TYPE_DEVICE)
+                )
+                return (_SUCCESS, int(kind))
             if name == "ACCESSED_BY":
                 ids = [loc for col, loc in ((0, 0), (1, -1)) if mem.accessed_by[pages, col].all()]
                 slots = max(size // 4, 1)
@@ -1693,8 +1704,8 @@ def install_numba(drv: SimDriver) -> None:
 
     def from_cuda_array_interface(desc: dict[str, Any], owner: Any = None, sync: bool = True) -> Any:
         shape = tuple(desc["shape"])
-        descr = desc.get("descr")
-        named = descr and any(name for name, *_ in descr)
+        descr = desc.get("descr") or []
+        named = any(name for name, *_ in descr)
         dtype = np.dtype([tuple(d) for d in descr]) if named else np.dtype(desc["typestr"])
         ptr = desc["data"][0]
         if not ptr or 0 in shape:

@@ -66,6 +66,7 @@ __all__ = [
     "check_policy",
     "coherence_policy",
     "get_coherence_policy",
+    "refuse_capture",
     "set_coherence_policy",
 ]
 
@@ -534,6 +535,20 @@ def _busy_message(what: str, busy: list[_events.Event], unknown: set[int], escap
     )
 
 
+def refuse_capture(stream: int, what: str) -> None:
+    """Raise :class:`CoherenceError` if ``stream`` is capturing a CUDA graph.
+
+    Call it before any other work on the stream (and before calls a capture
+    forbids): an operation that refuses a capture must leave it intact.  An
+    event recorded inside a capture cannot be waited for, so umem_numba
+    cannot track work there.
+    """
+    if _driver.is_capturing(stream):
+        raise CoherenceError(
+            f"{what}: the stream is capturing a CUDA graph; umem_numba cannot track work inside a capture"
+        )
+
+
 class DeviceUse:
     """Order toolkit work on a stream against every buffer it touches, then record it.
 
@@ -569,10 +584,7 @@ class DeviceUse:
         self.covered: list[tuple[_events.Event, ...]] = []
 
     def __enter__(self) -> DeviceUse:
-        if _driver.is_capturing(self.stream):
-            raise CoherenceError(
-                f"{self.what}: the stream is capturing a CUDA graph; umem_numba cannot track work inside a capture"
-            )
+        refuse_capture(self.stream, self.what)
         self.key = _driver.stream_key(self.stream)
         begun: list[tuple[Tracker, bool]] = []
         try:

@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _layout
-from ._buffer import Buffer, new_layout
+from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from ._errors import BufferClosedError, UnsupportedError
 from ._lifetime import Transaction
 from ._location import StreamLike, Target, as_device, stream_handle
+from ._tracker import refuse_capture
 from ._vmm import AddressRange
 from ._vmm_access import (
     AccessFlags,
@@ -86,8 +87,8 @@ def _check_chunk_bytes(chunk_bytes: Any) -> int | None:
     return check_size(chunk_bytes, "chunk_bytes")
 
 
-def _layout_of(shape: Any, dtype: Any) -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...], int]:
-    shape, dtype, nbytes, strides = new_layout(shape, dtype)
+def _layout_of(shape: Any, dtype: Any, order: str = "C") -> tuple[tuple[int, ...], np.dtype, int, tuple[int, ...], int]:
+    shape, dtype, nbytes, strides = new_layout(shape, dtype, order)
     if not shape:
         raise ValueError("a VMMBuffer needs at least one dimension (it grows along axis 0); got shape ()")
     return shape, dtype, nbytes, strides, _row_bytes(shape, dtype)
@@ -140,6 +141,7 @@ class VMMBuffer(Buffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "C",
     ) -> VMMBuffer:
         """Reserve address space for ``capacity`` rows and map memory for ``shape``.
 
@@ -162,6 +164,12 @@ class VMMBuffer(Buffer):
             multiple of :attr:`granularity`), so that ``shrink`` and a view's
             ``set_access`` can work at that size.  Default: one chunk for the
             initial length and one per growth step (fastest).
+        order : {"C", "F"}
+            Row-major (default) or column-major element order.  Growth adds
+            rows (axis 0), which are contiguous only in C order: an F-ordered
+            buffer of two or more dimensions cannot :meth:`grow` or
+            :meth:`shrink`.  For a column-major array that grows, make a
+            C-ordered buffer of the transposed shape and use its ``.T`` view.
 
         Returns
         -------
@@ -177,7 +185,8 @@ class VMMBuffer(Buffer):
         CudaError
             Other driver failures (e.g. a device without VMM support).
         """
-        shape, dtype, nbytes, strides, row = _layout_of(shape, dtype)
+        order = _layout.check_order(order, "VMMBuffer.empty")
+        shape, dtype, nbytes, strides, row = _layout_of(shape, dtype, order)
         cap = _check_capacity(capacity, shape[0], row)
         chunk = _check_chunk_bytes(chunk_bytes)
         device_id = as_device(device, what="VMMBuffer.empty")
@@ -209,6 +218,7 @@ class VMMBuffer(Buffer):
         exportable: bool = False,
         chunk_bytes: int | None = None,
         stream: StreamLike = 0,
+        order: str = "C",
     ) -> VMMBuffer:
         """Like :meth:`empty`, then zero every byte on ``stream`` (``cuMemsetD8Async``).
 
@@ -216,7 +226,17 @@ class VMMBuffer(Buffer):
         growth is not zeroed.
         """
         handle = stream_handle(stream, what="VMMBuffer.zeros")
-        buf = cls.empty(shape, dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes)
+        _driver.ensure_context()
+        refuse_capture(handle, "VMMBuffer.zeros")  # before allocating: a capture stays intact
+        buf = cls.empty(
+            shape,
+            dtype,
+            device=device,
+            capacity=capacity,
+            exportable=exportable,
+            chunk_bytes=chunk_bytes,
+            order=order,
+        )
         buf._fill_zero(handle)
         return buf
 
@@ -229,14 +249,40 @@ class VMMBuffer(Buffer):
         capacity: int | None = None,
         exportable: bool = False,
         chunk_bytes: int | None = None,
+        order: str = "K",
     ) -> VMMBuffer:
-        """A new buffer holding a copy of ``array`` (at least 1-d; stored C-ordered).
+        """A new buffer holding a copy of ``array`` (at least 1-d).
 
-        Keyword arguments are :meth:`empty`'s.
+        Keyword arguments are :meth:`empty`'s; ``order="K"`` (default) keeps
+        an F-ordered source's order.
         """
-        src = np.asarray(array)
+        side, dev_order = cuda_core_source(array, order, "VMMBuffer.from_array")
+        if side is not None:  # a cuda.core Buffer or view of device memory: one DMA copy
+            buf = cls.empty(
+                side.shape,
+                side.dtype,
+                device=device,
+                capacity=capacity,
+                exportable=exportable,
+                chunk_bytes=chunk_bytes,
+                order=dev_order,
+            )
+            try:
+                buf.copy_from_host(array)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+        src = host_source(array)
+        order = source_order(src, order, "VMMBuffer.from_array")
         buf = cls.empty(
-            src.shape, src.dtype, device=device, capacity=capacity, exportable=exportable, chunk_bytes=chunk_bytes
+            src.shape,
+            src.dtype,
+            device=device,
+            capacity=capacity,
+            exportable=exportable,
+            chunk_bytes=chunk_bytes,
+            order=order,
         )
         buf.copy_from_host(src)
         return buf
@@ -345,6 +391,19 @@ class VMMBuffer(Buffer):
                 )
         return alloc
 
+    def _check_resizable(self, what: str) -> None:
+        """Refuse to change the length of an F-ordered buffer of 2+ dimensions (rows are not contiguous)."""
+        shape, itemsize = self._shape, self._dtype.itemsize
+        if (
+            len(shape) >= 2
+            and self._strides == _layout.f_strides(shape, itemsize)
+            and self._strides != _layout.c_strides(shape, itemsize)
+        ):
+            raise ValueError(
+                f"{what}(): this VMMBuffer is F-ordered; growth adds rows (axis 0), which are contiguous only "
+                "in C order. Make a C-ordered buffer of the transposed shape and use its .T view instead"
+            )
+
     def _owner_alloc(self, what: str) -> VMMAllocation:
         alloc = self._live()
         if not self._owner:
@@ -409,6 +468,7 @@ class VMMBuffer(Buffer):
             was (nothing is left mapped or allocated).
         """
         alloc = self._owner_alloc("grow")
+        self._check_resizable("grow")
         n = _check_length(new_length, "new length")
         if n < self._shape[0]:
             raise ValueError(f"grow({n}) is smaller than the current length {self._shape[0]}; use shrink()")
@@ -437,6 +497,7 @@ class VMMBuffer(Buffer):
             (nothing is changed).
         """
         alloc = self._owner_alloc("shrink")
+        self._check_resizable("shrink")
         n = _check_length(new_length, "new length")
         if n > self._shape[0]:
             raise ValueError(f"shrink({n}) is larger than the current length {self._shape[0]}; use grow()")

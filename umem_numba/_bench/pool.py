@@ -76,7 +76,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     _driver.ensure_context()
     s = cuda.stream()
-    h = int(s.handle)
     drv = _driver.api().drv
     n = args.iterations
     cases: list[tuple[str, Callable[[], Any] | str, bool]] = []
@@ -92,7 +91,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         alloc, free = pool.allocate, pool.free
 
         def cycle() -> None:
-            free(alloc(_SIZE, h), h)
+            free(alloc(_SIZE, s), s)  # the stream object: its id is known while it lives
 
         return cycle
 

@@ -9,7 +9,11 @@ One run, one buffer size (>= 1 GiB by default), four comparisons:
 3. a kernel touching host-resident managed memory with no prefetch (page faults) vs
    prefetch + the same kernel, values checked;
 4. a 64-entry :class:`PrefetchPlan` (one batched driver call where available) vs 64
-   ``prefetch_range`` calls.
+   ``prefetch_range`` calls;
+5. ``buf.discard_prefetch("cpu")`` of the device-resident buffer vs the plain device->host
+   prefetch of (2) (goal >= 1x; discarded pages carry no data, so nothing should cross the
+   bus: the figure says how much of the transfer the discard saves).  Where the driver has no
+   ``cuMemDiscardAndPrefetchBatchAsync`` (before CUDA 13) the row is left out with a note.
 
 Every figure is the median of the repetitions, measured on one stream after a warm-up,
 with the same statistic on both sides of a ratio.  The managed buffer is never larger
@@ -138,6 +142,7 @@ def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]
 
 def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, float]:
     """Other ways to issue the device->host prefetch; each is timed like the plain call."""
+    from .._location import Host
     from .._prefetch import PrefetchPlan
 
     out: dict[str, float] = {}
@@ -148,19 +153,8 @@ def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, flo
     except AttributeError:  # cuda-bindings 12.x has no such attribute
         numa = -1
     if numa >= 0:
-        drv = _driver.api().drv
-        loc = drv.CUmemLocation()
-        loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
-        loc.id = numa
-        ptr, h = buf.ptr, clock.handle
-
-        def numa_prefetch() -> None:
-            _driver.check(
-                _driver.api().mem_prefetch(ptr, nbytes, loc, 0, h),
-                "cuMemPrefetchAsync",
-                f"prefetch to host NUMA node {numa}",
-            )
-
+        node = Host(numa=numa)
+        numa_prefetch = lambda: buf.prefetch(node, clock.handle)  # noqa: E731
         numa_prefetch()
         t, _ = _median_time(clock, reps, to_dev, numa_prefetch)
         out[f"host NUMA node {numa}, one call"] = _gbps(nbytes, t)
@@ -171,6 +165,21 @@ def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, flo
     t, _ = _median_time(clock, reps, to_dev, lambda: plan.execute(clock.handle))
     out[f"{_PLAN_ENTRIES}-range plan to the host"] = _gbps(nbytes, t)
     return out
+
+
+def _discard_d2h(buf: Any, clock: _Clock, reps: int, to_dev: Callable[[], Any], notes: list[str]) -> float | None:
+    """Median seconds of ``discard_prefetch("cpu")`` on the device-resident buffer; ``None`` where unsupported.
+
+    Runs last: the buffer's values are gone afterwards.
+    """
+    missing = _driver.api().discard_missing
+    if missing:
+        notes.append(f"no discard row: {missing}")
+        return None
+    discard_to_host = lambda: buf.discard_prefetch("cpu", clock.handle)  # noqa: E731
+    discard_to_host()  # warm-up: the first one may populate host pages
+    t, _ = _median_time(clock, reps, to_dev, discard_to_host)
+    return t
 
 
 def _kernel() -> Any:
@@ -267,6 +276,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 buf.prefetch_range(a, b, dev, clock.handle)
 
         t_single, issue_single = _median_time(clock, reps, to_host, singles)
+        t_discard = _discard_d2h(buf, clock, reps, to_dev, notes)
         if not batched:
             notes.append("the plan went out as single calls (no cuMemPrefetchBatchAsync here)")
         elif issue_plan > 0.5 * t_plan:
@@ -310,6 +320,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "goal": None,
         },
     ]
+    if t_discard is not None:
+        rows.append(
+            {
+                "test": "(5) discard+prefetch device->host vs plain prefetch",
+                "gbps": _gbps(nbytes, t_discard),
+                "reference_gbps": d2h,
+                "goal": 1.0,
+            }
+        )
     for r in rows:
         r["ratio"] = r["gbps"] / r["reference_gbps"]
         r["met"] = None if r["goal"] is None else bool(r["ratio"] >= r["goal"])
@@ -325,6 +344,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"{_PLAN_ENTRIES}-entry plan / {_PLAN_ENTRIES} single calls, host->device bandwidth", rows[3]["ratio"]
         ),
     ]
+    if t_discard is not None:
+        figures.append(
+            goal_row(
+                "discard+prefetch device->host / plain prefetch device->host, speed",
+                rows[4]["ratio"],
+                1.0,
+                note="a device-resident buffer; discarded pages move no data to the host",
+            )
+        )
     return {
         "benchmark": "prefetch",
         "figures": figures,
