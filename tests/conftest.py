@@ -18,7 +18,8 @@ def _gpu_reason() -> str:
 
 #: Under numba's simulator (NUMBA_ENABLE_CUDASIM=1) every GPU test runs over umem_numba's simulated
 #: driver, except those that need what it does not simulate: by capability, the node ids (or
-#: their prefixes) that need it.  A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
+#: their prefixes; "::name" matches a test name in any file) that need it.
+#: A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
 SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
     "simulator compiles nothing": ("tests/test_launch_direct.py::",),
@@ -29,7 +30,16 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
         "tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",
     ),
     "CUDA graph capture (cuStreamBeginCapture)": (
-        "tests/test_coherence_streams.py::test_graph_capture_is_refused_clearly",
+        "::test_graph_capture",
+        "::test_refused_operation_leaves_the_graph_capture",
+    ),
+    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
+        "tests/test_fastpath_pool.py::test_plugin_",
+        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",
+        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving_everything_open",
+    ),
+    "numba's compiled kernels launched through cuLaunchKernel (the direct launch path)": (
+        "tests/test_fastpath_launch.py::test_pre_launch_callbacks_run_on_direct_launches",
     ),
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
@@ -69,8 +79,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             mark = item.get_closest_marker("real_gpu")
             why = (mark.args[0] if mark.args else "a real GPU") if mark is not None else None
             for need, prefixes in SIM_NEEDS.items():
-                if why is None and item.nodeid.startswith(prefixes):
-                    why = need
+                for prefix in prefixes:  # "::name" matches a test name in any file
+                    hit = prefix in item.nodeid if prefix.startswith("::") else item.nodeid.startswith(prefix)
+                    if why is None and hit:
+                        why = need
             if why is None and "multigpu" in item.keywords:
                 why = "two GPUs (the simulated driver has one device)"
             if why is not None:
