@@ -692,7 +692,7 @@ class _ConfiguredLaunch:
             if call is None or not self._direct(call, values, handle):
                 _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
                 try:
-                    if _driver.api().simulated:  # numba's simulator: run when the stream's work is needed
+                    if _sim.active():  # the simulated driver: run when the stream's work is needed
                         _driver.api().drv.queue_kernel(handle, self._configured, device_arrays(args))
                     else:
                         self._configured(*args)

@@ -1081,9 +1081,11 @@ class SimDriver:
             except _Error as e:
                 return (e.code,)
 
+            # The driver reports the last location asked for, done or not.
+            mem.last_prefetch[pages] = loc
+
             def run() -> None:
                 self._check_live(p, n, "cuMemPrefetchAsync")
-                mem.last_prefetch[pages] = loc
 
             try:
                 self._enqueue(handle, run, "cuMemPrefetchAsync")
