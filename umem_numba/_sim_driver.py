@@ -257,6 +257,8 @@ class SimDriver:
         self._bases: list[int] = []
         self._events: dict[int, _Event] = {}
         self._pools: dict[int, _Pool] = {}
+        self._defaults: dict[str, int] = {}
+        self._current_pool = 0
         self._reserved: dict[int, int] = {}
         self._physical: dict[int, tuple[int, int, bool]] = {}
         self._legacy = _Stream(0, next(self._ids), "legacy", True)
@@ -733,7 +735,56 @@ class SimDriver:
         return (_SUCCESS,)
 
     def cuMemPoolGetAccess(self, handle: Any, location: Any) -> tuple[Any, ...]:
-        return (_SUCCESS, self._real.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        with self._lock:
+            try:
+                pool = self._pool(handle)
+            except _Error as e:
+                return (e.code, None)
+            flags = pool.attrs.get(f"access{int(location.id)}", 3 if int(location.id) == 0 else 0)
+        return (_SUCCESS, self._real.CUmemAccess_flags(flags))
+
+    def cuMemPoolSetAccess(self, handle: Any, descs: Any, count: Any) -> tuple[Any, ...]:
+        with self._lock:
+            try:
+                pool = self._pool(handle)
+            except _Error as e:
+                return (e.code,)
+            for d in list(descs)[: _int(count)]:
+                if int(d.location.id) != 0:
+                    return (101,)  # CUDA_ERROR_INVALID_DEVICE: one device
+                pool.attrs[f"access{int(d.location.id)}"] = int(d.flags)
+        return (_SUCCESS,)
+
+    def _default_pool(self, kind: str) -> int:
+        handle = self._defaults.get(kind)
+        if handle is None:
+            handle = self._defaults[kind] = next(self._handles)
+            self._pools[handle] = _Pool(kind)
+        return handle
+
+    def cuDeviceGetDefaultMemPool(self, device: Any) -> tuple[Any, ...]:
+        with self._lock:
+            return (_SUCCESS, self._default_pool("device"))
+
+    def cuDeviceGetMemPool(self, device: Any) -> tuple[Any, ...]:
+        with self._lock:
+            return (_SUCCESS, self._current_pool or self._default_pool("device"))
+
+    def cuDeviceSetMemPool(self, device: Any, handle: Any) -> tuple[Any, ...]:
+        with self._lock:
+            try:
+                self._pool(handle)
+            except _Error as e:
+                return (e.code,)
+            self._current_pool = _int(handle)
+        return (_SUCCESS,)
+
+    def cuMemGetDefaultMemPool(self, location: Any, kind: Any) -> tuple[Any, ...]:
+        if not getattr(location.type, "name", "").endswith("DEVICE") or int(location.id) != 0:
+            return (801, None)  # CUDA_ERROR_NOT_SUPPORTED: host pools are not simulated
+        managed = getattr(kind, "name", "").endswith("MANAGED")
+        with self._lock:
+            return (_SUCCESS, self._default_pool("managed" if managed else "device"))
 
     # -- streams and events ------------------------------------------------------------
     def cuStreamCreate(self, flags: Any) -> tuple[Any, ...]:
