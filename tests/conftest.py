@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -10,22 +11,82 @@ from helpers import test_seed
 
 from umem_numba import _driver, _sim
 
-#: Under numba's simulator: why a GPU test that is not marked ``sim`` is skipped.
-SIM_SKIP = "reads driver state or needs real device memory: needs a real GPU (not marked `sim`)"
-
 
 def _gpu_reason() -> str:
     return _driver.unavailable_reason()
 
 
+#: Under numba's simulator (NUMBA_ENABLE_CUDASIM=1) every GPU test runs over umem_numba's simulated
+#: driver, except those that need what it does not simulate: by capability, the node ids (or
+#: their prefixes; "::name" matches a test name in any file) that need it.
+#: A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
+SIM_NEEDS: dict[str, tuple[str, ...]] = {
+    "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
+    "simulator compiles nothing": ("tests/test_launch_direct.py::",),
+    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory managers": (
+        "tests/test_emm.py::",
+    ),
+    "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
+        "tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",
+    ),
+    "CUDA graph capture (cuStreamBeginCapture)": (
+        "::test_graph_capture",
+        "::test_refused_operation_leaves_the_graph_capture",
+    ),
+    "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
+        "tests/test_fastpath_pool.py::test_plugin_",
+        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",
+        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving_everything_open",
+    ),
+    "numba's compiled kernels launched through cuLaunchKernel (the direct launch path)": (
+        "tests/test_fastpath_launch.py::test_pre_launch_callbacks_run_on_direct_launches",
+    ),
+    "numba's real driver: its own refusal of a managed_array view at launch": (
+        "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
+    ),
+    "more time than CI has: the slab decompositions of tests/test_multigpu.py exceed 60 s each on "
+    "numba's simulator (not yet looked into)": ("tests/test_multigpu.py::",),
+    "timing a real GPU (benchmarks)": (
+        "tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",
+        "tests/test_vmm.py::test_bench_quick_run_writes_checked_results",
+        "tests/test_stencil_gpu.py::test_bench_stencil",
+    ),
+    "a fault on a write through a read-only VMM mapping (the simulated driver does not tell a "
+    "kernel's reads from its writes)": ("tests/test_vmm.py::test_read_only_access_is_enforced_in_a_child_process",),
+    "kernels with syncthreads on GPU-sized grids (numba's simulator runs them with a Python thread per "
+    "CUDA thread: minutes each; the kernels run on the simulator at small sizes in "
+    "tests/test_kernels_sim.py)": (
+        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
+        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
+        "tests/test_stencil_gpu.py::test_max_abs_diff_on_managed_memory_reads_without_synchronize",
+    ),
+    "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
+    "by examples/heat2d.py's fallback)": (
+        "tests/test_examples.py::test_heat2d_end_to_end",
+        "tests/test_examples.py::test_heat3d_end_to_end",
+        "tests/test_examples.py::test_residual_end_to_end",
+        "tests/test_examples.py::test_examples_refuse_to_oversubscribe",
+    ),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _sim.active():
-        # numba's CUDA simulator: the GPU tests marked `sim` run on host-backed buffers.
+        # numba's CUDA simulator: the GPU tests run over umem_numba's simulated driver.
         for item in items:
-            if "multigpu" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason="needs 2 GPUs; numba's simulator has one device"))
-            elif "gpu" in item.keywords and "sim" not in item.keywords and not os.environ.get("UMEM_SIM_ALL"):
-                item.add_marker(pytest.mark.skip(reason=SIM_SKIP))
+            if "gpu" not in item.keywords and "multigpu" not in item.keywords:
+                continue
+            mark = item.get_closest_marker("real_gpu")
+            why = (mark.args[0] if mark.args else "a real GPU") if mark is not None else None
+            for need, prefixes in SIM_NEEDS.items():
+                for prefix in prefixes:  # "::name" matches a test name in any file
+                    hit = prefix in item.nodeid if prefix.startswith("::") else item.nodeid.startswith(prefix)
+                    if why is None and hit:
+                        why = need
+            if why is None and "multigpu" in item.keywords:
+                why = "two GPUs (the simulated driver has one device)"
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
         return
     reason = _gpu_reason()
     many = None
@@ -37,6 +98,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 many = _driver.device_count()
             if many < 2:
                 item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, this machine has {many}"))
+
+
+@pytest.fixture(autouse=True)
+def _sim_seed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under the simulated driver: each test draws its stream order from ``UMEM_SIM_SEED`` and its own name.
+
+    A test's order therefore does not depend on the tests run before it:
+    ``UMEM_SIM_SEED=<seed> pytest <node id>`` replays it.
+    """
+    if not _sim.active():
+        yield
+        return
+    from umem_numba import _sim_driver
+
+    base = _sim_driver.seed()
+    drv = _driver.api().drv
+    drv.drain_quietly()
+    drv.reseed(zlib.crc32(request.node.nodeid.encode()) ^ base)
+    request.node.user_properties.append(("simulator seed", base))
+    yield
+    # Work the test left queued runs now (a GPU would run it too); its errors are this test's.
+    errors = drv.drain_quietly()
+    if errors:
+        pytest.fail(f"device work left queued by this test failed when it ran: {errors[0]!r}")
 
 
 @pytest.fixture
@@ -56,15 +141,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         for name, value in item.user_properties:
             if name == "random seed":
                 report.sections.append(("random seed", f"UMEM_TEST_SEED={value}"))
+            elif name == "simulator seed":
+                report.sections.append(
+                    ("simulator seed", f"UMEM_SIM_SEED={value} (stream order of the simulated driver)")
+                )
 
 
 @pytest.fixture
 def device_memory():
     """Assert that a test gives back the device memory it took (cuMemGetInfo)."""
     from numba import cuda
-
-    if _sim.active():
-        pytest.skip("cuMemGetInfo: needs a real GPU")
 
     cuda.synchronize()
     before, _ = _driver.mem_get_info()

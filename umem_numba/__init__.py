@@ -2,9 +2,10 @@
 
 Importing never touches the GPU; the first call that needs one raises
 :class:`CudaUnavailableError` if there is none.  Under numba's CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1`` when umem_numba is imported) the same names give
-buffers backed by host memory that the simulator's kernels use (see
-:mod:`umem_numba._sim_memory`).
+(``NUMBA_ENABLE_CUDASIM=1`` when umem_numba is imported) the same classes run
+over a simulated driver whose memory is host memory and whose streams run
+their work late, in a seeded adversarial order (see
+:mod:`umem_numba._sim_driver`).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from ._vmm_buffer import VMMBuffer
 
 __version__ = "0.1.0"
 
-# numba's CUDA simulator: chosen once, here; the GPU modules above stay as they are.
+# numba's CUDA simulator: load the simulated driver now, so that numba's stream
+# constructors name its streams before the program makes any.
 if _sim.active():
-    from . import _sim_memory
+    from . import _driver
 
-    globals().update(_sim_memory.public())
-    del _sim_memory
+    _driver.api()
 
 
 def __getattr__(name: str) -> type:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _copy, _dlpack, _driver, _events, _layout
+from . import _copy, _dlpack, _driver, _events, _layout, _sim
 from ._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
 from ._lifetime import Allocation, finalizer
 from ._location import stream_handle
@@ -64,7 +64,28 @@ def _fast_launch_path() -> bool:
 _FAST: bool | None = None
 
 
-class Buffer:
+def _simulator_base() -> type:
+    """The base of :class:`Buffer`: numba's ``ArgHint`` under its simulator, else ``object``.
+
+    numba's simulator passes an ``ArgHint`` argument of a plain launch
+    (``kernel[g, b](buf)``) through its ``to_device``, and any other
+    non-numpy object as it is: buffers are such hints there (see
+    :meth:`Buffer.to_device`).
+    """
+    if _sim.active():
+        from numba.cuda.simulator.args import ArgHint
+
+        return ArgHint
+    return object
+
+
+if TYPE_CHECKING:
+    _Base = object
+else:
+    _Base = _simulator_base()
+
+
+class Buffer(_Base):
     """Typed, strided window onto an :class:`Allocation` (base of every buffer type).
 
     Not instantiated directly: use :class:`ManagedBuffer`, :class:`PinnedBuffer`
@@ -72,7 +93,7 @@ class Buffer:
     """
 
     __slots__ = (
-        "__weakref__",
+        *(("__weakref__",) if _Base is object else ()),  # numba's ArgHint has __weakref__ (and a __dict__)
         "_alloc",
         "_dtype",
         "_kparams",
@@ -415,6 +436,27 @@ class Buffer:
         """The device address as ``ctypes.c_void_p`` (numba's device-memory protocol)."""
         alloc = self._device_export()
         return ctypes.c_void_p(alloc.device_ptr + self._offset if self.size else 0)
+
+    def _device_array(self) -> np.ndarray:
+        """A numpy array over the device address (the simulated driver's memory is host memory)."""
+        alloc = self._device_alloc()
+        if not self.size:
+            return np.empty(self._shape, self._dtype)
+        return np.asarray(_DeviceArray(self._interface(alloc, None) | {"strides": self._strides}))
+
+    def to_device(self, retr: list[Any], stream: Any = 0) -> Any:
+        """numba's simulator: the array a plain ``kernel[g, b](buf)`` launch gets (no copy).
+
+        Such a launch runs at the call, ordered after all queued work (the
+        conservative case: it may have been launched on any stream); it
+        marks the buffer as used by a launch umem_numba did not make, as on a
+        GPU.
+        """
+        from ._sim_driver import fake_array
+
+        self._device_export(escape=False)
+        _driver.call("cuCtxSynchronize", detail="a plain launch under numba's simulator runs at the call")
+        return fake_array(self._device_array())
 
     def _fill_zero(self, stream: int) -> None:
         """Zero every byte on the device (``cuMemsetD8Async``), ordered and recorded like a kernel."""
@@ -799,6 +841,54 @@ def host_source(array: Any) -> np.ndarray:
 
 def _nothing() -> None:
     """Release function of an export that holds nothing beyond its Python reference."""
+
+
+class _DeviceArray:
+    """numpy's array interface over a device address (simulated driver only: it is host memory)."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict[str, Any]) -> None:
+        self.__array_interface__ = interface
+        self.owner: Any = None
+
+
+def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """``args`` with each buffer (also inside tuples and lists) as a numpy array over its device memory.
+
+    What the simulated driver's queued kernel launches take (see
+    :meth:`umem_numba._sim_driver.SimDriver.queue_kernel`).
+    """
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, Buffer):
+            out.append(a._device_array())
+        elif isinstance(a, tuple):
+            out.append(device_arrays(a))
+        elif isinstance(a, list):
+            out.append(list(device_arrays(a)))
+        elif hasattr(a, "__cuda_array_interface__"):
+            # Another library's array: its interface is read at the launch, as numba does.
+            out.append(_interface_array(a.__cuda_array_interface__, a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
+    """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
+    shape = tuple(iface["shape"])
+    descr = iface.get("descr") or []
+    named = any(field[0] for field in descr)
+    dtype = np.dtype([tuple(field) for field in descr]) if named else np.dtype(iface["typestr"])
+    if not iface["data"][0] or 0 in shape:
+        return np.empty(shape, dtype)
+    host = {"shape": shape, "typestr": dtype.str, "descr": dtype.descr, "data": (iface["data"][0], False)}
+    host["strides"] = iface.get("strides")
+    host["version"] = 3
+    holder = _DeviceArray(host)
+    holder.owner = owner  # the array keeps the memory's owner alive until the kernel has run
+    return np.asarray(holder)
 
 
 class LentView:

@@ -4,7 +4,10 @@
 turns a failure into a :class:`~umem_numba.CudaError` that names the call.
 Loading is lazy: importing umem_numba never touches the driver, and the first
 call that needs it raises one :class:`~umem_numba.CudaUnavailableError` on a
-machine with no driver, no GPU, or with numba's CUDA simulator switched on.
+machine with no driver or no GPU.  With numba's CUDA simulator switched on
+(``NUMBA_ENABLE_CUDASIM=1``) the binding is :class:`umem_numba._sim_driver.SimDriver`,
+a simulated driver over host memory with the same entry points: everything
+above this module runs unchanged over it.
 
 Everything version-dependent is resolved once, in :class:`_Api`: the binding's
 enums that umem_numba uses (:attr:`_Api.c`), and the entry points that
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from . import _sim
 from ._errors import CudaError, CudaUnavailableError, OutOfMemoryError
 
 #: Results that mean the context is already gone (interpreter shutdown): the
@@ -96,6 +100,8 @@ class _Api:
     def __init__(self, drv: Any, version: str) -> None:
         self.drv = drv
         self.version = version
+        #: The simulated driver (numba's CUDA simulator) rather than a GPU's.
+        self.simulated = bool(getattr(drv, "SIMULATED", False))
         self.c = _constants(drv)
         self.mem_advise = getattr(drv, "cuMemAdvise_v2", None) or drv.cuMemAdvise
         self.mem_prefetch = getattr(drv, "cuMemPrefetchAsync_v2", None) or drv.cuMemPrefetchAsync
@@ -157,11 +163,16 @@ def _load() -> _Api:
 def _probe() -> str:
     """Load the binding and initialise the driver; return '' or why not."""
     global _api
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        return (
-            "numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM): umem_numba's buffers are host memory "
-            "there, and this call needs the CUDA driver of a real GPU"
-        )
+    if _sim.active():
+        from cuda import bindings
+
+        from ._sim_driver import SimDriver, install_numba
+
+        sim = SimDriver()
+        install_numba(sim)
+        # The binding's version: the simulated driver offers its entry points and enums.
+        _api = _Api(sim, getattr(bindings, "__version__", "unknown"))
+        return ""
     try:
         from cuda import bindings
         from cuda.bindings import driver as drv
@@ -228,22 +239,27 @@ def available() -> bool:
     Returns
     -------
     bool
-        ``False`` with no driver, no GPU, or numba's CUDA simulator enabled.
+        ``False`` with no driver, no GPU, or numba's CUDA simulator enabled
+        (umem_numba then runs over its simulated driver).
     """
     try:
-        api()
+        return not api().simulated
     except CudaUnavailableError:
         return False
-    return True
 
 
 def unavailable_reason() -> str:
-    """Why the GPU cannot be used ('' when it can)."""
+    """Why a real GPU cannot be used ('' when it can)."""
     try:
-        api()
+        a = api()
     except CudaUnavailableError as exc:
         return str(exc)
-    return ""
+    return _sim.NOTE if a.simulated else ""
+
+
+def simulated() -> bool:
+    """Whether the driver is the simulated one (numba's CUDA simulator is on)."""
+    return api().simulated
 
 
 def raise_for(result: Any, call: str, detail: str = "") -> None:
@@ -385,7 +401,8 @@ def _numba_cuda() -> Any:
 
 def ensure_context() -> int:
     """Make numba's context for the current device current; return its ordinal."""
-    api()
+    if api().simulated:
+        return 0  # the simulated driver has one device and one context
     nbcuda = _numba_cuda()
     try:
         ctx = nbcuda.current_context()

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _events, _sim
-from ._buffer import Buffer
+from ._buffer import Buffer, device_arrays
 from ._errors import CoherenceError, CudaError
 from ._kernel_call import KernelCall, scalar_type, supports
 from ._location import owns_stream, stream_classes, stream_handle
@@ -692,7 +692,10 @@ class _ConfiguredLaunch:
             if call is None or not self._direct(call, values, handle):
                 _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
                 try:
-                    self._configured(*args)
+                    if _sim.active():  # the simulated driver: run when the stream's work is needed
+                        _driver.api().drv.queue_kernel(handle, self._configured, device_arrays(args))
+                    else:
+                        self._configured(*args)
                 finally:
                     _launching.current = ()
         except BaseException:

@@ -1,9 +1,10 @@
 """Whether numba's CUDA simulator is on: read once, from the environment, never importing numba.cuda.
 
 ``NUMBA_ENABLE_CUDASIM=1`` must be set before ``numba.cuda`` is first
-imported; numba reads it once.  :mod:`umem_numba` asks :func:`active` once, at
-import, and then takes its buffers from :mod:`umem_numba._sim_memory` (host
-memory, the simulator runs the kernels) instead of the CUDA driver's.
+imported; numba reads it once.  This is the one test of it in umem_numba:
+:mod:`umem_numba._driver` then loads the simulated driver
+(:mod:`umem_numba._sim_driver`) instead of the CUDA binding, and every buffer,
+pool, copy and launch runs over it unchanged.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import os
 
 __all__ = ["NOTE", "active"]
 
-#: What every simulated object says about itself (``info()``, hints, reprs).
+#: What umem_numba says about the simulation (``info()``, skip reasons).
 NOTE = (
-    "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): buffers are host memory, kernels run on the CPU "
-    "one block at a time and synchronously, advice and prefetch are accepted and checked but nothing migrates"
+    "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): umem_numba runs over a simulated driver whose memory "
+    "is host memory; kernels run on the CPU, late, when a synchronisation needs them, with streams in a "
+    "seeded adversarial order (UMEM_SIM_SEED)"
 )
 
 
