@@ -487,7 +487,9 @@ def test_failures_leave_the_buffer_exactly_as_it_was(rng, device_memory):
     with pytest.raises(ValueError, match="this is a view"):
         buf[:10].grow(20)
     assert snapshot() == before
-    assert abs(_free_bytes() - free0) < 4 * MiB
+    # No leak: free memory must not drop.  It may rise: other libraries' pools in this process
+    # (CuPy's, the driver's shared pool of earlier tests) give memory back at synchronisations.
+    assert free0 - _free_bytes() < 4 * MiB, "a failed operation kept device memory"
     np.testing.assert_array_equal(buf.copy_to_host(), data)
     buf.grow(2 * n)  # still fully working
     assert buf.ptr == before[1] and buf.chunk_count == 2
