@@ -1119,6 +1119,19 @@ def _destroy_settled(handle: Any, device_id: int) -> None:
         _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
 
 
+def _give_back(
+    free_lists: dict[int, list[_PoolMemory]],
+    raw_lists: dict[int, dict[int, list[int]]],
+    held: list[_Held],
+    idle: dict[int, list[int]],
+    device_id: int,
+) -> None:
+    """Every listed, raw, held and idle block of a pool back to the driver's pool."""
+    _release_lists(free_lists)
+    _release_raw_lists(raw_lists, device_id)
+    _release_parked(held, idle, device_id)
+
+
 def _release_all(
     free_lists: dict[int, list[_PoolMemory]],
     raw_lists: dict[int, dict[int, list[int]]],
@@ -1128,9 +1141,7 @@ def _release_all(
 ) -> None:
     """A collected wrapper of a shared pool: its memory back to the driver's pool, which stays."""
     try:
-        _release_lists(free_lists)
-        _release_raw_lists(raw_lists, device_id)
-        _release_parked(held, idle, device_id)
+        _give_back(free_lists, raw_lists, held, idle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
 
@@ -1145,9 +1156,7 @@ def _destroy(
 ) -> None:
     """A collected pool: its free lists back to the driver, then the pool."""
     try:
-        _release_lists(free_lists)
-        _release_raw_lists(raw_lists, device_id)
-        _release_parked(held, idle, device_id)
+        _give_back(free_lists, raw_lists, held, idle, device_id)
         _destroy_settled(handle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
