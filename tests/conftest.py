@@ -80,6 +80,10 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
         "tests/test_examples.py::test_residual_end_to_end",
         "tests/test_examples.py::test_examples_refuse_to_oversubscribe",
     ),
+    "a GPU in every MPI rank: examples/heat2d_mpi.py refuses the simulated driver (GPU-sized plates "
+    "would take hours on numba's simulator; the MPI tests without a GPU run in every CI job)": (
+        "tests/test_mpi.py::test_mpi_gpu_",
+    ),
 }
 
 
