@@ -44,8 +44,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
-    "more time than CI has: the slab decompositions of tests/test_multigpu.py exceed 60 s each on "
-    "numba's simulator (not yet looked into)": ("tests/test_multigpu.py::",),
     "discards (cuMemDiscardBatchAsync), host NUMA locations and cuda.core pool memory, which the "
     "simulated driver does not simulate yet (merged from main at the end of issue #20 parts 1-3)": (
         "tests/test_parity.py::test_discard_",
