@@ -99,7 +99,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     if why is None and hit:
                         why = need
             if why is None and "multigpu" in item.keywords:
-                why = "two GPUs (the simulated driver has one device)"
+                why = (
+                    "two GPUs: numba's simulator has one device (cuda.gpus holds one context, "
+                    "cuda.select_device(1) fails its assertion, its device arrays are host memory of no "
+                    "device) and so does the simulated driver (cuDeviceGetCount is 1, no peer access)"
+                )
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
         return

@@ -1497,8 +1497,9 @@ def _fast_scalars(fn: Any) -> dict[str, Any] | None:
     time.  The stand-in is an instance of a subclass of the same numba type
     class with the same fields (``numpy_support.as_dtype``, ``isinstance`` and
     signatures still see a numba type); called with one number it returns
-    ``getattr(numpy, name)(number)`` at once, exactly what numba's does.  None
-    when the kernel names no such type.
+    ``getattr(numpy, name)(number)`` at once, exactly what numba's does, and
+    anything else goes to numba's type itself.  None when the kernel names no
+    such type.
     """
     from numba.core import types as nbtypes
 
@@ -1512,10 +1513,10 @@ def _fast_scalars(fn: Any) -> dict[str, Any] | None:
             cast = getattr(np, v.name)
             base = type(v)
 
-            def call(self: Any, *args: Any, _cast: Any = cast, _base: Any = base) -> Any:
+            def call(self: Any, *args: Any, _cast: Any = cast, _numba: Any = v) -> Any:
                 if len(args) == 1 and (type(args[0]) in (int, float, bool) or isinstance(args[0], np.generic)):
                     return _cast(args[0])
-                return _base.__call__(self, *args)
+                return _numba(*args)  # a signature, or numba's own error: numba's type answers
 
             sub = type(f"_Fast{base.__name__}", (base,), {"__call__": call})
             fast = object.__new__(sub)
