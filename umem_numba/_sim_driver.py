@@ -1480,8 +1480,12 @@ def _with_module(fn: Any, module: Any) -> Any:
         return fn
     cells = closure and tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
     glob = fn.__globals__
-    if fast is not None:  # a copy of the globals, with numba's ``cuda`` swapped as numba does in the original
-        glob = {k: module if v is cuda else fast.get(k, v) for k, v in glob.items()}
+    if fast is not None:
+        # A copy of the globals, with ``cuda`` swapped as numba swaps it in the original (where a
+        # kernel of the same module running in another thread may have put its own fake module).
+        from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+        glob = {k: module if v is cuda or isinstance(v, FakeCUDAModule) else fast.get(k, v) for k, v in glob.items()}
     return types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, cells)
 
 
