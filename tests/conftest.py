@@ -44,8 +44,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
-    "more time than CI has: the slab decompositions of tests/test_multigpu.py exceed 60 s each on "
-    "numba's simulator (not yet looked into)": ("tests/test_multigpu.py::",),
     "discards (cuMemDiscardBatchAsync), host NUMA locations and cuda.core pool memory, which the "
     "simulated driver does not simulate yet (merged from main at the end of issue #20 parts 1-3)": (
         "tests/test_parity.py::test_discard_",
@@ -101,7 +99,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     if why is None and hit:
                         why = need
             if why is None and "multigpu" in item.keywords:
-                why = "two GPUs (the simulated driver has one device)"
+                why = (
+                    "two GPUs: numba's simulator has one device (cuda.gpus holds one context, "
+                    "cuda.select_device(1) fails its assertion, its device arrays are host memory of no "
+                    "device) and so does the simulated driver (cuDeviceGetCount is 1, no peer access)"
+                )
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
         return

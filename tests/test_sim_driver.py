@@ -216,6 +216,41 @@ def test_sim_refuses_what_it_cannot_do(drv):
     assert drv.cuDeviceGetCount() == (0, 1)
 
 
+def test_sim_device_attributes_answer_by_value_so_aliases_agree(drv):
+    """``..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` is the binding's alias of ``..._VIRTUAL_ADDRESS_...``.
+
+    The member's name is the latter; looked up by name, the simulated driver answered 0 to the
+    former, and ``MultiGPUHeat(halo="vmm")`` fell back to copies under the simulator.
+    """
+    attrs = drv.CUdevice_attribute
+    for name in ("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED"):
+        assert ok(drv.cuDeviceGetAttribute(getattr(attrs, "CU_DEVICE_ATTRIBUTE_" + name), 0)) == 1
+    assert ok(drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0)) == 32
+    assert drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_WARP_SIZE, 1)[0] != 0
+
+
+def test_sim_fast_scalar_casts_answer_as_numba_types_do(rng):
+    """A simulated kernel's ``uint64(i)`` skips numba's ``Type.__call__`` and still is numba's type."""
+    from numba import complex64, float32, uint64
+    from numba.core import types
+    from numba.np import numpy_support
+
+    namespace = {"uint64": uint64, "float32": float32, "complex64": complex64}
+    exec("def casting(i):\n    return uint64(i) + float32(0.5) + complex64(i)\n", namespace)
+    fast = _sim_driver._fast_scalars(namespace["casting"])
+    assert fast is not None and set(fast) == {"uint64", "float32", "complex64"}
+    i = int(rng.integers(1, 1 << 40))
+    for name, numba_type in (("uint64", uint64), ("float32", float32), ("complex64", complex64)):
+        t = fast[name]
+        assert isinstance(t, type(numba_type)) and isinstance(t, types.Type)
+        assert numpy_support.as_dtype(t) == numpy_support.as_dtype(numba_type)
+        for value in (i, np.uint32(7), 2.5, True):
+            got, want = t(value), numba_type(value)
+            assert type(got) is type(want) and got == want
+        assert t(types.int32) == numba_type(types.int32)  # a signature, as numba's
+    assert _sim_driver._fast_scalars(ok) is None
+
+
 def test_sim_simulated_fault_is_an_error(drv):
     mem = ok(drv.cuMemAlloc(64))
     s = ok(drv.cuStreamCreate(0))

@@ -110,6 +110,25 @@ _DEVICE_ATTRIBUTES = {
 }
 
 
+_BY_VALUE: dict[int, int] = {}
+
+
+def _device_attributes_by_value() -> dict[int, int]:
+    """:data:`_DEVICE_ATTRIBUTES` by enum value: the binding names some attributes twice.
+
+    ``CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` is an alias of
+    ``..._VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED`` (102), and the member's ``name`` is the latter.
+    """
+    if not _BY_VALUE:
+        from cuda.bindings import driver
+
+        for name, value in _DEVICE_ATTRIBUTES.items():
+            member = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
+            if member is not None:
+                _BY_VALUE[int(member)] = value
+    return _BY_VALUE
+
+
 def seed() -> int:
     """The seed of this process's simulation: ``UMEM_SIM_SEED``, else :data:`DEFAULT_SEED`."""
     env = os.environ.get("UMEM_SIM_SEED", "").strip()
@@ -497,10 +516,9 @@ class SimDriver:
         return (_SUCCESS, TOTAL_MEM)
 
     def cuDeviceGetAttribute(self, attr: Any, device: Any) -> tuple[Any, ...]:
-        name = getattr(attr, "name", str(attr)).replace("CU_DEVICE_ATTRIBUTE_", "")
         if _int(device) != 0:
             return (_INVALID_VALUE, None)
-        return (_SUCCESS, _DEVICE_ATTRIBUTES.get(name, 0))
+        return (_SUCCESS, _device_attributes_by_value().get(_int(attr), 0))
 
     def cuDeviceCanAccessPeer(self, dev: Any, peer: Any) -> tuple[Any, ...]:
         return (_SUCCESS, 0)
@@ -1452,14 +1470,64 @@ def _with_module(fn: Any, module: Any) -> Any:
 
     numba's simulator swaps the kernel's global ``cuda`` only; a kernel
     defined inside a function that imported ``cuda`` there gets it here.
+    Its numba scalar types (``uint64(i)``) become :func:`_fast_scalars`'s.
     """
     from numba import cuda
 
     closure = fn.__closure__
-    if not closure or not any(_cell(c) is cuda for c in closure):
+    fast = _fast_scalars(fn)
+    if fast is None and (not closure or not any(_cell(c) is cuda for c in closure)):
         return fn
-    cells = tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
-    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+    cells = closure and tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
+    glob = fn.__globals__
+    if fast is not None:
+        # A copy of the globals, with ``cuda`` swapped as numba swaps it in the original (where a
+        # kernel of the same module running in another thread may have put its own fake module).
+        from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+        glob = {k: module if v is cuda or isinstance(v, FakeCUDAModule) else fast.get(k, v) for k, v in glob.items()}
+    return types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, cells)
+
+
+_FAST_TYPES: dict[int, Any] = {}
+
+
+def _fast_scalars(fn: Any) -> dict[str, Any] | None:
+    """The kernel's global numba scalar types, each as a type that casts a number in a fraction of the time.
+
+    ``uint64(i)`` in a simulated kernel calls numba's ``Type.__call__``: an
+    import, an abstract-class check, then ``numpy.uint64(i)``; the stencil
+    kernels index with it, and it took three quarters of their simulated
+    time.  The stand-in is an instance of a subclass of the same numba type
+    class with the same fields (``numpy_support.as_dtype``, ``isinstance`` and
+    signatures still see a numba type); called with one number it returns
+    ``getattr(numpy, name)(number)`` at once, exactly what numba's does, and
+    anything else goes to numba's type itself.  None when the kernel names no
+    such type.
+    """
+    from numba.core import types as nbtypes
+
+    out: dict[str, Any] = {}
+    for name in set(_names(fn.__code__)):
+        v = fn.__globals__.get(name)
+        if type(v) not in (nbtypes.Integer, nbtypes.Float, nbtypes.Complex):
+            continue
+        fast = _FAST_TYPES.get(id(v))
+        if fast is None:
+            cast = getattr(np, v.name)
+            base = type(v)
+
+            def call(self: Any, *args: Any, _cast: Any = cast, _numba: Any = v) -> Any:
+                if len(args) == 1 and (type(args[0]) in (int, float, bool) or isinstance(args[0], np.generic)):
+                    return _cast(args[0])
+                return _numba(*args)  # a signature, or numba's own error: numba's type answers
+
+            sub = type(f"_Fast{base.__name__}", (base,), {"__call__": call})
+            fast = object.__new__(sub)
+            fast.__dict__.update(v.__dict__)
+            _FAST_TYPES[id(v)] = fast
+        out[name] = fast
+    return out or None
 
 
 class _Clock(threading.local):
