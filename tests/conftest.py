@@ -29,10 +29,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
         "tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",
     ),
-    "CUDA graph capture (cuStreamBeginCapture)": (
-        "::test_graph_capture",
-        "::test_refused_operation_leaves_the_graph_capture",
-    ),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
         "tests/test_fastpath_pool.py::test_plugin_",
         "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",

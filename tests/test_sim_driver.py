@@ -224,3 +224,126 @@ def test_sim_simulated_fault_is_an_error(drv):
     drv.cuMemsetD8Async(mem + 32, 1, 64, s)
     with pytest.raises(SimulatedFault):
         drv.cuStreamSynchronize(s)
+
+
+# ---------------------------------------------------------------------------
+# Graph capture
+
+
+def _mode(drv, name: str):
+    return getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{name}")
+
+
+def _status(drv, handle) -> str:
+    err, status = drv.cuStreamIsCapturing(handle)
+    assert err == 0
+    return status.name.rsplit("_", 1)[-1]
+
+
+def test_sim_capture_records_instead_of_running_and_a_replay_is_late_and_ordered(drv, rng):
+    n = 256
+    a, b = ok(drv.cuMemAlloc(4 * n)), ok(drv.cuMemAlloc(4 * n))
+    s, s2 = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "GLOBAL")), None))
+    assert _status(drv, s) == "ACTIVE" and _status(drv, s2) == "NONE"
+    drv.cuMemsetD32Async(a, 7, n, s)
+    drv.cuMemcpyAsync(b, a, 4 * n, s)  # captured after the memset: b gets a's value at replay
+    ev = ok(drv.cuEventCreate(2))
+    ok((*drv.cuEventRecord(ev, s), None))  # an event record adds no node
+    graph = ok(drv.cuStreamEndCapture(s))
+    assert _status(drv, s) == "NONE"
+    assert drv.cuGraphGetNodes(graph)[-1] == 2
+    drv.cuStreamSynchronize(s)
+    drv.cuCtxSynchronize()
+    assert not host(a, n, np.uint32).any() and not host(b, n, np.uint32).any(), "captured work ran"
+    exe = ok(drv.cuGraphInstantiate(graph, 0))
+    ok((*drv.cuGraphDestroy(graph), None))  # the executable graph keeps its own copy
+    ok((*drv.cuGraphLaunch(exe, s2), None))
+    assert not host(b, n, np.uint32).any(), "a graph launch ran at the call: it is stream work"
+    drv.cuStreamSynchronize(s2)
+    assert (host(a, n, np.uint32) == 7).all() and (host(b, n, np.uint32) == 7).all()
+    # A replay runs the recorded work again, on the memory as it is then, in captured order.
+    data = rng.integers(1, 1 << 30, n, dtype=np.uint32)
+    host(b, n, np.uint32)[:] = data
+    host(a, n, np.uint32)[:] = data
+    ok((*drv.cuGraphLaunch(exe, s2), None))
+    np.testing.assert_array_equal(host(b, n, np.uint32), data)
+    drv.cuStreamSynchronize(s2)
+    assert (host(b, n, np.uint32) == 7).all()
+    ok((*drv.cuGraphExecDestroy(exe), None))
+
+
+def test_sim_synchronising_a_capture_fails_and_invalidates_it(drv):
+    mem = ok(drv.cuMemAlloc(64))
+    s = ok(drv.cuStreamCreate(0))
+    ev = ok(drv.cuEventCreate(2))
+    for breach in ("stream", "query", "context", "event", "legacy"):
+        ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+        drv.cuMemsetD8Async(mem, 1, 64, s)
+        if breach == "stream":
+            assert drv.cuStreamSynchronize(s)[0] == 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        elif breach == "query":
+            assert drv.cuStreamQuery(s)[0] == 900
+        elif breach == "context":
+            assert drv.cuCtxSynchronize()[0] == 900
+        elif breach == "event":
+            ok((*drv.cuEventRecord(ev, s), None))
+            assert drv.cuEventQuery(ev)[0] == 907  # CUDA_ERROR_CAPTURED_EVENT
+        else:
+            assert drv.cuStreamIsCapturing(0)[0] == 906  # asking is allowed: not invalidating
+            assert _status(drv, s) == "ACTIVE"
+            assert drv.cuMemsetD8Async(mem, 2, 64, 0)[0] == 906  # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+        assert _status(drv, s) == "INVALIDATED", breach
+        assert drv.cuStreamEndCapture(s) == (901, None), breach  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        assert _status(drv, s) == "NONE"
+    drv.cuCtxSynchronize()
+    assert not host(mem, 64, np.uint8).any(), "work of an invalidated capture (or refused work) ran"
+
+
+def test_sim_capture_modes_prohibit_unsafe_calls_as_documented(drv):
+    s = ok(drv.cuStreamCreate(1))
+    other: list[int] = []
+
+    def alloc_elsewhere() -> None:
+        t = threading.Thread(target=lambda: other.append(drv.cuMemAlloc(64)[0]))
+        t.start()
+        t.join()
+
+    # Relaxed: allocations are allowed in the capturing thread and elsewhere.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+    p = ok(drv.cuMemAlloc(64))
+    alloc_elsewhere()
+    assert other.pop() == 0
+    assert ok(drv.cuStreamEndCapture(s)) is not None
+    # Thread-local: prohibited in the capturing thread only.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "THREAD_LOCAL")), None))
+    alloc_elsewhere()
+    assert other.pop() == 0 and _status(drv, s) == "ACTIVE"
+    assert drv.cuMemFree(p)[0] == 900
+    assert drv.cuStreamEndCapture(s) == (901, None)
+    # Global: prohibited in every thread in global interaction mode, and it invalidates the capture.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "GLOBAL")), None))
+    alloc_elsewhere()
+    assert other.pop() == 900
+    assert drv.cuStreamEndCapture(s) == (901, None)
+    ok((*drv.cuMemFree(p), None))
+
+
+def test_sim_capture_refuses_by_name_what_it_does_not_simulate(drv):
+    n = 4096
+    managed = ok(drv.cuMemAllocManaged(n, 1))
+    s, s2 = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    ev = ok(drv.cuEventCreate(2))
+    loc = drv.CUmemLocation()
+    loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+    with pytest.raises(UnsupportedError, match=r"cuMemPrefetchAsync.*capture.*simulator"):
+        drv.cuMemPrefetchAsync(managed, n, loc, 0, s)
+    with pytest.raises(UnsupportedError, match=r"pageable"):
+        drv.cuMemcpyAsync(managed, np.zeros(n, np.uint8).ctypes.data, n, s)
+    ok((*drv.cuEventRecord(ev, s), None))
+    with pytest.raises(UnsupportedError, match=r"cross-stream capture"):
+        drv.cuStreamWaitEvent(s2, ev, 0)
+    with pytest.raises(UnsupportedError, match=r"cuStreamGetCaptureInfo.*simulator"):
+        drv.cuStreamGetCaptureInfo(s)
+    assert drv.cuGraphGetNodes(ok(drv.cuStreamEndCapture(s)))[-1] == 0  # nothing refused was recorded
