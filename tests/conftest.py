@@ -42,14 +42,9 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     ),
     "more time than CI has: the slab decompositions of tests/test_multigpu.py exceed 60 s each on "
     "numba's simulator (not yet looked into)": ("tests/test_multigpu.py::",),
-    "discards (cuMemDiscardBatchAsync), host NUMA locations and cuda.core pool memory, which the "
-    "simulated driver does not simulate yet (merged from main at the end of issue #20 parts 1-3)": (
-        "tests/test_parity.py::test_discard_",
-        "tests/test_parity.py::test_plan_with_discards_batches_them_in_order",
-        "tests/test_parity.py::test_host_numa_",
-        "tests/test_parity.py::test_typed_range_attribute_read_directly_matches_the_binding",
+    "cuda.core's own device, stream and memory resource (cuda.core.Device, DeviceMemoryResource), which "
+    "call the CUDA driver through cuda.bindings directly, not umem_numba's simulated driver": (
         "tests/test_parity.py::test_cuda_core_pool_memory_round_trip",
-        "tests/test_parity.py::test_simulator_refuses_discards_by_name_and_takes_the_rest",
     ),
     "numba's real driver objects (DeviceNDArray, the context's deferred deallocations)": (
         "tests/test_fastpath_pool.py::test_remembered_stream_id_dies_with_its_stream",

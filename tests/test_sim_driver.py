@@ -347,3 +347,75 @@ def test_sim_capture_refuses_by_name_what_it_does_not_simulate(drv):
     with pytest.raises(UnsupportedError, match=r"cuStreamGetCaptureInfo.*simulator"):
         drv.cuStreamGetCaptureInfo(s)
     assert drv.cuGraphGetNodes(ok(drv.cuStreamEndCapture(s)))[-1] == 0  # nothing refused was recorded
+
+
+# ---------------------------------------------------------------------------
+# Discards and host NUMA locations
+
+
+def _location(drv, kind: str, ident: int = 0):
+    loc = drv.CUmemLocation()
+    loc.type = getattr(drv.CUmemLocationType, f"CU_MEM_LOCATION_TYPE_{kind}")
+    loc.id = ident
+    return loc
+
+
+def _discarded(seed: int, data: np.ndarray) -> np.ndarray:
+    drv = SimDriver(seed_value=seed)
+    n = data.nbytes
+    p = ok(drv.cuMemAllocManaged(n, 1))
+    host(p, n, np.uint8)[:] = data
+    s = ok(drv.cuStreamCreate(1))
+    drv.cuMemsetD8Async(p, 9, n // 2, s)
+    ok((*drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(p)], [n // 2], 1, 0, s), None))
+    assert (host(p, n, np.uint8) == data).all(), "the discard ran at the call: it is stream work"
+    ok((*drv.cuStreamSynchronize(s), None))
+    out = host(p, n, np.uint8).copy()
+    np.testing.assert_array_equal(out[n // 2 :], data[n // 2 :])  # outside the range: kept
+    assert (out[: n // 2] != 9).any() and (out[: n // 2] != data[: n // 2]).any(), "the discard left the values"
+    return out
+
+
+def test_sim_discards_garble_deterministically_per_seed(rng):
+    data = rng.integers(0, 256, 8192, dtype=np.uint8)
+    first = _discarded(5, data)
+    np.testing.assert_array_equal(first, _discarded(5, data))
+    assert not np.array_equal(first, _discarded(6, data))
+
+
+def test_sim_discard_and_prefetch_and_host_numa_locations_read_back(drv):
+    n = 4 * 4096
+    p = ok(drv.cuMemAllocManaged(n, 1))
+    s = ok(drv.cuStreamCreate(1))
+    attr = drv.CUmem_range_attribute
+    numa = _location(drv, "HOST_NUMA", 0)
+    locs = [_location(drv, "DEVICE", 0), numa]
+    ptrs = [drv.CUdeviceptr(p), drv.CUdeviceptr(p + n // 2)]
+    ok((*drv.cuMemDiscardAndPrefetchBatchAsync(ptrs, [n // 2, n // 2], 2, locs, [0, 1], 2, 0, s), None))
+    second = (p + n // 2, n // 2)
+    typed = drv.CUmemLocationType
+    kind = ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE, *second))
+    assert kind == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID, *second)) == 0
+    # The legacy attribute says CU_DEVICE_CPU for a host NUMA node, as the driver's does.
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, *second)) == -1
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, n // 2)) == 0
+    advice = drv.CUmem_advise.CU_MEM_ADVISE_SET_PREFERRED_LOCATION
+    ok((*drv.cuMemAdvise(p, n, advice, numa), None))
+    kind = ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, p, n))
+    assert kind == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    # The raw entry point (what umem_numba calls where the binding refuses the typed attributes).
+    pfn = ok(drv.cuGetProcAddress(b"cuMemRangeGetAttribute", 12020, 0))[0]
+    fn = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+    )(pfn)
+    out = ctypes.c_int32(-5)
+    assert fn(ctypes.byref(out), 4, int(attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), p, n) == 0
+    assert out.value == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    # A node this host lacks, the legacy stream and unmanaged memory are refused as the driver does.
+    missing = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    assert drv.cuMemAdvise(p, n, advice, missing)[0] == 1
+    assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(p)], [n], 1, 0, 0)[0] == 1
+    dev = ok(drv.cuMemAlloc(n))
+    assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(dev)], [n], 1, 0, s)[0] == 1
+    drv.cuCtxSynchronize()

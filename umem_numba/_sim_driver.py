@@ -698,6 +698,7 @@ class SimDriver(_GraphCapture):
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
         self._init_capture()
+        self._range_get_attribute: Any = None
 
     # -- the binding's enums and structs -------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -1526,7 +1527,7 @@ class SimDriver(_GraphCapture):
                 return (_INVALID_VALUE,)
             mem, pages = found
             try:
-                loc = self._legacy_id(location)
+                loc = self._location_code(location)
             except _Error as e:
                 return (e.code,)
             col = 0 if loc == 0 else 1
@@ -1554,7 +1555,7 @@ class SimDriver(_GraphCapture):
                 return (_INVALID_VALUE,)
             mem, pages = found
             try:
-                loc = self._legacy_id(location)
+                loc = self._location_code(location)
             except _Error as e:
                 return (e.code,)
 
@@ -1585,20 +1586,13 @@ class SimDriver(_GraphCapture):
             if name == "READ_MOSTLY":
                 return (_SUCCESS, int(bool(mem.read_mostly[pages].all())))
             if name == "PREFERRED_LOCATION":
-                return (_SUCCESS, same(mem.preferred[pages]))
+                return (_SUCCESS, same(_legacy_codes(mem.preferred[pages])))
             if name == "LAST_PREFETCH_LOCATION":
-                return (_SUCCESS, same(mem.last_prefetch[pages]))
+                return (_SUCCESS, same(_legacy_codes(mem.last_prefetch[pages])))
             if name.endswith(("_LOCATION_TYPE", "_LOCATION_ID")):
-                legacy = same(mem.preferred[pages] if name.startswith("PREFERRED") else mem.last_prefetch[pages])
-                lt = self._real.CUmemLocationType
-                if name.endswith("_ID"):
-                    return (_SUCCESS, max(legacy, 0))
-                kind = (
-                    lt.CU_MEM_LOCATION_TYPE_INVALID
-                    if legacy == -2
-                    else (lt.CU_MEM_LOCATION_TYPE_HOST if legacy == -1 else lt.CU_MEM_LOCATION_TYPE_DEVICE)
-                )
-                return (_SUCCESS, int(kind))
+                code = same(mem.preferred[pages] if name.startswith("PREFERRED") else mem.last_prefetch[pages])
+                loc_type, loc_id = self._typed_location(code)
+                return (_SUCCESS, loc_id if name.endswith("_ID") else loc_type)
             if name == "ACCESSED_BY":
                 ids = [loc for col, loc in ((0, 0), (1, -1)) if mem.accessed_by[pages, col].all()]
                 slots = max(size // 4, 1)
@@ -1739,6 +1733,156 @@ class SimDriver(_GraphCapture):
             "cuLaunchKernel: under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels are run by the "
             "simulator (umem_numba queues them on their stream)"
         )
+
+    # -- host NUMA locations, discards, the typed range attributes' raw entry point -------------
+    # Locations are kept per page as one int32 code: a device ordinal (>= 0), -1 the host,
+    # -2 none, and host NUMA node k as -3 - k (the legacy attributes say CU_DEVICE_CPU for it).
+    def _location_code(self, location: Any) -> int:
+        kind = getattr(location.type, "name", "")
+        if kind.endswith("HOST_NUMA"):
+            node = int(location.id)
+            if node not in _host_numa_nodes():
+                raise _Error(_INVALID_VALUE)  # no such node on this host
+            return _NUMA_BASE - node
+        if kind.endswith("HOST_NUMA_CURRENT"):
+            raise UnsupportedError(
+                "CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: not simulated under numba's CUDA simulator "
+                "(NUMBA_ENABLE_CUDASIM=1); name the host NUMA node instead"
+            )
+        return self._legacy_id(location)
+
+    def _typed_location(self, code: int) -> tuple[int, int]:
+        """``(CUmemLocationType, id)`` of a location code (the driver's typed range attributes)."""
+        lt = self._real.CUmemLocationType
+        if code <= _NUMA_BASE:
+            return int(lt.CU_MEM_LOCATION_TYPE_HOST_NUMA), _NUMA_BASE - code
+        if code == -1:
+            return int(lt.CU_MEM_LOCATION_TYPE_HOST), 0
+        if code == -2:
+            return int(lt.CU_MEM_LOCATION_TYPE_INVALID), 0
+        return int(lt.CU_MEM_LOCATION_TYPE_DEVICE), code
+
+    def _discard_batch(
+        self, call: str, dptrs: Any, sizes: Any, count: Any, locations: list[Any] | None, flags: Any, handle: Any
+    ) -> tuple[Any, ...]:
+        n = _int(count)
+        ptrs, lengths = [_int(p) for p in list(dptrs)[:n]], [_int(z) for z in list(sizes)[:n]]
+        if not n or len(ptrs) != n or len(lengths) != n or _int(flags):
+            return (_INVALID_VALUE,)
+        with self._lock:
+            try:
+                s = self._stream(handle)
+            except _Error as e:
+                return (e.code,)
+            if s.kind == "legacy":
+                return (_INVALID_VALUE,)  # "Must not be legacy NULL stream"
+            spans = []
+            for p, z in zip(ptrs, lengths, strict=True):
+                found = self._managed_pages(p, z) if z > 0 else None
+                if found is None:
+                    return (_INVALID_VALUE,)  # managed memory only
+                spans.append((p, z, found))
+            codes: list[int] = []
+            if locations is not None:
+                try:
+                    codes = [self._location_code(loc) for loc in locations]
+                except _Error as e:
+                    return (e.code,)
+                for (_, _, (mem, pages)), code in zip(spans, codes, strict=True):
+                    mem.last_prefetch[pages] = code  # the driver reports the last location asked for
+            # Discarded contents are indeterminate: garbage, drawn from the seed, when the discard runs.
+            salt = self._rng.getrandbits(32)
+
+            def run() -> None:
+                for i, (p, z, _) in enumerate(spans):
+                    self._check_live(p, z, call)
+                    garbage = np.random.default_rng((salt, i)).integers(0, 256, z, dtype=np.uint8)
+                    ctypes.memmove(p, garbage.ctypes.data, z)
+
+            self._enqueue(s, run, call)
+        return (_SUCCESS,)
+
+    def cuMemDiscardBatchAsync(self, dptrs: Any, sizes: Any, count: Any, flags: Any, handle: Any) -> tuple[Any, ...]:
+        return self._discard_batch("cuMemDiscardBatchAsync", dptrs, sizes, count, None, flags, handle)
+
+    def cuMemDiscardAndPrefetchBatchAsync(
+        self,
+        dptrs: Any,
+        sizes: Any,
+        count: Any,
+        locations: Any,
+        first: Any,
+        nlocations: Any,
+        flags: Any,
+        handle: Any,
+    ) -> tuple[Any, ...]:
+        n, runs = _int(count), _int(nlocations)
+        locs, starts = list(locations)[:runs], [_int(i) for i in list(first)[:runs]]
+        if (
+            not runs
+            or runs > n
+            or starts[0] != 0
+            or any(b <= a for a, b in itertools.pairwise(starts))
+            or starts[-1] >= n
+        ):
+            return (_INVALID_VALUE,)
+        per_range = [locs[bisect.bisect_right(starts, i) - 1] for i in range(n)]
+        return self._discard_batch("cuMemDiscardAndPrefetchBatchAsync", dptrs, sizes, count, per_range, flags, handle)
+
+    def cuGetProcAddress(self, symbol: Any, version: Any, flags: Any) -> tuple[Any, ...]:
+        """The driver's own ``cuMemRangeGetAttribute`` (umem_numba calls it through ctypes); nothing else."""
+        name = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
+        if name != "cuMemRangeGetAttribute":
+            return self._refuse(f"cuGetProcAddress({name})")()
+        if self._range_get_attribute is None:
+            proto = ctypes.CFUNCTYPE(
+                ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+            )
+            self._range_get_attribute = proto(self._raw_range_get_attribute)
+        pfn = ctypes.cast(self._range_get_attribute, ctypes.c_void_p).value
+        return (_SUCCESS, pfn, self._real.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS)
+
+    def _raw_range_get_attribute(self, out: int, size: int, attr: int, ptr: int, nbytes: int) -> int:
+        """``CUresult cuMemRangeGetAttribute(void *data, size_t dataSize, attribute, devPtr, count)``."""
+        try:
+            res = self.cuMemRangeGetAttribute(size, self._real.CUmem_range_attribute(attr), ptr, nbytes)
+        except Exception:  # an attribute the simulation does not answer: the driver's "invalid value"
+            return _INVALID_VALUE
+        if res[0] != _SUCCESS:
+            return int(res[0])
+        values = res[1] if isinstance(res[1], list) else [int(res[1])]
+        slots = max(int(size) // 4, 1)
+        (ctypes.c_int32 * slots).from_address(out)[:] = [int(v) for v in values[:slots]]
+        return _SUCCESS
+
+
+#: Host NUMA node k is kept as the location code _NUMA_BASE - k (see SimDriver._location_code).
+_NUMA_BASE = -3
+
+
+def _legacy_codes(codes: np.ndarray) -> np.ndarray:
+    """Location codes as the legacy range attributes say them (a host NUMA node is CU_DEVICE_CPU, -1)."""
+    return np.where(codes <= _NUMA_BASE, -1, codes)
+
+
+_NUMA_NODES: tuple[int, ...] | None = None
+
+
+def _host_numa_nodes() -> tuple[int, ...]:
+    """This host's online NUMA nodes (the kernel's list; node 0 where it has none)."""
+    global _NUMA_NODES
+    if _NUMA_NODES is None:
+        nodes: list[int] = []
+        try:
+            with open("/sys/devices/system/node/online") as f:
+                for part in f.read().strip().split(","):
+                    if part:
+                        lo, _, hi = part.partition("-")
+                        nodes.extend(range(int(lo), int(hi or lo) + 1))
+        except (OSError, ValueError):
+            pass
+        _NUMA_NODES = tuple(nodes) or (0,)
+    return _NUMA_NODES
 
 
 _guard_capture(SimDriver)
