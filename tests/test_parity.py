@@ -1037,5 +1037,5 @@ def test_simulator_discards_garble_and_refuses_what_it_lacks_by_name(rng):
         drv = _driver.api().drv
         current = drv.CUmemLocation()
         current.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
-        with pytest.raises(UnsupportedError, match="HOST_NUMA_CURRENT.*simulator"):
+        with pytest.raises(UnsupportedError, match=r"HOST_NUMA_CURRENT.*simulator"):
             drv.cuMemPrefetchAsync(buf.ptr, buf.nbytes, current, 0, int(stream.handle))
