@@ -419,3 +419,31 @@ def test_sim_discard_and_prefetch_and_host_numa_locations_read_back(drv):
     dev = ok(drv.cuMemAlloc(n))
     assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(dev)], [n], 1, 0, s)[0] == 1
     drv.cuCtxSynchronize()
+
+
+def test_sim_host_pools_give_pinned_memory_at_their_location(drv):
+    attrs = drv.CUmemPool_attribute
+    for kind, node in (("HOST", 0), ("HOST_NUMA", _sim_driver._host_numa_nodes()[0])):
+        props = drv.CUmemPoolProps()
+        props.allocType = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location = _location(drv, kind, node)
+        pool = ok(drv.cuMemPoolCreate(props))
+        assert ok(drv.cuMemPoolGetAttribute(pool, attrs.CU_MEMPOOL_ATTR_LOCATION_TYPE)) == int(props.location.type)
+        assert ok(drv.cuMemPoolGetAttribute(pool, attrs.CU_MEMPOOL_ATTR_LOCATION_ID)) == node
+        dev = _location(drv, "DEVICE", 0)
+        assert int(ok(drv.cuMemPoolGetAccess(pool, dev))) == 0, "a host pool is mapped for no device until granted"
+        desc = drv.CUmemAccessDesc()
+        desc.location = dev
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        ok((*drv.cuMemPoolSetAccess(pool, [desc], 1), None))
+        assert int(ok(drv.cuMemPoolGetAccess(pool, dev))) == 3
+        s = ok(drv.cuStreamCreate(1))
+        p = ok(drv.cuMemAllocFromPoolAsync(4096, pool, s))
+        mtype = ok(drv.cuPointerGetAttribute(drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p))
+        assert mtype == drv.CUmemorytype.CU_MEMORYTYPE_HOST
+        assert drv.cuMemHostGetFlags(p)[0] == 1  # not cuMemHostAlloc memory
+        ok((*drv.cuMemFreeAsync(p, s), None))
+        drv.cuStreamSynchronize(s)
+        ok((*drv.cuMemPoolDestroy(pool), None))
+    props.location = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    assert drv.cuMemPoolCreate(props)[0] == 1  # a node this host lacks

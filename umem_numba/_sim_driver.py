@@ -90,6 +90,8 @@ _DEVICE_ATTRIBUTES = {
     "CONCURRENT_MANAGED_ACCESS": 1,
     "MANAGED_MEMORY": 1,
     "MEMORY_POOLS_SUPPORTED": 1,
+    "HOST_MEMORY_POOLS_SUPPORTED": 1,
+    "HOST_NUMA_MEMORY_POOLS_SUPPORTED": 1,
     "MEMPOOL_SUPPORTED_HANDLE_TYPES": 0,
     "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 1,
     "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 1,
@@ -1007,7 +1009,7 @@ class SimDriver(_GraphCapture):
     def cuMemHostGetFlags(self, ptr: Any) -> tuple[Any, ...]:
         with self._lock:
             mem = self._find(_int(ptr))
-        if mem is None or mem.kind != "pinned":
+        if mem is None or mem.kind != "pinned" or mem.pool:  # cuMemHostAlloc memory only
             return (_INVALID_VALUE, None)
         return (_SUCCESS, mem.flags)
 
@@ -1038,9 +1040,14 @@ class SimDriver(_GraphCapture):
                 "cuMemPoolCreate: exportable memory pools are not supported under numba's CUDA simulator "
                 "(NUMBA_ENABLE_CUDASIM=1); they need a real GPU"
             )
+        host = self._host_pool_location(props)
+        if isinstance(host, int):
+            return (host, None)
         with self._lock:
             handle = next(self._handles)
-            self._pools[handle] = _Pool("managed" if managed else "device")
+            self._pools[handle] = _Pool("managed" if managed else "device" if host is None else "pinned")
+            if host is not None:
+                self._pools[handle].attrs.update(host)
         return (_SUCCESS, handle)
 
     def _pool(self, handle: Any) -> _Pool:
@@ -1089,7 +1096,8 @@ class SimDriver(_GraphCapture):
                 if mem.base not in self._memory:
                     self._add_memory(mem)
                 return (_SUCCESS, mem.base)
-            res = self._allocate("managed" if pool.kind == "managed" else "device", size, 0, _int(handle))
+            kind = pool.kind if pool.kind in ("managed", "pinned") else "device"
+            res = self._allocate(kind, size, 0, _int(handle))
             if res[0] == _SUCCESS:
                 pool.used += size
             return res
@@ -1152,7 +1160,8 @@ class SimDriver(_GraphCapture):
             pool.attrs["USED_MEM_HIGH"] = max(pool.attrs["USED_MEM_HIGH"], pool.used)
             pool.attrs["RESERVED_MEM_HIGH"] = max(pool.attrs["RESERVED_MEM_HIGH"], reserved)
             value = values.get(name, pool.attrs.get(name, 0))
-        return (_SUCCESS, self._real.cuuint64_t(value) if name not in ("REUSE_FOLLOW_EVENT_DEPENDENCIES",) else value)
+        plain = ("REUSE_FOLLOW_EVENT_DEPENDENCIES", "LOCATION_TYPE", "LOCATION_ID", "ALLOCATION_TYPE")
+        return (_SUCCESS, self._real.cuuint64_t(value) if name not in plain else value)
 
     def cuMemPoolSetAttribute(self, handle: Any, attr: Any, value: Any) -> tuple[Any, ...]:
         name = getattr(attr, "name", str(attr)).replace("CU_MEMPOOL_ATTR_", "")
@@ -1170,7 +1179,9 @@ class SimDriver(_GraphCapture):
                 pool = self._pool(handle)
             except _Error as e:
                 return (e.code, None)
-            flags = pool.attrs.get(f"access{int(location.id)}", 3 if int(location.id) == 0 else 0)
+            # A host (pinned) pool is mapped for no device until access is granted.
+            own = 3 if int(location.id) == 0 and pool.kind != "pinned" else 0
+            flags = pool.attrs.get(f"access{int(location.id)}", own)
         return (_SUCCESS, self._real.CUmemAccess_flags(flags))
 
     def cuMemPoolSetAccess(self, handle: Any, descs: Any, count: Any) -> tuple[Any, ...]:
@@ -1750,6 +1761,22 @@ class SimDriver(_GraphCapture):
                 "(NUMBA_ENABLE_CUDASIM=1); name the host NUMA node instead"
             )
         return self._legacy_id(location)
+
+    def _host_pool_location(self, props: Any) -> dict[str, int] | int | None:
+        """A pinned pool's location attributes (``None``: not a host pool; an int: the driver's error)."""
+        kind = getattr(props.location.type, "name", "")
+        if not kind.endswith(("HOST", "HOST_NUMA")):
+            return None
+        if getattr(props.allocType, "name", "").endswith("MANAGED"):
+            return _INVALID_VALUE
+        node = int(props.location.id)
+        if kind.endswith("HOST_NUMA") and node not in _host_numa_nodes():
+            return _INVALID_VALUE
+        return {
+            "LOCATION_TYPE": int(props.location.type),
+            "LOCATION_ID": node if kind.endswith("HOST_NUMA") else 0,
+            "ALLOCATION_TYPE": int(props.allocType),
+        }
 
     def _typed_location(self, code: int) -> tuple[int, int]:
         """``(CUmemLocationType, id)`` of a location code (the driver's typed range attributes)."""
