@@ -34,10 +34,17 @@ Streams run late, in an adversarial order
     different per-thread stream in every thread; streams created with
     ``CU_STREAM_NON_BLOCKING`` have no implicit ordering.
 
+Graph capture
+    Work queued on a capturing stream is recorded into a graph instead of
+    run; a launch of the instantiated graph queues it on the launch stream,
+    late like any stream work.  The driver's capture rules and errors are kept
+    (see :class:`_GraphCapture`).  Discards leave garbage drawn from the seed.
+
 Refusals
-    What it cannot do (several devices, peer access, IPC, graphs, loading
-    modules) it refuses with :class:`~umem_numba.UnsupportedError` naming the
-    call and the simulator.  It never gives a wrong answer.
+    What it cannot do (several devices, peer access, IPC, loading modules,
+    what a capture cannot record) it refuses with
+    :class:`~umem_numba.UnsupportedError` naming the call and the simulator.
+    It never gives a wrong answer.
 """
 
 from __future__ import annotations
