@@ -62,7 +62,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "tests/test_kernels_sim.py)": (
         "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
         "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
-        "tests/test_stencil_gpu.py::test_max_abs_diff_on_managed_memory_reads_without_synchronize",
     ),
     "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
     "by examples/heat2d.py's fallback)": (
