@@ -1809,7 +1809,7 @@ def install_numba(drv: SimDriver) -> None:
         shp = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
         if not nbytes:
-            return np.ndarray(shp, dt, strides=strides, order=order)
+            return np.ndarray(shp, dt, strides=strides, order=order)  # type: ignore[arg-type]
         ptr = drv.cuMemHostAlloc(nbytes, 0)[1]
         raw = (ctypes.c_byte * nbytes).from_address(ptr)
         arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)  # type: ignore[arg-type]
