@@ -2476,6 +2476,22 @@ def install_numba(drv: SimDriver) -> None:
         weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
         return out
 
+    def pinned_array(shape: Any, dtype: Any = np.float64, strides: Any = None, order: str = "C") -> np.ndarray:
+        # numba's simulator gives pageable memory, which the driver reads before a copy returns;
+        # a GPU's is page-locked, read when the copy runs: the simulated driver's pinned memory.
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        if not nbytes:
+            return np.ndarray(shp, dt, strides=strides, order=order)  # type: ignore[arg-type]
+        ptr = drv.cuMemHostAlloc(nbytes, 0)[1]
+        raw = (ctypes.c_byte * nbytes).from_address(ptr)
+        arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)  # type: ignore[arg-type]
+        import weakref
+
+        weakref.finalize(raw, drv.cuMemFreeHost, ptr).atexit = False
+        return arr
+
     # Inside a simulated kernel numba swaps the kernel module's `cuda` for a fake module of
     # the thread-level API; other threads of the program may meanwhile use the same global:
     # the rest of the API stays reachable through it.  nanosleep (absent there) takes time:
@@ -2530,6 +2546,7 @@ def install_numba(drv: SimDriver) -> None:
     for mod in api_modules:
         mod.event = event
         mod.managed_array = managed_array
+        mod.pinned_array = pinned_array
         mod.from_cuda_array_interface = from_cuda_array_interface
         mod.as_cuda_array = as_cuda_array
         mod.is_cuda_array = is_cuda_array
