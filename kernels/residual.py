@@ -50,7 +50,7 @@ def _zero_first(out: Any, stream: Any) -> None:
         launch(reset_kernel, 1, 1, out, stream=stream)
         return
     from umem_numba import _driver
-    from umem_numba._location import stream_handle
+    from umem_numba._driver._location import stream_handle
 
     _driver.ensure_context()  # numba's context, as a launch from this thread would make current
     _driver.call(
@@ -129,7 +129,7 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
     if n == 0 or m == 0:
         if not simulating():  # nothing launched after the memset for .host to wait for
             from umem_numba import _driver
-            from umem_numba._location import stream_handle
+            from umem_numba._driver._location import stream_handle
 
             _driver.call("cuStreamSynchronize", stream_handle(stream), detail="max_abs_diff of empty grids")
         return

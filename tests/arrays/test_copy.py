@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba as um
 
@@ -101,7 +101,7 @@ def test_to_host_and_from_host_every_kind(kind, dtype, staging, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ("managed", "device"))
 def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch):
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     monkeypatch.setattr(_copy, "CHUNK_BYTES", 1 << 16)  # odd sizes: many chunks and a short last one
     _copy._Staging._by_device.clear()
@@ -121,7 +121,7 @@ def test_staging_in_many_chunks_and_a_user_staging_buffer(kind, rng, monkeypatch
 @pytest.fixture
 def copier_threads(monkeypatch):
     """Run the staged path with a given number of copier threads (fresh pool and staging slots)."""
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     def use(n):
         monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", str(n))
@@ -136,7 +136,7 @@ def copier_threads(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_staged_copies_back_to_back_reuse_the_slots_safely(threads, copier_threads, rng, monkeypatch):
     """Host to device returns with its DMA still pending: the next staged copy must not refill a slot early."""
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     copier_threads(threads)
     monkeypatch.setattr(_copy, "CHUNK_BYTES", (1 << 16) + 4)  # many chunks, slots not page multiples
@@ -199,7 +199,7 @@ def test_staged_upload_has_read_the_source_when_it_returns(kernels, rng):
 
 
 def test_copier_threads_setting_is_checked(monkeypatch):
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     monkeypatch.setenv("UMEM_NUMBA_COPY_THREADS", "many")
     with pytest.raises(ValueError, match=r"UMEM_NUMBA_COPY_THREADS must be an integer from 1 to 64 .*, got 'many'"):

@@ -16,12 +16,13 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import ORDERING_TRIALS, random_array, sleeping
 from numba import cuda
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
-from umem_numba import _copy, _driver
-from umem_numba._location import stream_handle
+from umem_numba import _driver
+from umem_numba._arrays import _copy
+from umem_numba._driver._location import stream_handle
 
 #: Device time of each sleeping kernel: the copies behind it stay queued that long.
 SLEEP_MS = 30

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import umem_numba as um
-from umem_numba import _layout
-from umem_numba import _layout as layout
+from umem_numba._arrays import _layout
+from umem_numba._arrays import _layout as layout
 
 
 @pytest.mark.parametrize(
@@ -135,8 +135,8 @@ def test_dtypes_kernels_cannot_use_are_refused_before_the_driver(make, dtype, me
 
 
 def test_numpy_integers_are_ints_everywhere():
-    from umem_numba._pinned import _as_flags
-    from umem_numba._vmm_access import as_access
+    from umem_numba._kinds._pinned import _as_flags
+    from umem_numba._vmm._access import as_access
 
     assert _as_flags(np.int32(3)) == um.HostAllocFlags.PORTABLE | um.HostAllocFlags.DEVICEMAP
     assert as_access(np.int64(3)) is um.AccessFlags.READ_WRITE

@@ -7,8 +7,8 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba as um
 from umem_numba import HostAllocFlags as F

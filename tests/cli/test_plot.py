@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from umem_numba import _plot, kernels
+from umem_numba import kernels
+from umem_numba._cli import _plot
 
 mpl_image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
 

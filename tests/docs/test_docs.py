@@ -8,7 +8,7 @@ from pathlib import Path
 import umem_numba
 from umem_numba import kernels
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _documented() -> set[str]:

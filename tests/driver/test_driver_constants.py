@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import umem_numba as um
-from umem_numba import _driver, _location
+from umem_numba import _driver
+from umem_numba._driver import _location
 
 drv = pytest.importorskip("cuda.bindings.driver")
 

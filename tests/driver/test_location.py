@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import umem_numba as um
-from umem_numba._location import HOST, Location, as_location, stream_handle
+from umem_numba._driver._location import HOST, Location, as_location, stream_handle
 
 
 class _NumbaDevice:

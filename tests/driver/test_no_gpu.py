@@ -3,7 +3,7 @@
 These run everywhere: where a GPU exists, a subprocess that sees no device
 (``CUDA_VISIBLE_DEVICES=""``, numba's simulator off) stands in for a machine
 without one.  Under numba's simulator umem_numba works on host memory instead
-(tests/test_sim.py).
+(tests/driver/test_sim.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_locations():
 
 
 def test_stream_handles():
-    from umem_numba._location import stream_handle
+    from umem_numba._driver._location import stream_handle
 
     class Fake:
         def __cuda_stream__(self):
@@ -148,7 +148,7 @@ def test_host_alloc_flags_algebra():
     assert int(F.PORTABLE | F.DEVICEMAP | F.WRITECOMBINED) == 7
     assert int(F.DEFAULT) == 0 and (F.PORTABLE & F.DEFAULT) == F.DEFAULT
     assert F.PORTABLE not in F.DEVICEMAP and F.DEVICEMAP not in F.PORTABLE
-    from umem_numba._pinned import _as_flags
+    from umem_numba._kinds._pinned import _as_flags
 
     with pytest.raises(ValueError, match="unknown host allocation flag bits 0x8"):
         _as_flags(8)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sim(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The simulated driver itself (CPU only): stream work runs late, waits pull in dependencies, seeded order.
 
-These build a :class:`umem_numba._sim_driver.SimDriver` of their own, so they
+These build a :class:`umem_numba._driver._simulated.SimDriver` of their own, so they
 run in the CPU suite too (no numba simulator needed: no kernels, only copies,
 memsets, events and streams).
 """
@@ -13,8 +13,9 @@ import threading
 import numpy as np
 import pytest
 
-from umem_numba import UnsupportedError, _sim_driver
-from umem_numba._sim_driver import SimDriver, SimulatedFault, tracing
+from umem_numba import UnsupportedError
+from umem_numba._driver import _simulated as _sim_driver
+from umem_numba._driver._simulated import SimDriver, SimulatedFault, tracing
 
 
 def ok(res):

@@ -19,7 +19,7 @@ import pytest
 
 import umem_numba as um
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

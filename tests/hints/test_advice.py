@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba as um
 from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan, _driver
@@ -543,7 +543,7 @@ def test_kernels_and_host_see_right_values_under_each_policy(rng, affine, policy
 @pytest.mark.parametrize("own_stream", [False, True], ids=["default-stream", "own-stream"])
 def test_plan_prefetches_every_entry_where_it_says(rng, own_stream):
 
-    from umem_numba import _prefetch
+    from umem_numba._hints import _prefetch
 
     (a, da), (b, db), (c, dc) = (_buffer(rng, pages=4) for _ in range(3))
     stream = cuda.stream() if own_stream else None
@@ -628,7 +628,8 @@ def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
     """Only an unknown address means 'not managed'; a sticky launch failure is reported as itself."""
     from types import SimpleNamespace
 
-    from umem_numba import _driver, _managed_span
+    from umem_numba import _driver
+    from umem_numba._hints import _managed_span
 
     drv = pytest.importorskip("cuda.bindings.driver")
     results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, 0)}
@@ -649,7 +650,7 @@ def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
 
 
 def test_an_unsupported_error_is_not_its_own_cause():
-    from umem_numba._managed_span import unsupported_from
+    from umem_numba._hints._managed_span import unsupported_from
 
     other = CudaError("cuMemAdvise", 1, "CUDA_ERROR_INVALID_VALUE")
     assert unsupported_from(other, "advise") is None

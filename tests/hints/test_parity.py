@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import ORDERING_TRIALS, random_array, sleeping
 from numba import cuda
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
-from umem_numba import HOST, Host, Location, MemAdvice, PrefetchPlan, _driver, _location, _prefetch
+from umem_numba import HOST, Host, Location, MemAdvice, PrefetchPlan, _driver
+from umem_numba._driver import _location
 from umem_numba._errors import UnsupportedError
+from umem_numba._hints import _prefetch
 
 #: 64 KiB of float32: whole pages on x86-64 and arm64, so ranges never share a page.
 PAGE = (64 << 10) // 4
@@ -119,8 +121,8 @@ def test_typed_locations_decode_and_the_legacy_fallback(monkeypatch):
     """Issue #22 item 2: the typed range attributes decode to devices, the host and NUMA nodes."""
     from cuda.bindings import driver as drv
 
-    from umem_numba import _advice
-    from umem_numba._managed_span import ManagedSpan
+    from umem_numba._hints import _advice
+    from umem_numba._hints._managed_span import ManagedSpan
 
     consts = _driver._constants(drv)
     monkeypatch.setattr(_driver, "consts", lambda: consts)
@@ -635,7 +637,7 @@ class _FakeDeviceArray:
 
 def test_f_order_layout_helpers_match_numpy():
     """Issue #22 item 6: F strides, dense orders and order= checks agree with numpy."""
-    from umem_numba import _buffer, _layout
+    from umem_numba._arrays import _buffer, _layout
 
     for shape in ((3, 4, 5), (7,), (0, 3), (2, 1, 3), ()):
         ref = np.empty(shape, np.float64, order="F")
@@ -671,7 +673,7 @@ def test_copy_refuses_mixed_orders_before_the_driver():
     with pytest.raises(ValueError, match="C-contiguous or F-contiguous"):
         um.copy(c, _FakeDeviceArray((4, 5), strides=(40, 8), ptr=1 << 41))
     # 1-d (and trivial-dimension) arrays are both C- and F-ordered: no conflict to report.
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     one = _copy._from_cai(_FakeDeviceArray((5,)), "copy", "source")
     col = _copy._from_cai(_FakeDeviceArray((5, 1), strides=(4, 4), ptr=1 << 41), "copy", "source")
@@ -681,7 +683,7 @@ def test_copy_refuses_mixed_orders_before_the_driver():
 
 def test_advice_ranges_accept_f_contiguous_arrays():
     """Issue #22 item 6: advice and prefetch ranges take F-contiguous arrays (ranges in memory order)."""
-    from umem_numba._managed_span import element_count
+    from umem_numba._hints._managed_span import element_count
 
     fake = _FakeManaged(1)
     fake.__cuda_array_interface__.update(shape=(4, 5), strides=(4, 16))
@@ -902,7 +904,7 @@ def _fake_cc_buffer(size, *, closed=False, ptr=1 << 43):
 
 def test_cuda_core_operands_are_checked_before_the_driver():
     """Issue #22 item 7: cuda.core views and Buffers are copy operands; misuse is a clear error first."""
-    from umem_numba import _copy
+    from umem_numba._arrays import _copy
 
     dst = _FakeDeviceArray((4, 5))
     side = _copy.cuda_core_side(_fake_view((4, 5), (1, 4)), "copy", "source")
@@ -926,7 +928,7 @@ def test_cuda_core_operands_are_checked_before_the_driver():
 
 def test_from_array_of_a_cuda_core_source_keeps_its_order_or_refuses():
     """Issue #22 item 7: from_array of a cuda.core view copies it in its own order; another order is refused."""
-    from umem_numba import _buffer
+    from umem_numba._arrays import _buffer
 
     f_view = _fake_view((4, 5), (1, 4))
     side, order = _buffer.cuda_core_source(f_view, "K", "ManagedBuffer.from_array")
@@ -942,7 +944,7 @@ def test_from_array_of_a_cuda_core_source_keeps_its_order_or_refuses():
 def test_from_array_reads_a_host_cuda_core_view_through_dlpack():
     """Issue #22 item 7: a cuda.core view of host memory is read by numpy (no GPU needed to check)."""
     su = pytest.importorskip("cuda.core.utils")
-    from umem_numba import _buffer
+    from umem_numba._arrays import _buffer
 
     data = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
     view = su.StridedMemoryView.from_dlpack(data, stream_ptr=-1)
@@ -1013,7 +1015,7 @@ def test_cuda_core_pool_memory_round_trip(rng):
 @pytest.mark.sim
 def test_simulator_refuses_discards_by_name_and_takes_the_rest(rng):
     """Issue #22 items 1, 2, 5: under the simulator a discard names it; NUMA targets and prefetch= work."""
-    from umem_numba import _sim
+    from umem_numba._driver import _sim
 
     if not _sim.active():
         pytest.skip("checks the simulator's answers (the GPU's are tested above)")

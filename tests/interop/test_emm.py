@@ -100,7 +100,7 @@ def test_numba_allocations_go_through_the_device_pool():
 
 @pytest.mark.gpu
 def test_numba_allocations_from_a_managed_pool():
-    from umem_numba._pool import managed_pool_support
+    from umem_numba._memory._pool import managed_pool_support
 
     missing = managed_pool_support()
     if missing:
@@ -121,7 +121,7 @@ def test_numba_allocations_from_a_managed_pool():
 
 @pytest.mark.gpu
 def test_managed_pool_refuses_ipc_clearly():
-    from umem_numba._pool import managed_pool_support
+    from umem_numba._memory._pool import managed_pool_support
 
     if managed_pool_support():
         pytest.skip("managed pools unsupported here")
@@ -147,7 +147,7 @@ def test_managed_pool_refuses_ipc_clearly():
 def test_ipc_handles_of_pool_memory_open_in_another_process():
     """numba's IPC through the plugin (on with UMEM_NUMBA_EMM_IPC=1): a whole array and a view, opened by
     children with and without the plugin."""
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    tests_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     r = _run(
         f"""
         import json, multiprocessing as mp, os, sys
@@ -217,7 +217,7 @@ def test_plugin_is_what_numba_loads_and_checks_its_setting():
             sys.executable,
             "-c",
             textwrap.dedent("""
-        import umem_numba, umem_numba._emm as e
+        import umem_numba, umem_numba._interop._emm as e
         from numba.cuda.cudadrv import driver
         assert umem_numba._numba_memory_manager is e.UmemNumbaMemoryManager
         assert issubclass(e.UmemNumbaMemoryManager, driver.BaseCUDAMemoryManager)
@@ -232,7 +232,7 @@ def test_plugin_is_what_numba_loads_and_checks_its_setting():
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-c", "import umem_numba._emm"],
+        [sys.executable, "-c", "import umem_numba._interop._emm"],
         check=False,
         env=dict(os.environ, UMEM_NUMBA_EMM_POOL="pinned"),
         capture_output=True,
@@ -255,8 +255,8 @@ def test_importing_umem_numba_does_not_import_numba_cuda():
 
 
 def test_numba_suite_reads_every_outcome_of_the_harness():
-    """tests/numba_suite.py (the plugin's acceptance run) reads numba's verbose output test by test."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    """tests/support/numba_suite.py (the plugin's acceptance run) reads numba's verbose output test by test."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
     import numba_suite
 
     log = textwrap.dedent("""\

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 from umem_numba import kernels
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 from umem_numba import kernels
 

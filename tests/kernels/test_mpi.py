@@ -22,9 +22,9 @@ import pytest
 from umem_numba.kernels._fdpass import MAX_FDS, recv_fds, send_fds
 from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, mismatch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
-IPC_WORKER = ROOT / "tests" / "mpi_ipc_worker.py"
+IPC_WORKER = ROOT / "tests" / "support" / "mpi_ipc_worker.py"
 
 
 def _mpirun() -> list[str]:
@@ -192,7 +192,7 @@ def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str]) -> Non
     """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy."""
     mpirun = _mpirun()
     seed = str(int.from_bytes(os.urandom(4), "little"))
-    worker = ROOT / "tests" / "mpi_sim_worker.py"
+    worker = ROOT / "tests" / "support" / "mpi_sim_worker.py"
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:]], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -398,7 +398,7 @@ def test_mpi_ipc_halos_data_flow_in_simulator(ranks: int, args: list[str]) -> No
     """halo='ipc' under numba's simulator: outboxes are memfds really passed and mapped by the neighbours."""
     mpirun = _mpirun()
     seed = str(int.from_bytes(os.urandom(4), "little"))
-    worker = ROOT / "tests" / "mpi_sim_worker.py"
+    worker = ROOT / "tests" / "support" / "mpi_sim_worker.py"
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], "ipc"], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 from umem_numba import kernels
 from umem_numba.kernels import multigpu

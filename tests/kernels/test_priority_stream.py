@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 import umem_numba as um
-from umem_numba import _driver, _sim, kernels
+from umem_numba import _driver, kernels
+from umem_numba._driver import _sim
 from umem_numba.kernels._common import PriorityStream
 
 

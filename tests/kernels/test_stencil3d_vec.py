@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 from umem_numba import kernels
 from umem_numba.kernels import stencil3d
@@ -216,7 +216,7 @@ def test_ptx_check_fails_rather_than_skips_when_the_compile_breaks(tmp_path):
     if missing:
         pytest.skip(f"no libNVVM here ({missing}): the PTX test skips for that reason alone")
     (tmp_path / "broken_compile_plugin.py").write_text(_BROKEN_COMPILE)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
         [

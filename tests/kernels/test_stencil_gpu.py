@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba as um
 from umem_numba import kernels
@@ -27,7 +27,7 @@ def _vmm_class():
     cls = getattr(um, "VMMBuffer", None)
     if cls is None:
         try:  # exported from umem_numba once the VMM work lands; the module may already be there
-            from umem_numba._vmm_buffer import VMMBuffer
+            from umem_numba._vmm._buffer import VMMBuffer
         except ImportError:
             pytest.skip("umem_numba.VMMBuffer is not available in this build")
         cls = VMMBuffer

@@ -19,11 +19,13 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import ORDERING_TRIALS, random_array, sleeping
 from numba import cuda, uint64
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
-from umem_numba import _driver, _events, _launch
+from umem_numba import _driver
+from umem_numba._launch import _coherent as _launch
+from umem_numba._memory import _events
 
 SLEEP_MS = 30
 
@@ -484,8 +486,8 @@ def test_configured_launch_forwards_numba_launch_attributes():
 
 def _unmapped_pinned_without_driver():
     """A zero-size PinnedBuffer without DEVICEMAP, built without a driver (CPU)."""
-    from umem_numba._lifetime import Allocation
-    from umem_numba._tracker import Tracker
+    from umem_numba._memory._lifetime import Allocation
+    from umem_numba._memory._tracker import Tracker
 
     buf = object.__new__(um.PinnedBuffer)
     buf._init(Allocation("pinned", None, 0, 0, Tracker(0)), 0, (0,), (4,), np.dtype(np.float32), True)

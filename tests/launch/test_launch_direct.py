@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import random_array
+from support.helpers import random_array
 
 import umem_numba as um
 

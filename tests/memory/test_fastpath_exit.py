@@ -24,7 +24,7 @@ import pytest
 
 import umem_numba as um
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: support.helpers
 
 
 def _run(code: str, *, timeout: int = 240, **env: str) -> subprocess.CompletedProcess[str]:
@@ -88,8 +88,8 @@ def test_allocation_dropped_by_an_exit_finalizer_is_not_freed():
     proc = _run(
         """
         import weakref
-        from umem_numba._lifetime import Allocation, Memory
-        from umem_numba._tracker import Tracker
+        from umem_numba._memory._lifetime import Allocation, Memory
+        from umem_numba._memory._tracker import Tracker
 
         class Loud(Memory):
             kind = "managed"
@@ -133,7 +133,7 @@ def test_umem_finalizer_collected_during_atexit_does_nothing():
         box = []
         atexit.register(box.clear)  # registered before the import: runs after umem_numba's hook
 
-        from umem_numba._lifetime import finalizer
+        from umem_numba._memory._lifetime import finalizer
 
         class Held:
             pass
@@ -167,7 +167,7 @@ def test_dlpack_consumer_that_outlives_the_module_does_not_crash():
         """
         import sys
         import numpy as np
-        from umem_numba import _dlpack
+        from umem_numba._arrays import _dlpack
 
         class Exporter:
             def __init__(self, a):
@@ -286,8 +286,9 @@ import numpy as np
 from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 import umem_numba as um
-from umem_numba import _driver, _lifetime
-from helpers import sleeping
+from umem_numba import _driver
+from umem_numba._memory import _lifetime
+from support.helpers import sleeping
 
 warnings.simplefilter("ignore", NumbaPerformanceWarning)
 warnings.filterwarnings("ignore", message="Grid size")
@@ -385,7 +386,7 @@ busy_stream = cuda.stream()
 fill[G, B, busy_stream](busy, 8.0, 400)  # about 0.4 s of device time, not waited for
 """,
     "plugin_arrays": """
-from umem_numba import _emm
+from umem_numba._interop import _emm
 assert isinstance(cuda.current_context().memory_manager, um.UmemNumbaMemoryManager)
 
 

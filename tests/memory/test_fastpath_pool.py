@@ -1,7 +1,7 @@
 """Issue #19, items 1, 5, 7 and 11: the pools' free lists and numba's memory-manager plugin.
 
 Every ordering test runs ORDERING_TRIALS trials with a reader that sleeps on the device first
-(tests/helpers.py), so a missing wait shows as wrong values.  The plugin's tests run in a fresh
+(tests/support/helpers.py), so a missing wait shows as wrong values.  The plugin's tests run in a fresh
 interpreter with ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (numba picks its memory manager when it
 creates a context).  CPU tests at the end check the plugin's descriptor hygiene with fakes."""
 
@@ -18,13 +18,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import ORDERING_TRIALS, random_array, sleeping
 from numba import cuda
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
 from umem_numba import _driver
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: support.helpers
 N = 64 * 1024  # elements per buffer: 256 KiB of float32
 GRID, BLOCK = 64, 1024
 SLEEP_MS = 60
@@ -55,8 +55,8 @@ import json, os, sys
 import numpy as np
 from numba import cuda
 sys.path.insert(0, os.environ["UMEM_TESTS_DIR"])
-from helpers import ORDERING_TRIALS, sleeping
-import umem_numba._pool as upool
+from support.helpers import ORDERING_TRIALS, sleeping
+import umem_numba._memory._pool as upool
 
 mode = "{mode}"
 if mode == "reclaim":
@@ -209,11 +209,11 @@ def test_pool_memory_of_an_unseen_launch_waits_for_a_synchronise(kind, how, rng,
     ``reclaim`` makes every allocation synchronise and reuse held memory: the block is then reused
     (asserted), after the reader."""
     if how == "reclaim":
-        from umem_numba import _pool
+        from umem_numba._memory import _pool
 
         monkeypatch.setattr(_pool, "HELD_SYNC_COUNT", 1, raising=False)
     if kind == "managed":
-        from umem_numba._pool import managed_pool_support
+        from umem_numba._memory._pool import managed_pool_support
 
         if managed_pool_support():
             pytest.skip("managed pools unsupported here")
@@ -326,7 +326,7 @@ def _fake_manager(monkeypatch, fail_at: str):
     """A plugin instance over fakes: exporting gives a real descriptor (of /dev/null)."""
     from types import SimpleNamespace
 
-    from umem_numba import _emm
+    from umem_numba._interop import _emm
 
     mgr = object.__new__(_emm.UmemNumbaMemoryManager)
     mgr._pool = SimpleNamespace(kind="device", exportable=True, handle=1, device_id=0, closed=False)
@@ -394,7 +394,7 @@ def test_ipc_export_fd_is_closed_on_every_error_path(monkeypatch, fail_at):
 def test_ipc_setting_is_read_from_the_environment(monkeypatch):
     """Issue #19 item 11 (CPU): ``UMEM_NUMBA_EMM_IPC`` is off by default, takes 1/0-style values and
     refuses anything else with a message naming the variable."""
-    from umem_numba import _emm
+    from umem_numba._interop import _emm
 
     monkeypatch.delenv("UMEM_NUMBA_EMM_IPC", raising=False)
     assert _emm._env_ipc() is False
@@ -412,7 +412,7 @@ def test_ipc_setting_is_read_from_the_environment(monkeypatch):
 
 def _fake_pool(monkeypatch):
     """A device pool over fakes: the driver hands out fresh addresses and counts synchronises."""
-    from umem_numba import _pool
+    from umem_numba._memory import _pool
 
     pool = object.__new__(um.MemoryPool)
     pool.kind, pool.device_id, pool.exportable = "device", 0, False
@@ -460,7 +460,7 @@ def test_held_memory_is_reused_only_after_a_synchronise_that_began_later(monkeyp
     """Issue #19 items 1 and 7 (CPU, fakes): memory freed with unknown use is reused only after a
     device synchronise that *began after* the free; an allocation synchronises once the pool holds
     HELD_SYNC_COUNT blocks and then takes the whole batch."""
-    from umem_numba import _pool
+    from umem_numba._memory import _pool
 
     pool, log, hooks = _fake_pool(monkeypatch)
     monkeypatch.setattr(_pool, "HELD_SYNC_COUNT", 3)
@@ -491,8 +491,8 @@ def test_buffer_memory_of_an_unseen_launch_is_held_not_freed(monkeypatch):
     """Issue #19 item 7 (CPU, fakes): a pool buffer used by a plain launch (unknown stream) is held,
     not freed to the driver on some stream; the next buffer of its size gets other memory until a
     synchronise, then this block, with no events to wait for."""
-    from umem_numba import _pool
-    from umem_numba._tracker import Tracker
+    from umem_numba._memory import _pool
+    from umem_numba._memory._tracker import Tracker
 
     pool, log, _hooks = _fake_pool(monkeypatch)
     tracker = Tracker(0)
@@ -512,8 +512,8 @@ def test_free_to_driver_never_names_a_stream_by_an_ambiguous_handle(monkeypatch)
     event of another thread's per-thread stream."""
     from types import SimpleNamespace
 
-    from umem_numba import _pool
-    from umem_numba._tracker import Tracker
+    from umem_numba._memory import _pool
+    from umem_numba._memory._tracker import Tracker
 
     pool, _log, _hooks = _fake_pool(monkeypatch)
     calls: list[tuple] = []
@@ -544,7 +544,7 @@ def test_remembered_stream_id_dies_with_its_stream(rng):
     while the old work may run (20 trials, sleeping reader), and the id follows the new stream."""
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from umem_numba._location import stream_handle
+    from umem_numba._driver._location import stream_handle
 
     pool = um.MemoryPool("device")
     nbytes = N * 4
@@ -637,7 +637,7 @@ def _numba_stream(handle: int):
 
 def _fake_pool_with_ids(monkeypatch):
     """:func:`_fake_pool` whose ``cuStreamGetId`` answers from ``ids`` (handle -> id) and counts questions."""
-    from umem_numba import _location
+    from umem_numba._driver import _location
 
     pool, _log, _hooks = _fake_pool(monkeypatch)
     ids: dict[int, int] = {}
@@ -695,8 +695,8 @@ def test_last_stream_cache_orders_a_buffer_on_the_stream_that_reuses_a_dead_hand
     s2 (object or int handle) orders s2 after s1's event, by the new id."""
     from types import SimpleNamespace
 
-    from umem_numba import _pool
-    from umem_numba._tracker import Tracker
+    from umem_numba._memory import _pool
+    from umem_numba._memory._tracker import Tracker
 
     pool, ids, _asked = _fake_pool_with_ids(monkeypatch)
     ordered: list[int] = []
@@ -776,7 +776,7 @@ def test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader(how, rng)
     destroyed while the reader sleeps; a new stream s2 (often with s1's handle) takes the block
     (``how``: passed as the object or its int handle) and a plain kernel fills it.  s2 must wait for
     the reader, although the pool's last-stream cache held s1's handle and id (20 trials)."""
-    from umem_numba._location import stream_handle
+    from umem_numba._driver._location import stream_handle
 
     pool = um.MemoryPool("device")
     coherent_copy = um.coherent(sleeping.copy)

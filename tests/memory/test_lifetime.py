@@ -8,10 +8,11 @@ import warnings
 import pytest
 
 import umem_numba as um
-from umem_numba import _driver, _lifetime, _stats
+from umem_numba import _driver
 from umem_numba._errors import CudaError
-from umem_numba._lifetime import Allocation, Memory, Transaction
-from umem_numba._tracker import Tracker
+from umem_numba._memory import _lifetime, _stats
+from umem_numba._memory._lifetime import Allocation, Memory, Transaction
+from umem_numba._memory._tracker import Tracker
 
 
 class _FailingMemory(Memory):
@@ -101,7 +102,7 @@ def test_finalizers_stay_silent_at_interpreter_exit():
 
     code = textwrap.dedent(
         """
-        from umem_numba._lifetime import finalizer
+        from umem_numba._memory._lifetime import finalizer
 
         class Held:
             pass
@@ -127,8 +128,8 @@ def test_allocations_alive_at_exit_are_left_to_the_driver():
 
     code = textwrap.dedent(
         """
-        from umem_numba._lifetime import Allocation, Memory
-        from umem_numba._tracker import Tracker
+        from umem_numba._memory._lifetime import Allocation, Memory
+        from umem_numba._memory._tracker import Tracker
 
         class Loud(Memory):
             kind = "managed"

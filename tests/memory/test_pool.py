@@ -9,8 +9,8 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba as um
 from umem_numba import _driver
@@ -19,7 +19,7 @@ MiB = 1 << 20
 
 
 def _managed_pool_or_skip(**kw):
-    from umem_numba._pool import managed_pool_support
+    from umem_numba._memory._pool import managed_pool_support
 
     missing = managed_pool_support()
     if missing:
@@ -498,8 +498,8 @@ def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkey
     """CPU: the free-list path decides when the new stream must wait (no driver: the ordering is counted)."""
     from types import SimpleNamespace
 
-    from umem_numba import _pool
-    from umem_numba._tracker import Tracker
+    from umem_numba._memory import _pool
+    from umem_numba._memory._tracker import Tracker
 
     pool = object.__new__(um.MemoryPool)
     pool.kind, pool.device_id, pool.exportable = "device", 0, False

@@ -12,16 +12,17 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import ORDERING_TRIALS, random_array, sleeping
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
-from umem_numba import _driver, _sim
+from umem_numba import _driver
+from umem_numba._driver import _sim
 
 MiB = 1 << 20
 
 
 def _pinned_pool_or_skip(**kw):
-    from umem_numba._pool_kinds import pinned_pool_support
+    from umem_numba._memory._pool_kinds import pinned_pool_support
 
     missing = pinned_pool_support(_driver.ensure_context(), kw.get("numa"))
     try:
@@ -245,7 +246,7 @@ def test_default_pool_memory_freed_by_one_library_is_reused_by_the_other(rng):
 def test_default_managed_pool_is_the_drivers_default_managed_pool(rng):
     """Issue #22 item 4: MemoryPool.default("managed") is cuMemGetDefaultMemPool's managed pool of the device
     (RMM's CudaAsyncManagedMemoryResource), or UnsupportedError names what is missing."""
-    from umem_numba._pool_kinds import shared_pool_handle
+    from umem_numba._memory._pool_kinds import shared_pool_handle
 
     dev = _driver.ensure_context()
     try:
@@ -361,7 +362,7 @@ def test_pool_kinds_numa_and_default_arguments_are_checked_before_the_driver():
         um.MemoryPool("pinned", numa=-1)
     with pytest.raises(TypeError, match="numa must be an int"):
         um.MemoryPool("pinned", numa="0")
-    from umem_numba._location import numa_nodes
+    from umem_numba._driver._location import numa_nodes
 
     if numa_nodes() is not None:
         with pytest.raises(ValueError, match="host NUMA node 4096 does not exist"):

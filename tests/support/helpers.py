@@ -1,4 +1,4 @@
-"""Helpers the tests share (imported as ``from helpers import ...``; fixtures live in conftest)."""
+"""Helpers the tests share (imported as ``from support.helpers import ...``; fixtures live in conftest)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The same-node halo path's CPU pieces on real MPI ranks (a helper of tests/test_mpi.py).
+"""The same-node halo path's CPU pieces on real MPI ranks (a helper of tests/kernels/test_mpi.py).
 
-    mpirun -np N python tests/mpi_ipc_worker.py fds          # descriptors really pass between ranks
-    mpirun -np 2 python tests/mpi_ipc_worker.py fds-fail     # rank 1 fails: every rank raises, none hangs
-    mpirun -np N python tests/mpi_ipc_worker.py two-nodes ARGS...   # heat2d_mpi.py ARGS, ranks as if on N nodes
+    mpirun -np N python tests/support/mpi_ipc_worker.py fds          # descriptors really pass between ranks
+    mpirun -np 2 python tests/support/mpi_ipc_worker.py fds-fail     # rank 1 fails: every rank raises, none hangs
+    mpirun -np N python tests/support/mpi_ipc_worker.py two-nodes ARGS...   # heat2d_mpi.py ARGS, ranks as if on N nodes
 
 ``fds``: each rank passes a memfd holding a message and the write end of a
 pipe to its neighbours (``kernels._fdpass.exchange_fds``); each checks the
@@ -78,7 +78,7 @@ def fds_fail() -> int:
 
 def two_nodes(argv: list[str]) -> int:
     distributed.node_ranks = lambda comm: [int(comm.Get_rank())]
-    example = Path(__file__).resolve().parents[1] / "examples" / "heat2d_mpi.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
     module = runpy.run_path(str(example), run_name="heat2d_mpi")
     return int(module["main"](argv))
 

@@ -1,6 +1,6 @@
-"""RankHeat's GPU path on MPI ranks under numba's CUDA simulator (a helper of tests/test_mpi.py).
+"""RankHeat's GPU path on MPI ranks under numba's CUDA simulator (a helper of tests/kernels/test_mpi.py).
 
-    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc]
+    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc]
 
 The simulator runs every launch and copy at once, in the order queued, so this
 checks the data flow of the overlapped schedule on the GPU path (the real

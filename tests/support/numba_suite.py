@@ -5,8 +5,8 @@ its wheel and must give the same results with ``NUMBA_CUDA_MEMORY_MANAGER=
 umem_numba`` as without it.  Run on a GPU machine (numba's harness needs the
 ``filecheck`` package: ``pip install -e ".[numbatests]"``)::
 
-    python tests/numba_suite.py --out DIR                 # both runs of cudadrv and cudapy
-    python tests/numba_suite.py --out DIR --recheck       # plugin run; the tests that did not pass
+    python tests/support/numba_suite.py --out DIR                 # both runs of cudadrv and cudapy
+    python tests/support/numba_suite.py --out DIR --recheck       # plugin run; the tests that did not pass
                                                           # are run again, with and without the plugin
 
 Every test's outcome is read from the harness's verbose output; ``DIR``

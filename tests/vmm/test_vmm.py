@@ -18,16 +18,16 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import random_array
 from numba import cuda
+from support.helpers import random_array
 
 import umem_numba
 from umem_numba import _driver
 from umem_numba._errors import BufferClosedError, CudaError, OutOfMemoryError, UnsupportedError
-from umem_numba._vmm import AddressRange, Mapping, PhysicalMemory
-from umem_numba._vmm_access import AccessFlags, allocation_granularity, check_multiple, round_up
-from umem_numba._vmm_access import as_access as _as_access
-from umem_numba._vmm_buffer import VMMBuffer
+from umem_numba._vmm._access import AccessFlags, allocation_granularity, check_multiple, round_up
+from umem_numba._vmm._access import as_access as _as_access
+from umem_numba._vmm._buffer import VMMBuffer
+from umem_numba._vmm._mapping import AddressRange, Mapping, PhysicalMemory
 
 gpu = pytest.mark.gpu
 MiB = 1 << 20
@@ -572,8 +572,8 @@ _CHILD_READ_ONLY = textwrap.dedent("""
     from numba import cuda
     from umem_numba import _driver, Location
     from umem_numba._errors import CudaError
-    from umem_numba._vmm_access import AccessFlags
-    from umem_numba._vmm_buffer import VMMBuffer
+    from umem_numba._vmm._access import AccessFlags
+    from umem_numba._vmm._buffer import VMMBuffer
 
     @cuda.jit
     def copy(dst, src):
@@ -669,7 +669,7 @@ _CHILD_IPC = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     from numba import cuda
-    from umem_numba._vmm_buffer import VMMBuffer
+    from umem_numba._vmm._buffer import VMMBuffer
 
     @cuda.jit
     def affine(a, mul, add):

@@ -1,7 +1,7 @@
 """Array behaviour shared by every umem_numba buffer.
 
-An :class:`~umem_numba._lifetime.Allocation` owns the memory and frees it
-exactly once (see :mod:`umem_numba._lifetime`).  A buffer is a typed,
+An :class:`~umem_numba._memory._lifetime.Allocation` owns the memory and frees it
+exactly once (see :mod:`umem_numba._memory._lifetime`).  A buffer is a typed,
 strided window (shape, strides, byte offset) onto an allocation; slicing
 makes another window onto the same allocation.
 
@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _copy, _dlpack, _driver, _events, _layout, _sim
-from ._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
-from ._lifetime import Allocation, finalizer
-from ._location import stream_handle
-from ._tracker import DeviceUse, Tracker, _launching, check_policy
+from .. import _driver
+from .._driver import _sim
+from .._driver._location import stream_handle
+from .._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
+from .._memory import _events
+from .._memory._lifetime import Allocation, finalizer
+from .._memory._tracker import DeviceUse, Tracker, _launching, check_policy
+from . import _copy, _dlpack, _layout
 
 
 class _HostExport:
@@ -452,7 +455,7 @@ class Buffer(_Base):
         marks the buffer as used by a launch umem_numba did not make, as on a
         GPU.
         """
-        from ._sim_driver import fake_array
+        from .._driver._simulated import fake_array
 
         self._device_export(escape=False)
         _driver.call("cuCtxSynchronize", detail="a plain launch under numba's simulator runs at the call")
@@ -638,7 +641,7 @@ class Buffer(_Base):
             The stream of the copy (``None``/``0``: the buffer's device's
             default stream).
         staging : None, bool or PinnedBuffer
-            How to reach pageable numpy memory (see :mod:`umem_numba._copy`):
+            How to reach pageable numpy memory (see :mod:`umem_numba._arrays._copy`):
             ``None`` picks the measured faster path, ``False`` lets the driver
             copy straight into it, ``True`` or a :class:`PinnedBuffer` goes
             through pinned staging chunks.
@@ -772,7 +775,7 @@ def new_layout(shape: Any, dtype: Any, order: str = "C") -> Layout:
     """Validate a constructor's shape and dtype: ``(shape, dtype, nbytes, strides)``.
 
     ``order`` is ``"C"`` or ``"F"`` (the caller checked it with
-    :func:`umem_numba._layout.check_order`).
+    :func:`umem_numba._arrays._layout.check_order`).
     """
     if order != "C":
         dt = _layout.normalize_dtype(dtype)
@@ -857,7 +860,7 @@ def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
     """``args`` with each buffer (also inside tuples and lists) as a numpy array over its device memory.
 
     What the simulated driver's queued kernel launches take (see
-    :meth:`umem_numba._sim_driver.SimDriver.queue_kernel`).
+    :meth:`umem_numba._driver._simulated.SimDriver.queue_kernel`).
     """
     out: list[Any] = []
     for a in args:

@@ -77,10 +77,12 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from . import _driver, _events, _layout
-from ._lifetime import Allocation, DriverMemory
-from ._location import Location, StreamLike, stream_handle
-from ._tracker import DeviceUse, Tracker, refuse_capture
+from .. import _driver
+from .._driver._location import Location, StreamLike, stream_handle
+from .._memory import _events
+from .._memory._lifetime import Allocation, DriverMemory
+from .._memory._tracker import DeviceUse, Tracker, refuse_capture
+from . import _layout
 
 __all__ = ["copy"]
 
@@ -103,7 +105,7 @@ def copier_threads() -> int:
     """Threads that copy chunks between numpy and the staging slots, parsed from ``UMEM_NUMBA_COPY_THREADS`` now.
 
     Unset or blank: half the CPUs, at most 8.  The copy layer reads it once,
-    when the first staged copy starts the copier threads (see :mod:`umem_numba._copy`).
+    when the first staged copy starts the copier threads (see :mod:`umem_numba._arrays._copy`).
 
     Raises
     ------

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
+from .. import _driver
 
 __all__ = ["KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "make_capsule"]
 

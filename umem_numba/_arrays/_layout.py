@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._checks import as_int
+from .._checks import as_int
 
 #: No single buffer may claim more bytes than this (well past any GPU); it keeps
 #: size arithmetic exact and turns absurd requests into a clear ValueError.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _driver, _sim
-from ._errors import CudaError
-from ._location import numa_nodes
+from .. import _driver
+from .._driver import _sim
+from .._driver._location import numa_nodes
+from .._errors import CudaError
 
 
 def _versions() -> dict[str, str]:
@@ -44,7 +45,7 @@ def _device_info(ordinal: int) -> dict[str, Any]:
     except (AttributeError, CudaError):
         info["host_numa_id"] = -1
     if info["vmm_supported"]:
-        from ._vmm_access import allocation_granularity
+        from .._vmm._access import allocation_granularity
 
         info["vmm_granularity"] = allocation_granularity(ordinal)
     with _driver.device_context(ordinal):

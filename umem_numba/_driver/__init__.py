@@ -5,7 +5,7 @@ turns a failure into a :class:`~umem_numba.CudaError` that names the call.
 Loading is lazy: importing umem_numba never touches the driver, and the first
 call that needs it raises one :class:`~umem_numba.CudaUnavailableError` on a
 machine with no driver or no GPU.  With numba's CUDA simulator switched on
-(``NUMBA_ENABLE_CUDASIM=1``) the binding is :class:`umem_numba._sim_driver.SimDriver`,
+(``NUMBA_ENABLE_CUDASIM=1``) the binding is :class:`umem_numba._driver._simulated.SimDriver`,
 a simulated driver over host memory with the same entry points: everything
 above this module runs unchanged over it.
 
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from .._errors import CudaError, CudaUnavailableError, OutOfMemoryError
 from . import _sim
-from ._errors import CudaError, CudaUnavailableError, OutOfMemoryError
 
 #: Results that mean the context is already gone (interpreter shutdown): the
 #: driver released everything itself, so there is nothing left to free.
@@ -166,7 +166,7 @@ def _probe() -> str:
     if _sim.active():
         from cuda import bindings
 
-        from ._sim_driver import SimDriver, install_numba
+        from ._simulated import SimDriver, install_numba
 
         sim = SimDriver()
         install_numba(sim)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
-from ._errors import UnsupportedError
+from .. import _driver
+from .._errors import UnsupportedError
 
 __all__ = [
     "HOST",

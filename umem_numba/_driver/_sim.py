@@ -3,7 +3,7 @@
 ``NUMBA_ENABLE_CUDASIM=1`` must be set before ``numba.cuda`` is first
 imported; numba reads it once.  This is the one test of it in umem_numba:
 :mod:`umem_numba._driver` then loads the simulated driver
-(:mod:`umem_numba._sim_driver`) instead of the CUDA binding, and every buffer,
+(:mod:`umem_numba._driver._simulated`) instead of the CUDA binding, and every buffer,
 pool, copy and launch runs over it unchanged.
 """
 

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import UnsupportedError
+from .._errors import UnsupportedError
 
 __all__ = ["DEFAULT_SEED", "SimDriver", "SimStream", "SimulatedFault", "install_numba", "seed"]
 

@@ -1,7 +1,7 @@
 """Memory advice for managed memory: hints, their live driver state, and migration policies.
 
 Ranges are element ranges ``[start, stop)`` of the flat buffer in memory order
-(:mod:`umem_numba._managed_span` says exactly how they are checked).
+(:mod:`umem_numba._hints._managed_span` says exactly how they are checked).
 
 What the driver reports
 -----------------------
@@ -18,9 +18,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from . import _driver
-from ._errors import CudaError, UnsupportedError
-from ._location import HOST, Location, StreamLike, Target, as_location
+from .. import _driver
+from .._driver._location import HOST, Location, StreamLike, Target, as_location
+from .._errors import CudaError, UnsupportedError
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
 from ._prefetch import discard, discard_prefetch, prefetch
 

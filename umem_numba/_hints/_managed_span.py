@@ -20,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import _driver, _layout
-from ._buffer import Buffer
-from ._checks import as_int
-from ._errors import BufferClosedError, CudaError, UnsupportedError
-from ._lifetime import Memory
-from ._tracker import Tracker
+from .. import _driver
+from .._arrays import _layout
+from .._arrays._buffer import Buffer
+from .._checks import as_int
+from .._errors import BufferClosedError, CudaError, UnsupportedError
+from .._memory._lifetime import Memory
+from .._memory._tracker import Tracker
 
 __all__ = ["ManagedSpan", "check_range", "element_count", "managed_span", "unsupported_from"]
 

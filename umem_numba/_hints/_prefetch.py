@@ -6,7 +6,7 @@ host access to the buffer (``.host``, ``np.asarray``, ``close``) waits for it:
 after ``buf.prefetch("cpu", s)`` the first host read finds the data migrated.
 
 Ranges are element ranges ``[start, stop)`` of the flat buffer in memory order
-(see :mod:`umem_numba._managed_span`).  Prefetching needs concurrentManagedAccess on the
+(see :mod:`umem_numba._hints._managed_span`).  Prefetching needs concurrentManagedAccess on the
 target device and on the stream's device; elsewhere it raises
 :class:`~umem_numba.UnsupportedError` instead of doing nothing.
 
@@ -26,11 +26,12 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from . import _driver, _events
-from ._errors import CudaError, UnsupportedError
-from ._location import Location, StreamLike, Target, as_location, stream_device, stream_handle
+from .. import _driver
+from .._driver._location import Location, StreamLike, Target, as_location, stream_device, stream_handle
+from .._errors import CudaError, UnsupportedError
+from .._memory import _events
+from .._memory._tracker import DeviceUse, Tracker, refuse_capture
 from ._managed_span import ManagedSpan, check_range, element_count, managed_span, unsupported_from
-from ._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["PrefetchPlan", "discard", "discard_prefetch", "prefetch"]
 

@@ -34,7 +34,7 @@ included, as numba's own ``cuMemFree`` (which synchronises) is: numba does not
 tell an allocator on which streams its kernels used an array, so a freed
 array's memory is *held* by the pool and handed out again only after a
 device synchronise that began after the free (``MemoryPool.free(ptr,
-unordered=True)``; see :mod:`umem_numba._pool`).  The pool synchronises once
+unordered=True)``; see :mod:`umem_numba._memory._pool`).  The pool synchronises once
 it holds 32 blocks or 256 MiB and an allocation finds no settled memory of
 its size (numba's own allocator synchronises about as often), and otherwise
 takes new memory from the driver: no free ever costs a host wait.  Work of a
@@ -79,8 +79,9 @@ from typing import Any
 
 from numba.cuda.cudadrv import driver as nbdriver
 
-from . import _driver, _stats
-from ._errors import OutOfMemoryError, UnsupportedError
+from .. import _driver
+from .._errors import OutOfMemoryError, UnsupportedError
+from .._memory import _stats
 
 __all__ = ["UmemNumbaMemoryManager"]
 
@@ -246,7 +247,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     def initialize(self) -> None:
         """Create this context's pool (once) and size numba's deferred-free queue."""
         if self._pool is None:
-            from ._pool import MemoryPool
+            from .._memory._pool import MemoryPool
 
             device = self.context.device
             dev = int(getattr(device, "id", device))  # numba's Device, or the binding's CUdevice
@@ -307,7 +308,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             return self._pool
         if not self._managed_tried:
             self._managed_tried = True
-            from ._pool import MemoryPool, managed_pool_support
+            from .._memory._pool import MemoryPool, managed_pool_support
 
             if not managed_pool_support():
                 device = self.context.device
@@ -569,5 +570,5 @@ def _rebuild_pool_handle(handle: _ExportData, fd: Any, size: int, source_info: A
     return PoolIpcHandle(None, handle, size, source_info, offset, pool_fd=fd)
 
 
-#: What ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (or ``=umem_numba._emm``) loads.
+#: What ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` (or ``=umem_numba._interop._emm``) loads.
 _numba_memory_manager = UmemNumbaMemoryManager

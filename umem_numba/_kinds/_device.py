@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _layout
-from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
-from ._location import StreamLike, stream_handle
-from ._pool import MemoryPool, check_pool, default_pool
-from ._tracker import refuse_capture
+from .. import _driver
+from .._arrays import _layout
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._driver._location import StreamLike, stream_handle
+from .._memory._pool import MemoryPool, check_pool, default_pool
+from .._memory._tracker import refuse_capture
 
 __all__ = ["DeviceBuffer"]
 
@@ -23,7 +24,7 @@ class DeviceBuffer(Buffer):
 
     Notes
     -----
-    * Allocation and release are stream-ordered (see :mod:`umem_numba._pool`):
+    * Allocation and release are stream-ordered (see :mod:`umem_numba._memory._pool`):
       use the buffer on its allocation stream, or order other streams after
       it; ``close()`` queues the free without synchronising.
     * Counted in ``umem_numba.stats()["device"]``.

@@ -8,15 +8,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _layout
-from ._advice import ManagedMemoryHints, MigrationPolicy
-from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
-from ._copy import copy
-from ._lifetime import Allocation, DriverMemory
-from ._location import Location, StreamLike, Target, as_location, stream_handle
-from ._pool import MemoryPool, check_pool
-from ._prefetch import discard, discard_prefetch, prefetch
-from ._tracker import DeviceUse, Tracker, refuse_capture
+from .. import _driver
+from .._arrays import _layout
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._arrays._copy import copy
+from .._driver._location import Location, StreamLike, Target, as_location, stream_handle
+from .._hints._advice import ManagedMemoryHints, MigrationPolicy
+from .._hints._prefetch import discard, discard_prefetch, prefetch
+from .._memory._lifetime import Allocation, DriverMemory
+from .._memory._pool import MemoryPool, check_pool
+from .._memory._tracker import DeviceUse, Tracker, refuse_capture
 
 __all__ = ["ManagedBuffer", "managed_empty", "managed_from", "managed_like", "managed_zeros"]
 
@@ -89,7 +90,7 @@ class ManagedBuffer(Buffer):
             devices without concurrentManagedAccess).
         pool : MemoryPool, optional
             A ``"managed"`` :class:`~umem_numba.MemoryPool` to allocate from
-            (stream-ordered, see :mod:`umem_numba._pool`); ``attach`` must then
+            (stream-ordered, see :mod:`umem_numba._memory._pool`); ``attach`` must then
             be ``"global"``.
         stream : numba stream, 0 or None
             The allocation stream of a pool buffer, and the stream of the
@@ -253,7 +254,7 @@ class ManagedBuffer(Buffer):
     def _repr_extra(self) -> str:
         return f", attached_to={self.attached_to!r}"
 
-    # -- advice and prefetch (umem_numba._advice, umem_numba._prefetch) -------------
+    # -- advice and prefetch (umem_numba._hints._advice, umem_numba._hints._prefetch) -------------
     @property
     def hints(self) -> ManagedMemoryHints:
         """Advice for the whole buffer, read live from the driver (see :class:`ManagedMemoryHints`).
@@ -287,7 +288,7 @@ class ManagedBuffer(Buffer):
         value.  Tracked as a write (ordered after every earlier use; host
         access and later work wait for it).  Use it on scratch data whose
         values are about to be overwritten, before it would otherwise
-        migrate (see :mod:`umem_numba._prefetch`).
+        migrate (see :mod:`umem_numba._hints._prefetch`).
 
         Raises
         ------

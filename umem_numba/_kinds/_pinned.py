@@ -14,14 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _layout
-from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
-from ._checks import as_int
-from ._copy import copy
-from ._lifetime import Allocation, DriverMemory, Transaction
-from ._location import StreamLike, stream_handle
-from ._pool import MemoryPool, check_pool
-from ._tracker import Tracker
+from .. import _driver
+from .._arrays import _layout
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._arrays._copy import copy
+from .._checks import as_int
+from .._driver._location import StreamLike, stream_handle
+from .._memory._lifetime import Allocation, DriverMemory, Transaction
+from .._memory._pool import MemoryPool, check_pool
+from .._memory._tracker import Tracker
 
 __all__ = ["HostAllocFlags", "PinnedBuffer"]
 

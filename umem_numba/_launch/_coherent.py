@@ -5,7 +5,7 @@ every umem_numba buffer among the arguments (views included):
 
 1. order the launch stream, on the device, after conflicting toolkit work on
    other streams (``cuStreamWaitEvent``; a read waits for the last write, a
-   write for the last write and the reads since; see :mod:`umem_numba._tracker`);
+   write for the last write and the reads since; see :mod:`umem_numba._memory._tracker`);
 2. record one CUDA event after the kernel and file it under the buffer, as a
    read or a write.
 
@@ -44,12 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _events, _sim
-from ._buffer import Buffer, device_arrays
-from ._errors import CoherenceError, CudaError
+from .. import _driver
+from .._arrays._buffer import Buffer, device_arrays
+from .._driver import _sim
+from .._driver._location import owns_stream, stream_classes, stream_handle
+from .._errors import CoherenceError, CudaError
+from .._memory import _events
+from .._memory._tracker import Tracker, _launching
 from ._kernel_call import KernelCall, scalar_type, supports
-from ._location import owns_stream, stream_classes, stream_handle
-from ._tracker import Tracker, _launching
 
 __all__ = ["CoherentKernel", "coherent", "jit", "launch"]
 

@@ -5,7 +5,7 @@ hands the list to cuda.core: tens of microseconds per launch, and more per
 array argument.  For a kernel already compiled for the argument types at
 hand, everything but the values is fixed: the function handle on the current
 device, the parameter layout, and each buffer's ``(pointer, shape, strides)``
-block (:func:`umem_numba._layout.kernel_params`, cached on the buffer).  A :class:`KernelCall` keeps those per
+block (:func:`umem_numba._arrays._layout.kernel_params`, cached on the buffer).  A :class:`KernelCall` keeps those per
 (launch configuration, argument types, device) and packs the values into one
 preallocated block with a single ``struct.pack_into`` per launch.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver
+from .. import _driver
 
 __all__ = ["KernelCall", "scalar_type", "supports"]
 

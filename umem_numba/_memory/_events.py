@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _driver
+from .. import _driver
 
 # list.append/list.pop are atomic under the GIL: the hot path takes no lock.
 _free: dict[int, list[Any]] = {}

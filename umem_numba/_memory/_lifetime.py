@@ -26,8 +26,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from . import _driver, _stats
-from ._errors import BufferClosedError
+from .. import _driver
+from .._errors import BufferClosedError
+from . import _stats
 from ._tracker import Tracker
 
 __all__ = ["Allocation", "DriverMemory", "Memory", "Resource", "Transaction", "report_failed_free"]

@@ -60,7 +60,7 @@ it in any thread) or a stream destroyed meanwhile.
 Kinds, shared pools and access
 ------------------------------
 What a pool is made of (its kind and location, the driver's pools it can
-wrap, the access modes) is described in :mod:`umem_numba._pool_kinds`.  A
+wrap, the access modes) is described in :mod:`umem_numba._memory._pool_kinds`.  A
 pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
 :meth:`MemoryPool.default` is the driver's, shared with other libraries: it
 is never destroyed or trimmed by umem_numba, and it keeps no free lists
@@ -103,11 +103,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _driver, _events, _pool_kinds, _stats
-from ._checks import as_nonnegative_int
-from ._errors import CudaError, OutOfMemoryError, UnsupportedError
+from .. import _driver
+from .._checks import as_nonnegative_int
+from .._driver._location import _MAX_HANDLE, Location, StreamLike, Target, as_device, stream_handle
+from .._errors import CudaError, OutOfMemoryError, UnsupportedError
+from . import _events, _pool_kinds, _stats
 from ._lifetime import Allocation, Memory, Transaction, finalizer
-from ._location import _MAX_HANDLE, Location, StreamLike, Target, as_device, stream_handle
 from ._stats import PoolStats
 from ._tracker import Tracker
 
@@ -947,7 +948,7 @@ class MemoryPool:
         _driver.call("cuMemPoolTrimTo", self._handle, keep, detail="trimming a memory pool")
 
     def allocation(self, nbytes: int, stream: StreamLike, kind: str, what: str = "") -> Allocation:
-        """An :class:`~umem_numba._lifetime.Allocation` of ``nbytes`` on ``stream``, freed back stream-ordered.
+        """An :class:`~umem_numba._memory._lifetime.Allocation` of ``nbytes`` on ``stream``, freed back stream-ordered.
 
         ``nbytes`` may be 0 (nothing is allocated); ``kind`` is the
         statistics bucket (``"managed"`` or ``"device"``); ``what`` names the

@@ -1,6 +1,6 @@
 """What a memory pool is made of: its kind, its location, and how the driver makes, lends or shares it.
 
-This module describes pools; :mod:`umem_numba._pool` runs them (free lists,
+This module describes pools; :mod:`umem_numba._memory._pool` runs them (free lists,
 coherence, statistics).  Keeping the two apart keeps the allocation paths of
 the pool free of the rules below, which only matter when a pool is made.
 
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _driver
-from ._errors import UnsupportedError
-from ._location import HOST, Location
+from .. import _driver
+from .._driver._location import HOST, Location
+from .._errors import UnsupportedError
 
 __all__ = [
     "ACCESS_MODES",
@@ -82,7 +82,7 @@ def check_numa(kind: str, numa: Any) -> int | None:
         return None
     if kind != "pinned":
         raise ValueError(f"MemoryPool: numa= places a pinned (host) pool on a host NUMA node; a {kind} pool has none")
-    from ._location import as_location
+    from .._driver._location import as_location
 
     return as_location(Location.host(numa), what="MemoryPool").id  # a node the machine lacks: ValueError
 

@@ -2,7 +2,7 @@
 
 Every allocation owns a :class:`Tracker` (this module sits below the buffers;
 launching, which files work under trackers, sits above them in
-:mod:`umem_numba._launch`).  Launches through
+:mod:`umem_numba._launch._coherent`).  Launches through
 :func:`launch`, :func:`coherent` or :func:`jit` record one CUDA event on the
 launch stream and file it under every buffer argument (views included), with
 no host synchronisation on the launch path.  Host access (``.host``,
@@ -55,8 +55,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from . import _driver, _events
-from ._errors import BufferClosedError, CoherenceError
+from .. import _driver
+from .._errors import BufferClosedError, CoherenceError
+from . import _events
 
 __all__ = [
     "POLICIES",

@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from . import _driver
-from ._checks import as_int, as_nonnegative_int, as_positive_int
-from ._location import Location, Target, as_device
+from .. import _driver
+from .._checks import as_int, as_nonnegative_int, as_positive_int
+from .._driver._location import Location, Target, as_device
 
 __all__ = ["AccessFlags", "allocation_granularity"]
 

@@ -1,6 +1,6 @@
 """The memory behind a VMMBuffer: chunks of physical memory mapped back to back in one range.
 
-:class:`VMMChunks` is the buffer's :class:`~umem_numba._lifetime.Memory`: it
+:class:`VMMChunks` is the buffer's :class:`~umem_numba._memory._lifetime.Memory`: it
 owns the reservation and the chunks and always undoes them in order (unmap
 before release, every chunk before the range is freed).  Because that order
 lives in one place, the chunks need no finalizer or refcount of their own,
@@ -18,11 +18,12 @@ import os
 import threading
 from typing import Any
 
-from . import _driver, _stats
-from ._lifetime import Allocation, Memory, Transaction, report_failed_free
-from ._tracker import Tracker
-from ._vmm import AddressRange
-from ._vmm_access import AccessFlags, alloc_prop, set_access
+from .. import _driver
+from .._memory import _stats
+from .._memory._lifetime import Allocation, Memory, Transaction, report_failed_free
+from .._memory._tracker import Tracker
+from ._access import AccessFlags, alloc_prop, set_access
+from ._mapping import AddressRange
 
 __all__ = ["VMMAllocation", "VMMChunks"]
 

@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _layout
-from ._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
-from ._errors import BufferClosedError, UnsupportedError
-from ._lifetime import Transaction
-from ._location import StreamLike, Target, as_device, stream_handle
-from ._tracker import refuse_capture
-from ._vmm import AddressRange
-from ._vmm_access import (
+from .. import _driver
+from .._arrays import _layout
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._driver._location import StreamLike, Target, as_device, stream_handle
+from .._errors import BufferClosedError, UnsupportedError
+from .._memory._lifetime import Transaction
+from .._memory._tracker import refuse_capture
+from ._access import (
     AccessFlags,
     as_access,
     check_nonnegative,
@@ -54,7 +54,8 @@ from ._vmm_access import (
     round_up,
     set_access,
 )
-from ._vmm_allocation import VMMAllocation, VMMChunks
+from ._allocation import VMMAllocation, VMMChunks
+from ._mapping import AddressRange
 
 __all__ = ["VMMBuffer"]
 

@@ -14,7 +14,7 @@ user closes or drops the three objects in, the driver sees ``cuMemUnmap``
 first, then ``cuMemRelease`` and ``cuMemAddressFree``: closing a range or a
 physical allocation that is still mapped marks it closed (no new mappings) and
 frees it when its last mapping is unmapped.  Objects that are garbage
-collected close themselves the same way (:class:`~umem_numba._lifetime.Resource`).
+collected close themselves the same way (:class:`~umem_numba._memory._lifetime.Resource`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from . import _driver, _stats
-from ._errors import BufferClosedError, UnsupportedError
-from ._lifetime import Resource, Transaction, finalizer
-from ._location import Target, as_device
-from ._vmm_access import (
+from .. import _driver
+from .._driver._location import Target, as_device
+from .._errors import BufferClosedError, UnsupportedError
+from .._memory import _stats
+from .._memory._lifetime import Resource, Transaction, finalizer
+from ._access import (
     AccessFlags,
     alloc_prop,
     as_access,

@@ -1,0 +1,1 @@
+"""What the command line and the benchmarks show: machine facts (``_info``), pictures and progress bars (``_plot``)."""
