@@ -226,7 +226,7 @@ def save_goal_chart(path: str | os.PathLike, rows: Sequence[dict], *, title: str
     path : str or path-like
         Output PNG.
     rows : sequence of dict
-        Rows as :func:`umem_numba._bench._common.goal_row` makes them: keys
+        Rows as the benchmarks' ``goal_row`` makes them: keys
         ``name``, ``value``, ``goal`` (or ``None``), ``higher_is_better`` and
         ``unit``.  Rows whose value is not a finite number are left out.
     title : str

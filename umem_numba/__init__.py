@@ -14,7 +14,17 @@ from ._arrays._copy import copy
 from ._cli._info import info
 from ._driver import _sim
 from ._driver import available as gpu_available
-from ._driver._location import HOST, Host, Location, as_location
+from ._driver._devices import (
+    can_access_peer,
+    device_attribute,
+    device_count,
+    driver_call,
+    ensure_context,
+    gpu_unavailable_reason,
+    mem_info,
+)
+from ._driver._location import HOST, Host, Location, as_location, stream_handle
+from ._driver._streams import PriorityStream
 from ._errors import (
     BufferClosedError,
     CoherenceError,
@@ -75,7 +85,12 @@ __all__ = [
     "BufferClosedError",
     # machine
     "gpu_available",
+    "gpu_unavailable_reason",
     "info",
+    "device_count",
+    "device_attribute",
+    "mem_info",
+    "can_access_peer",
     "stats",
     "reset_peak",
     "KindStats",
@@ -84,6 +99,11 @@ __all__ = [
     "HOST",
     "Host",
     "as_location",
+    # streams and the driver
+    "PriorityStream",
+    "stream_handle",
+    "ensure_context",
+    "driver_call",
     # managed
     "ManagedBuffer",
     "managed_empty",

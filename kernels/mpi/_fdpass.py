@@ -48,7 +48,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .distributed import collective_errors
+from .comm import collective_errors
 
 __all__ = ["MAX_FDS", "FdPassError", "exchange_fds", "recv_fds", "send_fds"]
 

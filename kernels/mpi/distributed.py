@@ -3,9 +3,9 @@
 Used by ``examples/heat2d_mpi.py``; importing this module imports neither
 mpi4py nor numba's CUDA driver.  Every function takes the communicator.
 
-* :func:`cuda_aware_mpi`: does the MPI library take device buffers?
-* :func:`collective_errors`: every rank's error, known to every rank, before any exchange.
-* :func:`ipc_unavailable`: why ``halo="ipc"`` cannot run on these ranks (collective).
+* :func:`~.comm.cuda_aware_mpi`: does the MPI library take device buffers?
+* :func:`~.comm.collective_errors`: every rank's error, known to every rank, before any exchange.
+* :func:`~.comm.ipc_unavailable`: why ``halo="ipc"`` cannot run on these ranks (collective).
 * :class:`RankHeat`: one rank's slab, stepped on the GPU (halos through
   :class:`umem_numba.PinnedBuffer` staging, or device buffers where MPI is
   CUDA-aware, or, with ``halo="ipc"``, read in place from the neighbours'
@@ -19,7 +19,7 @@ A step on a rank follows the overlapped schedule of
   stale: they are never written), then, once the bands are done, the band's
   edge rows copied over the slab kernel's (wrong) edge rows of the new field;
 * *comm* stream ``cs``, created with the greatest priority
-  (:class:`~umem_numba.kernels._common.PriorityStream`) so that its small
+  (:class:`umem_numba.PriorityStream`) so that its small
   launches take the next free SM slots instead of queueing behind the slab
   kernel's blocks: after the previous step's field is complete, each
   :class:`~umem_numba.kernels.decomp.EdgeBand`'s input gets the edge row and
@@ -69,26 +69,18 @@ kernel, so the tokens cost no more and need no cross-process event state.
 
 from __future__ import annotations
 
-import ctypes
 import os
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._common import PriorityStream, _as_float_dtype, stencil_weights
-from .decomp import Decomposition, EdgeBand
+from umem_numba import PriorityStream
 
-__all__ = [
-    "HALOS",
-    "HaloSetupError",
-    "RankHeat",
-    "collective_errors",
-    "cuda_aware_mpi",
-    "ipc_unavailable",
-    "local_rank",
-    "node_ranks",
-]
+from .._common import _as_float_dtype, stencil_weights
+from ..decomp import Decomposition, EdgeBand
+from .comm import collective_errors
+
+__all__ = ["HALOS", "HaloSetupError", "RankHeat"]
 
 _TAG_DOWN, _TAG_UP, _TAG_GATHER = 11, 12, 13
 
@@ -100,150 +92,6 @@ HALOS = ("mpi", "ipc")
 
 class HaloSetupError(RuntimeError):
     """Setting up a rank's halo exchange failed on at least one rank; raised on every rank."""
-
-
-def cuda_aware_mpi(
-    environ: Mapping[str, str] | None = None, libraries: Sequence[Any] | None = None
-) -> tuple[bool, str]:
-    """Whether the MPI library that mpi4py runs on accepts CUDA device buffers.
-
-    Asks the library itself, after ``MPI_Init``: Open MPI's
-    ``MPIX_Query_cuda_support()`` (also in MPICH 4), else MPICH's
-    ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)``.  The environment
-    variable ``UMEM_MPI_CUDA_AWARE=0`` or ``1`` overrides the answer.
-
-    Parameters
-    ----------
-    environ : mapping, optional
-        Environment to read the override from (``os.environ``).
-    libraries : sequence, optional
-        Objects to look the query functions up on (attributes, as on a
-        ``ctypes.CDLL``); by default the library mpi4py loaded.
-
-    Returns
-    -------
-    (aware, how) : (bool, str)
-        The answer and how it was found, for logs.
-    """
-    env = os.environ if environ is None else environ
-    forced = env.get("UMEM_MPI_CUDA_AWARE", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1", f"UMEM_MPI_CUDA_AWARE={forced}"
-    if libraries is None:
-        libraries = _mpi_libraries()
-    for lib in libraries:
-        fn = _symbol(lib, "MPIX_Query_cuda_support")
-        if fn is not None:
-            value = int(fn())
-            return value == 1, f"MPIX_Query_cuda_support() returned {value}"
-        fn = _symbol(lib, "MPIX_GPU_query_support")
-        if fn is not None:
-            flag = ctypes.c_int(0)
-            err = int(fn(0, ctypes.byref(flag)))  # 0 == MPIX_GPU_SUPPORT_CUDA
-            if err == 0:
-                return flag.value == 1, f"MPIX_GPU_query_support(CUDA) gave {flag.value}"
-    return False, (
-        "the MPI library has no CUDA-awareness query (MPIX_Query_cuda_support, "
-        "MPIX_GPU_query_support): using pinned host buffers"
-    )
-
-
-def _symbol(lib: Any, name: str) -> Any:
-    try:
-        fn = getattr(lib, name)
-    except AttributeError:
-        return None
-    try:
-        fn.restype = ctypes.c_int
-    except AttributeError:  # a plain Python callable (tests)
-        pass
-    return fn
-
-
-def _mpi_libraries() -> list[Any]:
-    """The mpi4py extension module as a ctypes library: dlsym searches libmpi behind it."""
-    try:
-        from mpi4py import MPI
-
-        return [ctypes.CDLL(MPI.__file__, mode=ctypes.RTLD_GLOBAL)]
-    except (ImportError, OSError):
-        return []
-
-
-def collective_errors(comm: Any, error: str | None) -> list[str]:
-    """Every rank's error (``None`` if it has none), known to every rank: ``'rank R: message'`` lines.
-
-    A collective: call it on every rank, before any halo exchange, so that a
-    problem on one rank stops all of them instead of leaving the others
-    waiting for a message that never comes.
-    """
-    errors = comm.allgather(error)
-    by_message: dict[str, list[int]] = {}
-    for r, e in enumerate(errors):
-        if e:
-            by_message.setdefault(str(e), []).append(r)
-    return [
-        f"{'all ranks' if len(rs) == len(errors) > 1 else 'rank ' + ', '.join(map(str, rs))}: {e}"
-        for e, rs in by_message.items()
-    ]
-
-
-def mismatch(comm: Any, config: Mapping[str, Any]) -> str | None:
-    """A message if ``config`` differs between ranks (collective), else None."""
-    configs = comm.allgather(dict(config))
-    differ = sorted({k for c in configs for k in c if any(c2.get(k) != configs[0].get(k) for c2 in configs)})
-    if not differ:
-        return None
-    per = "; ".join(f"{k}: " + ", ".join(f"rank {r}={c.get(k)!r}" for r, c in enumerate(configs)) for k in differ)
-    return f"the ranks were started with different settings ({per})"
-
-
-def local_rank(comm: Any) -> int:
-    """This rank's index among the ranks on its node (``MPI_COMM_TYPE_SHARED``)."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return int(node.Get_rank())
-    finally:
-        node.Free()
-
-
-def node_ranks(comm: Any) -> list[int]:
-    """The ranks of ``comm`` on this rank's node, in order (collective: ``MPI_COMM_TYPE_SHARED``)."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return sorted(int(r) for r in node.allgather(int(comm.Get_rank())))
-    finally:
-        node.Free()
-
-
-def ipc_unavailable(comm: Any) -> str | None:
-    """Why ``halo="ipc"`` cannot run on the ranks of ``comm``, or None (collective; same answer on every rank).
-
-    The path needs every rank on one node (shared-memory ``MPI_COMM_TYPE_SHARED``
-    split): file descriptors cannot cross nodes.  Device support (VMM, POSIX
-    descriptor export, peer access) is checked when :class:`RankHeat` sets up.
-    """
-    from mpi4py import MPI
-
-    size = comm.Get_size()
-    counts = comm.allgather(len(node_ranks(comm)))
-    if all(c == size for c in counts):
-        return None
-    hosts = comm.allgather(MPI.Get_processor_name())
-    if len(set(hosts)) > 1:
-        where = f"on {len(set(hosts))} nodes (" + ", ".join(f"{h}: {hosts.count(h)}" for h in dict.fromkeys(hosts))
-        where += " ranks)"
-    else:
-        groups = ", ".join(map(str, sorted(set(counts))))
-        where = f"not on one node (MPI's shared-memory split gives groups of {groups} rank(s))"
-    return (
-        f"--halo ipc (halo='ipc') needs every rank on one node, but the {size} ranks are {where}: the file "
-        "descriptors of exported GPU memory reach only processes of the same node; use --halo mpi"
-    )
 
 
 class RankHeat:
@@ -324,7 +172,7 @@ class RankHeat:
         self.halo_seconds = 0.0
         halo_shape = decomp.shape[1:]
         if cpu:
-            from .reference import heat2d_step_reference, heat3d_step_reference
+            from ..reference import heat2d_step_reference, heat3d_step_reference
 
             self._ref = heat2d_step_reference if decomp.ndim == 2 else heat3d_step_reference
             self.a = np.array(local, copy=True)
@@ -357,22 +205,21 @@ class RankHeat:
         from numba import cuda
 
         import umem_numba as um
-        from umem_numba import _driver
 
         d = self.decomp
         if d.ndim == 2:
-            from .stencil2d import TUNED_2D as TUNED
-            from .stencil2d import heat2d_kernel as make
-            from .stencil2d import launch_config_2d as config
+            from ..stencil2d import TUNED_2D as TUNED
+            from ..stencil2d import heat2d_kernel as make
+            from ..stencil2d import launch_config_2d as config
         else:
-            from .stencil3d import TUNED_3D as TUNED
-            from .stencil3d import heat3d_kernel as make
-            from .stencil3d import launch_config_3d as config
+            from ..stencil3d import TUNED_3D as TUNED
+            from ..stencil3d import heat3d_kernel as make
+            from ..stencil3d import launch_config_3d as config
         rows, blk = TUNED[self.dtype]
         rows = rows if rows_per_thread is None else int(rows_per_thread)
         if rows != d.align:
             raise ValueError(f"the decomposition is aligned to {d.align} rows but the kernel's strips are {rows}")
-        self._drv = _driver
+        self._call = um.driver_call  # bound once: the step calls it per halo row
         self.kernel = make(rows)
         self.ks = cuda.stream()  # compute: the whole slab, then the edge-row fix-ups
         self._comm_stream = PriorityStream(highest=True)
@@ -423,7 +270,6 @@ class RankHeat:
     def _setup_ipc(self, timeout: float) -> None:
         """Export this rank's outbox, pass it to the neighbours, map theirs (collective)."""
         import umem_numba as um
-        from umem_numba import _driver
 
         from ._fdpass import FdPassError, exchange_fds
 
@@ -432,13 +278,13 @@ class RankHeat:
         payload: dict[str, Any] = {}
         error = None
         try:
-            dev = _driver.ensure_context()
+            dev = um.ensure_context()
             self._device = dev
             for attr, what in (
                 ("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "virtual memory management (VMM)"),
                 ("HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", "exporting VMM memory as POSIX file descriptors"),
             ):
-                if not _driver.device_attribute(attr, dev):
+                if not um.device_attribute(attr, dev):
                     raise um.UnsupportedError(f"GPU {dev} does not support {what} (CU_DEVICE_ATTRIBUTE_{attr} is 0)")
             # [parity][side]: side 0 is the row sent up (to rank - 1), side 1 the row sent down.
             shape = (2, 2, *self.decomp.shape[1:])
@@ -493,7 +339,6 @@ class RankHeat:
     def _map_neighbour(self, peer: int, fds: list[int], theirs: dict[str, Any]) -> Any:
         """Map ``peer``'s exported outbox READ-only for this rank's GPU."""
         import umem_numba as um
-        from umem_numba import _driver
 
         dev = self._device
         owner = _device_of(theirs["uuid"])
@@ -502,7 +347,7 @@ class RankHeat:
                 f"rank {peer}'s GPU (UUID {theirs['uuid']}) is not visible to this rank: the ranks see "
                 "different GPUs (CUDA_VISIBLE_DEVICES?)"
             )
-        if owner != dev and not int(_driver.call("cuDeviceCanAccessPeer", dev, owner)):
+        if owner != dev and not um.can_access_peer(dev, owner):
             raise RuntimeError(
                 f"GPU {dev} cannot read GPU {owner}'s memory (cuDeviceCanAccessPeer is 0): rank {peer}'s rows "
                 "cannot be read in place; use the MPI halos"
@@ -528,7 +373,7 @@ class RankHeat:
             self._drain()
             return
         self._wait_pending()  # the rows of the last step are in the receive buffers
-        call, rb, csh = self._drv.call, self.row_bytes, self._csh
+        call, rb, csh = self._call, self.row_bytes, self._csh
         a, b = self._ptr[id(self.a)], self._ptr[id(self.b)]
         self.field_done.wait(self.cs)  # the last step's field is complete
         ipc = self.halo == "ipc"
@@ -689,24 +534,24 @@ def _dptr(arr: Any) -> int:
 
 
 def _simulating() -> bool:
-    from ._common import simulating
+    from .._common import simulating
 
     return simulating()
 
 
 def _device_uuid(device_id: int) -> str:
     """The GPU's UUID (hex): the same GPU has the same UUID in every process, whatever its ordinal there."""
-    from umem_numba import _driver
+    from umem_numba import driver_call
 
-    raw = _driver.call("cuDeviceGetUuid", device_id).bytes
+    raw = driver_call("cuDeviceGetUuid", device_id).bytes
     return (raw.encode("latin-1") if isinstance(raw, str) else bytes(raw)).hex()
 
 
 def _device_of(uuid: str) -> int | None:
     """This process's ordinal of the GPU with ``uuid`` (None if it is not visible here)."""
-    from umem_numba import _driver
+    from umem_numba import device_count
 
-    for d in range(_driver.device_count()):
+    for d in range(device_count()):
         if _device_uuid(d) == uuid:
             return d
     return None

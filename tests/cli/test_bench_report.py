@@ -68,7 +68,7 @@ def _fake_modules(rng) -> tuple[dict, dict]:
 
     def beta_charts(result, out_dir):
         path = f"{out_dir}/beta-extra.png"
-        from umem_numba._cli._plot import save_bar_chart
+        from umem_numba.kernels._plot import save_bar_chart
 
         save_bar_chart(path, ["b"], [result["figures"][0]["value"]])
         return [path]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from umem_numba import kernels
-from umem_numba._cli import _plot
+from umem_numba.kernels import _plot
 
 mpl_image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
 

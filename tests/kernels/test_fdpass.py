@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from umem_numba.kernels import _fdpass, distributed
-from umem_numba.kernels._fdpass import FdPassError, exchange_fds, send_fds
+from umem_numba.kernels.mpi import _fdpass, distributed
+from umem_numba.kernels.mpi._fdpass import FdPassError, exchange_fds, send_fds
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="SO_PEERCRED is Linux's")
 
@@ -81,7 +81,7 @@ def _connect_when_listening(path: str, deadline: float = 30.0) -> socket.socket:
 _IMPOSTOR = textwrap.dedent(
     """
     import os, socket, sys, time
-    from umem_numba.kernels._fdpass import send_fds
+    from umem_numba.kernels.mpi._fdpass import send_fds
 
     path = sys.argv[1]
     end = time.monotonic() + 30

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from umem_numba.kernels._fdpass import MAX_FDS, recv_fds, send_fds
-from umem_numba.kernels.distributed import RankHeat, collective_errors, cuda_aware_mpi, mismatch
+from umem_numba.kernels.mpi._fdpass import MAX_FDS, recv_fds, send_fds
+from umem_numba.kernels.mpi.comm import collective_errors, cuda_aware_mpi, mismatch
+from umem_numba.kernels.mpi.distributed import RankHeat
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "heat2d_mpi.py"
@@ -119,8 +120,7 @@ def test_cuda_aware_detection_real_library_agrees_with_ompi_info() -> None:
     if not built:
         pytest.skip("ompi_info does not report built_with_cuda_support")
     code = (
-        "from umem_numba.kernels.distributed import cuda_aware_mpi; a, how = cuda_aware_mpi(); "
-        "print(int(a)); print(how)"
+        "from umem_numba.kernels.mpi.comm import cuda_aware_mpi; a, how = cuda_aware_mpi(); print(int(a)); print(how)"
     )
     env = _env()
     env.pop("UMEM_MPI_CUDA_AWARE", None)

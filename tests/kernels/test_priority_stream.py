@@ -7,9 +7,8 @@ import pytest
 from support.helpers import random_array
 
 import umem_numba as um
-from umem_numba import _driver, kernels
+from umem_numba import PriorityStream, _driver, kernels
 from umem_numba._driver import _sim
-from umem_numba.kernels._common import PriorityStream
 
 
 def test_priority_stream_without_gpu_raises_the_one_error() -> None:

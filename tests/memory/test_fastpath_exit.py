@@ -403,7 +403,7 @@ del d_out  # freed to the plugin pool's free list
 d_more = [cuda.device_array(1000 + i) for i in range(20)]  # numba's finalizers free these at exit
 """,
     "priority_stream": """
-from umem_numba.kernels._common import PriorityStream
+from umem_numba import PriorityStream
 ps = PriorityStream()
 ps_buf = um.ManagedBuffer.zeros(N, np.float32)
 fill[G, B, ps.stream](ps_buf, 9.0, 50)  # still queued on it at exit

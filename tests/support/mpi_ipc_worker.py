@@ -5,11 +5,11 @@
     mpirun -np N python tests/support/mpi_ipc_worker.py two-nodes ARGS...   # heat2d_mpi.py ARGS, ranks as if on N nodes
 
 ``fds``: each rank passes a memfd holding a message and the write end of a
-pipe to its neighbours (``kernels._fdpass.exchange_fds``); each checks the
+pipe to its neighbours (``kernels.mpi._fdpass.exchange_fds``); each checks the
 memfd's contents it received, writes into the neighbour's pipe through the
 received descriptor, and after a barrier reads its own pipe to its end: the
 descriptors are live in the other process.  ``two-nodes`` replaces the
-shared-memory split (``distributed.node_ranks``) by one node per rank and runs
+shared-memory split (``kernels.mpi.comm.node_ranks``) by one node per rank and runs
 the example's ``main``.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from umem_numba.kernels import distributed
-from umem_numba.kernels._fdpass import FdPassError, exchange_fds
+from umem_numba.kernels.mpi import comm as mpi_comm
+from umem_numba.kernels.mpi._fdpass import FdPassError, exchange_fds
 
 
 def _peers(rank: int, size: int) -> list[int]:
@@ -77,7 +77,7 @@ def fds_fail() -> int:
 
 
 def two_nodes(argv: list[str]) -> int:
-    distributed.node_ranks = lambda comm: [int(comm.Get_rank())]
+    mpi_comm.node_ranks = lambda c: [int(c.Get_rank())]
     example = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
     module = runpy.run_path(str(example), run_name="heat2d_mpi")
     return int(module["main"](argv))

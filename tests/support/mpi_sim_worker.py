@@ -15,7 +15,7 @@ reference, which the simulator matches bit for bit.
 With ``ipc`` the same runs with ``halo="ipc"``: each rank's exported VMM
 outbox is a shared memory file (``memfd_create``, mapped with ``mmap``) whose
 descriptor really travels to the neighbours over the Unix sockets of
-``kernels._fdpass`` (``SCM_RIGHTS``), and the neighbours really read it in
+``kernels.mpi._fdpass`` (``SCM_RIGHTS``), and the neighbours really read it in
 place from their own mappings (the device-to-device copies, as ``memmove``).
 Copies run when queued here, so a slot read before the neighbour's token, or
 from the wrong slot or parity, shows up as a wrong cell.
@@ -35,8 +35,9 @@ from numba.cuda.simulator import api as sim
 
 import umem_numba as um
 from umem_numba import _driver
-from umem_numba.kernels import distributed, heat2d_reference, heat3d_reference
+from umem_numba.kernels import heat2d_reference, heat3d_reference
 from umem_numba.kernels.decomp import Decomposition
+from umem_numba.kernels.mpi import distributed
 from umem_numba.kernels.stencil2d import TUNED_2D
 from umem_numba.kernels.stencil3d import TUNED_3D
 

@@ -97,7 +97,7 @@ def run_all(
     dict
         One entry per name.
     """
-    from .._cli._plot import progress
+    from umem_numba.kernels._plot import progress
 
     entries: dict[str, dict[str, Any]] = {}
     argv = ["--quick"] if quick else []
@@ -213,8 +213,9 @@ def write_report(
     dict
         ``{"json": path, "markdown": path}``.
     """
+    from umem_numba.kernels._plot import save_goal_chart
+
     from .._cli._info import format_info
-    from .._cli._plot import save_goal_chart
 
     charts: dict[str, list[str]] = {}
     for name, entry in entries.items():
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     registry = _registry()
     args = _parse(argv, list(registry))
-    from .._cli._plot import MissingExtraError, require_plot_extra
+    from umem_numba.kernels._plot import MissingExtraError, require_plot_extra
 
     try:
         require_plot_extra()
