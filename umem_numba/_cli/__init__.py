@@ -1,1 +1,1 @@
-"""What the command line and the benchmarks show: machine facts (``_info``), pictures and progress bars (``_plot``)."""
+"""What the command line shows beside the benchmarks: the machine facts of ``um.info()`` (``_info``)."""
