@@ -1,6 +1,6 @@
 """File descriptors between the MPI ranks of one node: ``SCM_RIGHTS`` over Unix sockets.
 
-Used by the same-node halo path of :class:`~umem_numba.kernels.distributed.RankHeat`
+Used by the same-node halo path of :class:`~umem_numba.kernels.mpi.distributed.RankHeat`
 (``halo="ipc"``): a rank exports the VMM memory its neighbours read as POSIX
 file descriptors (:meth:`umem_numba.VMMBuffer.export_fds`), and a descriptor
 is a number that means something only in its own process.  Passing it as
