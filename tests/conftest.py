@@ -30,10 +30,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
         "tests/coherence/test_coherence_streams.py::test_readers_on_two_streams_overlap",
     ),
-    "CUDA graph capture (cuStreamBeginCapture)": (
-        "::test_graph_capture",
-        "::test_refused_operation_leaves_the_graph_capture",
-    ),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
         "tests/memory/test_fastpath_pool.py::test_plugin_",
         "tests/memory/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",
@@ -45,16 +41,9 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's real driver: its own refusal of a managed_array view at launch": (
         "tests/arrays/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
-    "more time than CI has: the slab decompositions of tests/kernels/test_multigpu.py exceed 60 s each on "
-    "numba's simulator (not yet looked into)": ("tests/kernels/test_multigpu.py::",),
-    "discards (cuMemDiscardBatchAsync), host NUMA locations and cuda.core pool memory, which the "
-    "simulated driver does not simulate yet (merged from main at the end of issue #20 parts 1-3)": (
-        "tests/hints/test_parity.py::test_discard_",
-        "tests/hints/test_parity.py::test_plan_with_discards_batches_them_in_order",
-        "tests/hints/test_parity.py::test_host_numa_",
-        "tests/hints/test_parity.py::test_typed_range_attribute_read_directly_matches_the_binding",
+    "cuda.core's own device, stream and memory resource (cuda.core.Device, DeviceMemoryResource), which "
+    "call the CUDA driver through cuda.bindings directly, not umem_numba's simulated driver": (
         "tests/hints/test_parity.py::test_cuda_core_pool_memory_round_trip",
-        "tests/hints/test_parity.py::test_simulator_refuses_discards_by_name_and_takes_the_rest",
     ),
     "numba's real driver objects (DeviceNDArray, the context's deferred deallocations)": (
         "tests/memory/test_fastpath_pool.py::test_remembered_stream_id_dies_with_its_stream",
@@ -72,7 +61,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "tests/kernels/test_kernels_sim.py)": (
         "tests/kernels/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
         "tests/kernels/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
-        "tests/kernels/test_stencil_gpu.py::test_max_abs_diff_on_managed_memory_reads_without_synchronize",
     ),
     "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
     "by examples/heat2d.py's fallback)": (
@@ -102,7 +90,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     if why is None and hit:
                         why = need
             if why is None and "multigpu" in item.keywords:
-                why = "two GPUs (the simulated driver has one device)"
+                why = (
+                    "two GPUs: numba's simulator has one device (cuda.gpus holds one context, "
+                    "cuda.select_device(1) fails its assertion, its device arrays are host memory of no "
+                    "device) and so does the simulated driver (cuDeviceGetCount is 1, no peer access)"
+                )
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
         return

@@ -217,6 +217,41 @@ def test_sim_refuses_what_it_cannot_do(drv):
     assert drv.cuDeviceGetCount() == (0, 1)
 
 
+def test_sim_device_attributes_answer_by_value_so_aliases_agree(drv):
+    """``..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` is the binding's alias of ``..._VIRTUAL_ADDRESS_...``.
+
+    The member's name is the latter; looked up by name, the simulated driver answered 0 to the
+    former, and ``MultiGPUHeat(halo="vmm")`` fell back to copies under the simulator.
+    """
+    attrs = drv.CUdevice_attribute
+    for name in ("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED"):
+        assert ok(drv.cuDeviceGetAttribute(getattr(attrs, "CU_DEVICE_ATTRIBUTE_" + name), 0)) == 1
+    assert ok(drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0)) == 32
+    assert drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_WARP_SIZE, 1)[0] != 0
+
+
+def test_sim_fast_scalar_casts_answer_as_numba_types_do(rng):
+    """A simulated kernel's ``uint64(i)`` skips numba's ``Type.__call__`` and still is numba's type."""
+    from numba import complex64, float32, uint64
+    from numba.core import types
+    from numba.np import numpy_support
+
+    namespace = {"uint64": uint64, "float32": float32, "complex64": complex64}
+    exec("def casting(i):\n    return uint64(i) + float32(0.5) + complex64(i)\n", namespace)
+    fast = _sim_driver._fast_scalars(namespace["casting"])
+    assert fast is not None and set(fast) == {"uint64", "float32", "complex64"}
+    i = int(rng.integers(1, 1 << 40))
+    for name, numba_type in (("uint64", uint64), ("float32", float32), ("complex64", complex64)):
+        t = fast[name]
+        assert isinstance(t, type(numba_type)) and isinstance(t, types.Type)
+        assert numpy_support.as_dtype(t) == numpy_support.as_dtype(numba_type)
+        for value in (i, np.uint32(7), 2.5, True):
+            got, want = t(value), numba_type(value)
+            assert type(got) is type(want) and got == want
+        assert t(types.int32) == numba_type(types.int32)  # a signature, as numba's
+    assert _sim_driver._fast_scalars(ok) is None
+
+
 def test_sim_simulated_fault_is_an_error(drv):
     mem = ok(drv.cuMemAlloc(64))
     s = ok(drv.cuStreamCreate(0))
@@ -225,3 +260,226 @@ def test_sim_simulated_fault_is_an_error(drv):
     drv.cuMemsetD8Async(mem + 32, 1, 64, s)
     with pytest.raises(SimulatedFault):
         drv.cuStreamSynchronize(s)
+
+
+# ---------------------------------------------------------------------------
+# Graph capture
+
+
+def _mode(drv, name: str):
+    return getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{name}")
+
+
+def _status(drv, handle) -> str:
+    err, status = drv.cuStreamIsCapturing(handle)
+    assert err == 0
+    return status.name.rsplit("_", 1)[-1]
+
+
+def test_sim_capture_records_instead_of_running_and_a_replay_is_late_and_ordered(drv, rng):
+    n = 256
+    a, b = ok(drv.cuMemAlloc(4 * n)), ok(drv.cuMemAlloc(4 * n))
+    s, s2 = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "GLOBAL")), None))
+    assert _status(drv, s) == "ACTIVE" and _status(drv, s2) == "NONE"
+    drv.cuMemsetD32Async(a, 7, n, s)
+    drv.cuMemcpyAsync(b, a, 4 * n, s)  # captured after the memset: b gets a's value at replay
+    ev = ok(drv.cuEventCreate(2))
+    ok((*drv.cuEventRecord(ev, s), None))  # an event record adds no node
+    graph = ok(drv.cuStreamEndCapture(s))
+    assert _status(drv, s) == "NONE"
+    assert drv.cuGraphGetNodes(graph)[-1] == 2
+    drv.cuStreamSynchronize(s)
+    drv.cuCtxSynchronize()
+    assert not host(a, n, np.uint32).any() and not host(b, n, np.uint32).any(), "captured work ran"
+    exe = ok(drv.cuGraphInstantiate(graph, 0))
+    ok((*drv.cuGraphDestroy(graph), None))  # the executable graph keeps its own copy
+    ok((*drv.cuGraphLaunch(exe, s2), None))
+    assert not host(b, n, np.uint32).any(), "a graph launch ran at the call: it is stream work"
+    drv.cuStreamSynchronize(s2)
+    assert (host(a, n, np.uint32) == 7).all() and (host(b, n, np.uint32) == 7).all()
+    # A replay runs the recorded work again, on the memory as it is then, in captured order.
+    data = rng.integers(1, 1 << 30, n, dtype=np.uint32)
+    host(b, n, np.uint32)[:] = data
+    host(a, n, np.uint32)[:] = data
+    ok((*drv.cuGraphLaunch(exe, s2), None))
+    np.testing.assert_array_equal(host(b, n, np.uint32), data)
+    drv.cuStreamSynchronize(s2)
+    assert (host(b, n, np.uint32) == 7).all()
+    ok((*drv.cuGraphExecDestroy(exe), None))
+
+
+def test_sim_synchronising_a_capture_fails_and_invalidates_it(drv):
+    mem = ok(drv.cuMemAlloc(64))
+    s = ok(drv.cuStreamCreate(0))
+    ev = ok(drv.cuEventCreate(2))
+    for breach in ("stream", "query", "context", "event", "legacy"):
+        ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+        drv.cuMemsetD8Async(mem, 1, 64, s)
+        if breach == "stream":
+            assert drv.cuStreamSynchronize(s)[0] == 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        elif breach == "query":
+            assert drv.cuStreamQuery(s)[0] == 900
+        elif breach == "context":
+            assert drv.cuCtxSynchronize()[0] == 900
+        elif breach == "event":
+            ok((*drv.cuEventRecord(ev, s), None))
+            assert drv.cuEventQuery(ev)[0] == 907  # CUDA_ERROR_CAPTURED_EVENT
+        else:
+            assert drv.cuStreamIsCapturing(0)[0] == 906  # asking is allowed: not invalidating
+            assert _status(drv, s) == "ACTIVE"
+            assert drv.cuMemsetD8Async(mem, 2, 64, 0)[0] == 906  # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+        assert _status(drv, s) == "INVALIDATED", breach
+        assert drv.cuStreamEndCapture(s) == (901, None), breach  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        assert _status(drv, s) == "NONE"
+    drv.cuCtxSynchronize()
+    assert not host(mem, 64, np.uint8).any(), "work of an invalidated capture (or refused work) ran"
+
+
+def test_sim_capture_modes_prohibit_unsafe_calls_as_documented(drv):
+    s = ok(drv.cuStreamCreate(1))
+    other: list[int] = []
+
+    def alloc_elsewhere() -> None:
+        t = threading.Thread(target=lambda: other.append(drv.cuMemAlloc(64)[0]))
+        t.start()
+        t.join()
+
+    # Relaxed: allocations are allowed in the capturing thread and elsewhere.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+    p = ok(drv.cuMemAlloc(64))
+    alloc_elsewhere()
+    assert other.pop() == 0
+    assert ok(drv.cuStreamEndCapture(s)) is not None
+    # Thread-local: prohibited in the capturing thread only.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "THREAD_LOCAL")), None))
+    alloc_elsewhere()
+    assert other.pop() == 0 and _status(drv, s) == "ACTIVE"
+    assert drv.cuMemFree(p)[0] == 900
+    assert drv.cuStreamEndCapture(s) == (901, None)
+    # Global: prohibited in every thread in global interaction mode, and it invalidates the capture.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "GLOBAL")), None))
+    alloc_elsewhere()
+    assert other.pop() == 900
+    assert drv.cuStreamEndCapture(s) == (901, None)
+    ok((*drv.cuMemFree(p), None))
+
+
+def test_sim_capture_refuses_by_name_what_it_does_not_simulate(drv):
+    n = 4096
+    managed = ok(drv.cuMemAllocManaged(n, 1))
+    s, s2 = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    ev = ok(drv.cuEventCreate(2))
+    loc = drv.CUmemLocation()
+    loc.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "RELAXED")), None))
+    with pytest.raises(UnsupportedError, match=r"cuMemPrefetchAsync.*capture.*simulator"):
+        drv.cuMemPrefetchAsync(managed, n, loc, 0, s)
+    with pytest.raises(UnsupportedError, match=r"pageable"):
+        drv.cuMemcpyAsync(managed, np.zeros(n, np.uint8).ctypes.data, n, s)
+    ok((*drv.cuEventRecord(ev, s), None))
+    with pytest.raises(UnsupportedError, match=r"cross-stream capture"):
+        drv.cuStreamWaitEvent(s2, ev, 0)
+    with pytest.raises(UnsupportedError, match=r"cuStreamGetCaptureInfo.*simulator"):
+        drv.cuStreamGetCaptureInfo(s)
+    assert drv.cuGraphGetNodes(ok(drv.cuStreamEndCapture(s)))[-1] == 0  # nothing refused was recorded
+
+
+# ---------------------------------------------------------------------------
+# Discards and host NUMA locations
+
+
+def _location(drv, kind: str, ident: int = 0):
+    loc = drv.CUmemLocation()
+    loc.type = getattr(drv.CUmemLocationType, f"CU_MEM_LOCATION_TYPE_{kind}")
+    loc.id = ident
+    return loc
+
+
+def _discarded(seed: int, data: np.ndarray) -> np.ndarray:
+    drv = SimDriver(seed_value=seed)
+    n = data.nbytes
+    p = ok(drv.cuMemAllocManaged(n, 1))
+    host(p, n, np.uint8)[:] = data
+    s = ok(drv.cuStreamCreate(1))
+    drv.cuMemsetD8Async(p, 9, n // 2, s)
+    ok((*drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(p)], [n // 2], 1, 0, s), None))
+    assert (host(p, n, np.uint8) == data).all(), "the discard ran at the call: it is stream work"
+    ok((*drv.cuStreamSynchronize(s), None))
+    out = host(p, n, np.uint8).copy()
+    np.testing.assert_array_equal(out[n // 2 :], data[n // 2 :])  # outside the range: kept
+    assert (out[: n // 2] != 9).any() and (out[: n // 2] != data[: n // 2]).any(), "the discard left the values"
+    return out
+
+
+def test_sim_discards_garble_deterministically_per_seed(rng):
+    data = rng.integers(0, 256, 8192, dtype=np.uint8)
+    first = _discarded(5, data)
+    np.testing.assert_array_equal(first, _discarded(5, data))
+    assert not np.array_equal(first, _discarded(6, data))
+
+
+def test_sim_discard_and_prefetch_and_host_numa_locations_read_back(drv):
+    n = 4 * 4096
+    p = ok(drv.cuMemAllocManaged(n, 1))
+    s = ok(drv.cuStreamCreate(1))
+    attr = drv.CUmem_range_attribute
+    numa = _location(drv, "HOST_NUMA", 0)
+    locs = [_location(drv, "DEVICE", 0), numa]
+    ptrs = [drv.CUdeviceptr(p), drv.CUdeviceptr(p + n // 2)]
+    ok((*drv.cuMemDiscardAndPrefetchBatchAsync(ptrs, [n // 2, n // 2], 2, locs, [0, 1], 2, 0, s), None))
+    second = (p + n // 2, n // 2)
+    typed = drv.CUmemLocationType
+    kind = ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE, *second))
+    assert kind == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID, *second)) == 0
+    # The legacy attribute says CU_DEVICE_CPU for a host NUMA node, as the driver's does.
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, *second)) == -1
+    assert ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, n // 2)) == 0
+    advice = drv.CUmem_advise.CU_MEM_ADVISE_SET_PREFERRED_LOCATION
+    ok((*drv.cuMemAdvise(p, n, advice, numa), None))
+    kind = ok(drv.cuMemRangeGetAttribute(4, attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, p, n))
+    assert kind == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    # The raw entry point (what umem_numba calls where the binding refuses the typed attributes).
+    pfn = ok(drv.cuGetProcAddress(b"cuMemRangeGetAttribute", 12020, 0))[0]
+    fn = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+    )(pfn)
+    out = ctypes.c_int32(-5)
+    assert fn(ctypes.byref(out), 4, int(attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), p, n) == 0
+    assert out.value == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    # A node this host lacks, the legacy stream and unmanaged memory are refused as the driver does.
+    missing = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    assert drv.cuMemAdvise(p, n, advice, missing)[0] == 1
+    assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(p)], [n], 1, 0, 0)[0] == 1
+    dev = ok(drv.cuMemAlloc(n))
+    assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(dev)], [n], 1, 0, s)[0] == 1
+    drv.cuCtxSynchronize()
+
+
+def test_sim_host_pools_give_pinned_memory_at_their_location(drv):
+    attrs = drv.CUmemPool_attribute
+    for kind, node in (("HOST", 0), ("HOST_NUMA", _sim_driver._host_numa_nodes()[0])):
+        props = drv.CUmemPoolProps()
+        props.allocType = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location = _location(drv, kind, node)
+        pool = ok(drv.cuMemPoolCreate(props))
+        assert ok(drv.cuMemPoolGetAttribute(pool, attrs.CU_MEMPOOL_ATTR_LOCATION_TYPE)) == int(props.location.type)
+        assert ok(drv.cuMemPoolGetAttribute(pool, attrs.CU_MEMPOOL_ATTR_LOCATION_ID)) == node
+        dev = _location(drv, "DEVICE", 0)
+        assert int(ok(drv.cuMemPoolGetAccess(pool, dev))) == 0, "a host pool is mapped for no device until granted"
+        desc = drv.CUmemAccessDesc()
+        desc.location = dev
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        ok((*drv.cuMemPoolSetAccess(pool, [desc], 1), None))
+        assert int(ok(drv.cuMemPoolGetAccess(pool, dev))) == 3
+        s = ok(drv.cuStreamCreate(1))
+        p = ok(drv.cuMemAllocFromPoolAsync(4096, pool, s))
+        mtype = ok(drv.cuPointerGetAttribute(drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p))
+        assert mtype == drv.CUmemorytype.CU_MEMORYTYPE_HOST
+        assert drv.cuMemHostGetFlags(p)[0] == 1  # not cuMemHostAlloc memory
+        ok((*drv.cuMemFreeAsync(p, s), None))
+        drv.cuStreamSynchronize(s)
+        ok((*drv.cuMemPoolDestroy(pool), None))
+    props.location = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    assert drv.cuMemPoolCreate(props)[0] == 1  # a node this host lacks

@@ -1012,18 +1012,32 @@ def test_cuda_core_pool_memory_round_trip(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.sim
-def test_simulator_refuses_discards_by_name_and_takes_the_rest(rng):
-    """Issue #22 items 1, 2, 5: under the simulator a discard names it; NUMA targets and prefetch= work."""
+def test_simulator_discards_garble_and_refuses_what_it_lacks_by_name(rng):
+    """Issue #22 items 1, 2, 5: under the simulator a discard leaves garbage (a test that relied on
+    discarded values fails there), host NUMA targets read back, and what it does not simulate
+    (the calling thread's NUMA node) is refused by name."""
     from umem_numba._driver import _sim
 
     if not _sim.active():
         pytest.skip("checks the simulator's answers (the GPU's are tested above)")
     data = random_array(rng, 64, np.float32)
+    stream = cuda.stream()
     with um.ManagedBuffer.from_array(data, prefetch="cpu:0") as buf:
-        for call in (buf.discard, lambda: buf.discard_prefetch(0), lambda: PrefetchPlan().add_discard(buf)):
-            with pytest.raises(UnsupportedError, match="simulator"):
-                call()
-        buf.prefetch(Host(numa=0))
-        buf.hints.set_preferred_location("cpu:0")
+        buf.synchronize()
+        assert buf.hints.last_prefetch_location == Host(numa=0)
         np.testing.assert_array_equal(buf.host, data)
+        buf.discard(stream)
+        assert not np.array_equal(buf.host, data), "discarded values survived: they must be garbage"
+        buf.host[:] = data
+        buf.discard_prefetch(0, stream)
+        buf.synchronize()
+        assert buf.hints.last_prefetch_location == DEV0
+        assert not np.array_equal(buf.host, data)
+        buf.host[:] = data
+        PrefetchPlan().add(buf, "cpu:0").execute(stream)  # a prefetch keeps the values
+        np.testing.assert_array_equal(buf.host, data)
+        drv = _driver.api().drv
+        current = drv.CUmemLocation()
+        current.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
+        with pytest.raises(UnsupportedError, match=r"HOST_NUMA_CURRENT.*simulator"):
+            drv.cuMemPrefetchAsync(buf.ptr, buf.nbytes, current, 0, int(stream.handle))

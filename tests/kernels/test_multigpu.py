@@ -3,6 +3,10 @@
 The one-GPU reference is ``heat2d_step`` / ``heat3d_step`` over the whole field
 (the same tuned kernel); the slab runs must match it bit for bit, and the
 result must have moved away from the start (and agree with NumPy to rounding).
+
+On numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) the plates are small (:func:`_size`): every
+simulated CUDA thread is Python code, and the GPU sizes took over a minute per test there.  They
+still cut into several aligned strips per slab, with the same steps, transports and checks.
 """
 
 from __future__ import annotations
@@ -11,8 +15,13 @@ import numpy as np
 import pytest
 from support.helpers import random_array
 
-from umem_numba import kernels
+from umem_numba import _sim, kernels
 from umem_numba.kernels import multigpu
+
+
+def _size(gpu, sim):
+    """``gpu`` on a GPU, the small ``sim`` under numba's simulator (a shape, or a (low, high) range)."""
+    return sim if _sim.active() else gpu
 
 
 def _one_gpu(u0: np.ndarray, steps: int, alpha: float) -> np.ndarray:
@@ -41,7 +50,8 @@ def _check(got: np.ndarray, u0: np.ndarray, steps: int, alpha: float) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int) -> None:
-    u0 = random_array(rng, (rng.integers(300, 700), rng.integers(200, 600)), dtype)
+    rows, cols = _size(((300, 700), (200, 600)), ((70, 130), (24, 60)))
+    u0 = random_array(rng, (rng.integers(*rows), rng.integers(*cols)), dtype)
     alpha = float(rng.uniform(0.1, 0.25))
     got = multigpu.heat2d_multi(u0, 25, [0] * parts, alpha)
     _check(got, u0, 25, alpha)
@@ -50,7 +60,7 @@ def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("parts", [2, 4])
 def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int) -> None:
-    u0 = random_array(rng, (513, 257), np.float32)
+    u0 = random_array(rng, _size((513, 257), (97, 41)), np.float32)
     with multigpu.MultiGPUHeat(u0, [0] * parts, 0.2, transport="pinned") as run:
         assert run.transports == ["pinned"] * (2 * (parts - 1))
         run.step(17)
@@ -62,7 +72,8 @@ def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 def test_simulated_slabs_3d_bitwise(rng, dtype, parts: int) -> None:
-    u0 = random_array(rng, (int(rng.integers(60, 90)), 37, 70), dtype)
+    planes, rest = _size(((60, 90), (37, 70)), ((34, 50), (9, 22)))
+    u0 = random_array(rng, (int(rng.integers(*planes)), *rest), dtype)
     got = multigpu.heat3d_multi(u0, 9, [0] * parts)
     _check(got, u0, 9, 1.0 / 6.0)
 
@@ -74,7 +85,12 @@ def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
     """halo='vmm' on one GPU: band arrays are VMMBuffers read in place by the neighbour's stream."""
     import umem_numba as um
 
-    shape = (int(rng.integers(200, 400)), 211) if ndim == 2 else (int(rng.integers(50, 80)), 29, 67)
+    rows, rest = (
+        _size(((200, 400), (211,)), ((70, 130), (45,)))
+        if ndim == 2
+        else _size(((50, 80), (29, 67)), ((34, 50), (9, 19)))
+    )
+    shape = (int(rng.integers(*rows)), *rest)
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.22 if ndim == 2 else 0.15
     with multigpu.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm") as run:
@@ -89,7 +105,7 @@ def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
 @pytest.mark.gpu
 def test_overlapped_steps_queue_ahead_of_the_gpu(rng) -> None:
     """Many steps queued without a host wait, then one result: still bitwise the one-GPU run."""
-    u0 = random_array(rng, (1500, 700), np.float32)
+    u0 = random_array(rng, _size((1500, 700), (96, 40)), np.float32)
     with multigpu.MultiGPUHeat(u0, [0, 0], 0.25) as run:
         for _ in range(6):
             run.step(7)  # no synchronize between the calls
@@ -102,7 +118,7 @@ def test_simulated_slabs_odd_strip_height(rng) -> None:
     """A non-tuned strip height: the decomposition follows it and equality holds against that launch."""
     from numba import cuda
 
-    u0 = random_array(rng, (301, 150), np.float32)
+    u0 = random_array(rng, _size((301, 150), (61, 40)), np.float32)
     got = multigpu.heat2d_multi(u0, 12, [0, 0, 0], 0.25, rows_per_thread=5)
     a, b = cuda.to_device(u0), cuda.device_array_like(u0)
     for _ in range(12):
@@ -126,7 +142,7 @@ def test_bad_devices_named() -> None:
 
 @pytest.mark.gpu
 def test_vmm_halo_with_pinned_transport_falls_back_with_reason(rng) -> None:
-    u0 = random_array(rng, (300, 100), np.float32)
+    u0 = random_array(rng, _size((300, 100), (70, 40)), np.float32)
     with pytest.warns(RuntimeWarning, match="halo='vmm' is not available .*pinned"):
         run = multigpu.MultiGPUHeat(u0, [0, 0], 0.25, halo="vmm", transport="pinned")
     with run:
@@ -142,7 +158,7 @@ def test_vmm_halo_with_pinned_transport_falls_back_with_reason(rng) -> None:
 def test_two_gpus_bitwise(rng, ndim: int, transport: str) -> None:
     from umem_numba import _driver
 
-    shape = (1031, 777) if ndim == 2 else (97, 65, 80)
+    shape = _size((1031, 777), (103, 77)) if ndim == 2 else _size((97, 65, 80), (41, 13, 20))
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
     with multigpu.MultiGPUHeat(u0, [0, 1], alpha, transport=transport) as run:
@@ -163,7 +179,7 @@ def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
 
     if not int(_driver.call("cuDeviceCanAccessPeer", 0, 1)):
         pytest.skip("GPUs 0 and 1 have no peer access: halo='vmm' falls back (tested above)")
-    shape = (1029, 801) if ndim == 2 else (95, 66, 81)
+    shape = _size((1029, 801), (101, 81)) if ndim == 2 else _size((95, 66, 81), (39, 14, 21))
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
     with multigpu.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm") as run:
@@ -183,13 +199,14 @@ def test_process_with_live_peer_and_vmm_state_exits_cleanly(rng):
     import textwrap
 
     seed = int(rng.integers(1 << 30))
+    shape = _size((512, 384), (64, 48))
     code = textwrap.dedent(
         f"""
         import numpy as np
         import umem_numba as um
         from umem_numba.kernels import multigpu
 
-        u0 = np.random.default_rng({seed}).random((512, 384), dtype=np.float32)
+        u0 = np.random.default_rng({seed}).random({shape}, dtype=np.float32)
         heat = multigpu.MultiGPUHeat(u0, [0, 1], halo="vmm")
         heat.step(20)
         field = heat.result()

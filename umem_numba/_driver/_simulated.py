@@ -34,10 +34,17 @@ Streams run late, in an adversarial order
     different per-thread stream in every thread; streams created with
     ``CU_STREAM_NON_BLOCKING`` have no implicit ordering.
 
+Graph capture
+    Work queued on a capturing stream is recorded into a graph instead of
+    run; a launch of the instantiated graph queues it on the launch stream,
+    late like any stream work.  The driver's capture rules and errors are kept
+    (see :class:`_GraphCapture`).  Discards leave garbage drawn from the seed.
+
 Refusals
-    What it cannot do (several devices, peer access, IPC, graphs, loading
-    modules) it refuses with :class:`~umem_numba.UnsupportedError` naming the
-    call and the simulator.  It never gives a wrong answer.
+    What it cannot do (several devices, peer access, IPC, loading modules,
+    what a capture cannot record) it refuses with
+    :class:`~umem_numba.UnsupportedError` naming the call and the simulator.
+    It never gives a wrong answer.
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ _DEVICE_ATTRIBUTES = {
     "CONCURRENT_MANAGED_ACCESS": 1,
     "MANAGED_MEMORY": 1,
     "MEMORY_POOLS_SUPPORTED": 1,
+    "HOST_MEMORY_POOLS_SUPPORTED": 1,
+    "HOST_NUMA_MEMORY_POOLS_SUPPORTED": 1,
     "MEMPOOL_SUPPORTED_HANDLE_TYPES": 0,
     "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 1,
     "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 1,
@@ -108,6 +117,25 @@ _DEVICE_ATTRIBUTES = {
     "CONCURRENT_KERNELS": 1,
     "ASYNC_ENGINE_COUNT": 2,
 }
+
+
+_BY_VALUE: dict[int, int] = {}
+
+
+def _device_attributes_by_value() -> dict[int, int]:
+    """:data:`_DEVICE_ATTRIBUTES` by enum value: the binding names some attributes twice.
+
+    ``CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`` is an alias of
+    ``..._VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED`` (102), and the member's ``name`` is the latter.
+    """
+    if not _BY_VALUE:
+        from cuda.bindings import driver
+
+        for name, value in _DEVICE_ATTRIBUTES.items():
+            member = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
+            if member is not None:
+                _BY_VALUE[int(member)] = value
+    return _BY_VALUE
 
 
 def seed() -> int:
@@ -238,7 +266,435 @@ def _int(value: Any) -> int:
         return int(v or 0)
 
 
-class SimDriver:
+# ======================================================================================
+# CUDA graph capture (cuStreamBeginCapture ... cuStreamEndCapture) and graph launches.
+#
+# Work queued on a capturing stream is recorded into the capture's graph instead of run;
+# cuGraphLaunch of the instantiated graph queues the recorded work on the launch stream,
+# late like any stream work.  The rules of the CUDA programming guide ("Prohibited and
+# unhandled operations", cuThreadExchangeStreamCaptureMode) are kept: synchronising or
+# querying a capturing stream, a captured event or the context, using the legacy stream
+# while a blocking stream captures, and the potentially unsafe calls (allocations, frees)
+# in a thread that a capture's mode prohibits, each fail with the driver's error and
+# invalidate the capture (cuStreamEndCapture then returns
+# CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).  What is not simulated inside a
+# capture (cross-stream capture, stream-ordered allocation nodes, prefetches and other
+# operations without a node here) is refused with UnsupportedError naming it.
+
+_CAPTURE_UNSUPPORTED = 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+_CAPTURE_INVALIDATED = 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+_CAPTURE_IMPLICIT = 906  # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+_CAPTURED_EVENT = 907  # CUDA_ERROR_CAPTURED_EVENT
+_CAPTURE_WRONG_THREAD = 908  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+_ILLEGAL_STATE = 401  # CUDA_ERROR_ILLEGAL_STATE
+_MODE_GLOBAL, _MODE_THREAD_LOCAL, _MODE_RELAXED = 0, 1, 2
+
+
+class _Node(_Op):
+    """Work recorded by a capture (never queued itself: a graph launch queues a copy of it)."""
+
+    __slots__ = ("capture",)
+
+    def __init__(self, capture: _Capture, stream: _Stream, run: Callable[[], None] | None, what: str) -> None:
+        super().__init__(stream, run, [], what)
+        self.capture = capture
+
+
+class _Capture:
+    """One capture sequence: its stream, mode, thread, state and the nodes recorded so far."""
+
+    __slots__ = ("ident", "invalidated", "mode", "nodes", "stream", "thread")
+
+    def __init__(self, ident: int, stream: _Stream, mode: int) -> None:
+        self.ident = ident
+        self.stream = stream
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.invalidated = False
+        self.nodes: list[_Node] = []  # in stream order (one stream: a chain)
+
+
+class _Graph:
+    """A captured graph, or an instantiated one (``cuGraphInstantiate`` copies the node list)."""
+
+    __slots__ = ("last", "nodes")
+
+    def __init__(self, nodes: list[tuple[str, Callable[[], None]]]) -> None:
+        self.nodes = nodes
+        self.last: _Op | None = None  # executable graphs: the end of the last launch
+
+
+class _CaptureMode(threading.local):
+    mode = _MODE_GLOBAL  # cuThreadExchangeStreamCaptureMode; the driver's default
+
+
+def _refuse_in_capture(what: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"{what}: not simulated inside a CUDA graph capture under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1); "
+        "it needs a real GPU"
+    )
+
+
+class _GraphCapture:
+    """The simulated driver's stream capture and graphs (mixed into :class:`SimDriver`)."""
+
+    _lock: threading.RLock
+    _handles: Iterator[int]
+
+    def _init_capture(self) -> None:
+        self._captures: dict[_Stream, _Capture] = {}
+        self._graphs: dict[int, _Graph] = {}
+        self._execs: dict[int, _Graph] = {}
+        self._capture_ids = itertools.count(1)
+        self._capture_mode = _CaptureMode()
+
+    # -- rules ---------------------------------------------------------------------------
+    def _capture_of(self, s: _Stream) -> _Capture | None:
+        return self._captures.get(s)
+
+    def _invalidate(self, captures: Iterator[_Capture] | list[_Capture]) -> None:
+        for cap in captures:
+            cap.invalidated = True
+
+    def _blocking_captures(self) -> list[_Capture]:
+        return [c for s, c in self._captures.items() if s.blocking and s.kind != "legacy"]
+
+    def _prohibiting(self) -> list[_Capture]:
+        """The captures that prohibit this thread's potentially unsafe calls (cuThreadExchangeStreamCaptureMode)."""
+        me = threading.get_ident()
+        mode = self._capture_mode.mode
+        if mode == _MODE_RELAXED:
+            return []
+        own = [c for c in self._captures.values() if c.thread == me and c.mode != _MODE_RELAXED]
+        if mode == _MODE_GLOBAL:
+            own += [c for c in self._captures.values() if c.thread != me and c.mode == _MODE_GLOBAL]
+        return own
+
+    def _capture_record(self, s: _Stream, run: Callable[[], None] | None, what: str) -> _Node | None:
+        """Record work queued on a capturing stream into its graph (``None``: the stream is not capturing)."""
+        cap = self._captures.get(s)
+        if cap is None:
+            return None
+        node = _Node(cap, s, run, what)
+        if run is not None:  # event records and waits within the capture add no node
+            cap.nodes.append(node)
+        return node
+
+    # -- entry points ----------------------------------------------------------------------
+    def cuThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple[Any, ...]:
+        old = self._capture_mode.mode
+        self._capture_mode.mode = _int(mode)
+        return (_SUCCESS, self._real.CUstreamCaptureMode(old))  # type: ignore[attr-defined]
+
+    def cuStreamBeginCapture(self, handle: Any, mode: Any) -> tuple[Any, ...]:
+        m = _int(mode)
+        if m not in (_MODE_GLOBAL, _MODE_THREAD_LOCAL, _MODE_RELAXED):
+            return (_INVALID_VALUE,)
+        with self._lock:
+            try:
+                s = self._stream(handle)  # type: ignore[attr-defined]
+            except _Error as e:
+                return (e.code,)
+            if s.kind == "legacy":
+                return (_CAPTURE_UNSUPPORTED,)  # the legacy stream cannot capture
+            if s in self._captures:
+                return (_ILLEGAL_STATE,)
+            self._captures[s] = _Capture(next(self._capture_ids), s, m)
+        return (_SUCCESS,)
+
+    def cuStreamEndCapture(self, handle: Any) -> tuple[Any, ...]:
+        with self._lock:
+            try:
+                s = self._stream(handle)  # type: ignore[attr-defined]
+            except _Error as e:
+                return (e.code, None)
+            cap = self._captures.get(s)
+            if cap is None:
+                return (_ILLEGAL_STATE, None)
+            if cap.mode != _MODE_RELAXED and cap.thread != threading.get_ident():
+                return (_CAPTURE_WRONG_THREAD, None)
+            del self._captures[s]
+            if cap.invalidated:
+                return (_CAPTURE_INVALIDATED, None)
+            graph = next(self._handles)
+            self._graphs[graph] = _Graph([(n.what, n.run) for n in cap.nodes if n.run is not None])
+        return (_SUCCESS, graph)
+
+    def cuStreamIsCapturing(self, handle: Any) -> tuple[Any, ...]:
+        status = self._real.CUstreamCaptureStatus  # type: ignore[attr-defined]
+        with self._lock:
+            try:
+                s = self._stream(handle)  # type: ignore[attr-defined]
+            except _Error as e:
+                return (e.code, None)
+            if s.kind == "legacy" and self._blocking_captures():
+                return (_CAPTURE_IMPLICIT, None)  # not invalidating, as the driver documents
+            cap = self._captures.get(s)
+        if cap is None:
+            return (_SUCCESS, status.CU_STREAM_CAPTURE_STATUS_NONE)
+        if cap.invalidated:
+            return (_SUCCESS, status.CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return (_SUCCESS, status.CU_STREAM_CAPTURE_STATUS_ACTIVE)
+
+    def cuGraphGetNodes(self, graph: Any, count: Any = 0) -> tuple[Any, ...]:
+        with self._lock:
+            g = self._graphs.get(_int(graph))
+            if g is None:
+                return (_INVALID_VALUE, None, 0)
+            n = len(g.nodes)
+        want = _int(count)
+        if not want:
+            return (_SUCCESS, [], n)
+        # Node handles are opaque: the graph handle plus the index identify a node.
+        nodes: list[Any] = [_int(graph) + 1 + i for i in range(min(n, want))]
+        return (_SUCCESS, nodes + [None] * (want - len(nodes)), min(n, want))
+
+    def cuGraphDestroy(self, graph: Any) -> tuple[Any, ...]:
+        with self._lock:
+            return (_SUCCESS,) if self._graphs.pop(_int(graph), None) is not None else (_INVALID_VALUE,)
+
+    def cuGraphInstantiate(self, graph: Any, flags: Any = 0) -> tuple[Any, ...]:
+        with self._lock:
+            g = self._graphs.get(_int(graph))
+            if g is None:
+                return (_INVALID_VALUE, None)
+            handle = next(self._handles)
+            self._execs[handle] = _Graph(list(g.nodes))  # independent of later changes to the graph
+        return (_SUCCESS, handle)
+
+    def cuGraphExecDestroy(self, graph_exec: Any) -> tuple[Any, ...]:
+        with self._lock:
+            # A launch in flight still runs: its operations are queued already.
+            return (_SUCCESS,) if self._execs.pop(_int(graph_exec), None) is not None else (_INVALID_VALUE,)
+
+    def cuGraphLaunch(self, graph_exec: Any, handle: Any) -> tuple[Any, ...]:
+        with self._lock:
+            g = self._execs.get(_int(graph_exec))
+            if g is None:
+                return (_INVALID_VALUE,)
+            # Each launch is ordered after the stream's earlier work and after the previous
+            # launch of the same executable graph; its nodes run in their captured order.
+            after = [] if g.last is None else [g.last]
+            for what, run in g.nodes:
+                after = [self._enqueue(handle, run, f"graph: {what}", after)]  # type: ignore[attr-defined]
+            g.last = self._enqueue(handle, None, "graph launch end", after)  # type: ignore[attr-defined]
+        return (_SUCCESS,)
+
+    # -- the rules, applied to the entry points by _guard_capture --------------------------
+    def _capture_gate(self, name: str, rule: str, s: _Stream, args: tuple[Any, ...]) -> int:
+        """An error code (0: go on) for ``name`` on stream ``s`` while captures exist; may raise UnsupportedError."""
+        cap = self._captures.get(s)
+        if s.kind == "legacy":
+            blocking = self._blocking_captures()
+            if blocking:  # the legacy stream would depend on the capturing streams: invalid
+                self._invalidate(blocking)
+                return _CAPTURE_IMPLICIT
+        if rule == "sync":
+            if cap is not None:
+                cap.invalidated = True
+                return _CAPTURE_UNSUPPORTED
+            return 0
+        if rule == "wait":
+            ev = self._events.get(_int(args[1]))  # type: ignore[attr-defined]
+            op = None if ev is None else ev.op
+            if isinstance(op, _Node):
+                if cap is op.capture:
+                    return 0  # within the capture's own stream: ordered already
+                raise _refuse_in_capture(f"{name} on an event recorded in a capture (cross-stream capture)")
+            if cap is not None:
+                raise _refuse_in_capture(f"{name}: a capturing stream waiting for an event recorded outside it")
+            return 0
+        if cap is None:
+            return 0
+        if rule == "refuse":
+            raise _refuse_in_capture(name)
+        if rule == "copy":
+            dst, src = (args[0], args[2]) if name == "cuMemcpyPeerAsync" else (args[0], args[1])
+            for p in (dst, src):
+                ptr = p.ctypes.data if isinstance(p, np.ndarray) else _int(p)
+                if self._find(ptr) is None:  # type: ignore[attr-defined]
+                    raise _refuse_in_capture(f"{name} from or to pageable host memory")
+        return 0
+
+    def _unsafe_gate(self, name: str) -> int:
+        """An error code (0: go on) for a potentially unsafe call while captures exist."""
+        if name == "cuCtxSynchronize":
+            active = list(self._captures.values())
+            if active:  # the context holds capturing streams: cannot be synchronised
+                self._invalidate(active)
+                return _CAPTURE_UNSUPPORTED
+            return 0
+        prohibiting = self._prohibiting()
+        if not prohibiting:
+            return 0
+        if name in _UNSAFE_NOT_SIMULATED:
+            raise _refuse_in_capture(f"{name} while a capture's mode prohibits potentially unsafe calls")
+        self._invalidate(prohibiting)
+        return _CAPTURE_UNSUPPORTED
+
+    def _event_gate(self, event: Any) -> int:
+        ev = self._events.get(_int(event))  # type: ignore[attr-defined]
+        op = None if ev is None else ev.op
+        if isinstance(op, _Node):
+            if self._captures.get(op.stream) is op.capture:
+                op.capture.invalidated = True
+            return _CAPTURED_EVENT
+        return 0
+
+    def _legacy_launch_gate(self, s: _Stream) -> None:
+        """A launch on the legacy stream while a blocking stream captures: the driver's error, the capture invalid."""
+        blocking = self._blocking_captures() if s.kind == "legacy" else []
+        if blocking:
+            from .._errors import CudaError
+
+            self._invalidate(blocking)
+            raise CudaError(
+                "cuLaunchKernel",
+                _CAPTURE_IMPLICIT,
+                "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+                "a launch on the legacy stream while a blocking stream captures a graph",
+            )
+
+    def refuse_plain_launch_in_capture(self, stream: Any) -> None:
+        """numba's simulator runs a plain ``kernel[g, b, s](...)`` at the call: refuse it where it would be captured."""
+        with self._lock:
+            if not self._captures:
+                return
+            s = self._stream(stream)  # type: ignore[attr-defined]
+            self._legacy_launch_gate(s)
+            if s in self._captures:
+                raise _refuse_in_capture("a plain numba launch on a capturing stream (numba's simulator runs it now)")
+
+
+#: Entry points that take a stream: (index of the stream argument, values returned after the
+#: CUresult, rule).  "record": queued work, recorded into the graph of a capturing stream;
+#: "copy": the same, refusing pageable memory; "sync": synchronises or queries the stream,
+#: not permitted while it captures; "wait": cuStreamWaitEvent; "refuse": not simulated in a capture.
+_STREAM_RULES: dict[str, tuple[int, int, str]] = {
+    "cuMemcpyAsync": (3, 0, "copy"),
+    "cuMemcpyHtoDAsync": (3, 0, "copy"),
+    "cuMemcpyDtoHAsync": (3, 0, "copy"),
+    "cuMemcpyDtoDAsync": (3, 0, "copy"),
+    "cuMemcpyPeerAsync": (5, 0, "copy"),
+    "cuMemsetD8Async": (3, 0, "record"),
+    "cuMemsetD32Async": (3, 0, "record"),
+    "cuEventRecord": (1, 0, "record"),
+    "cuStreamWaitEvent": (0, 0, "wait"),
+    "cuStreamSynchronize": (0, 0, "sync"),
+    "cuStreamQuery": (0, 0, "sync"),
+    "cuStreamGetDevice": (0, 1, "sync"),
+    "cuMemPrefetchAsync": (4, 0, "refuse"),
+    "cuStreamAttachMemAsync": (0, 0, "refuse"),
+    "cuMemAllocFromPoolAsync": (2, 1, "refuse"),
+    "cuMemFreeAsync": (1, 0, "refuse"),
+    "cuGraphLaunch": (1, 0, "refuse"),
+    "cuMemDiscardBatchAsync": (4, 0, "refuse"),
+    "cuMemDiscardAndPrefetchBatchAsync": (7, 0, "refuse"),
+}
+#: Potentially unsafe calls (cuThreadExchangeStreamCaptureMode): values returned after the CUresult.
+_UNSAFE: dict[str, int] = {
+    "cuMemAlloc": 1,
+    "cuMemAllocManaged": 1,
+    "cuMemHostAlloc": 1,
+    "cuMemFree": 0,
+    "cuMemFreeHost": 0,
+    "cuCtxSynchronize": 0,
+}
+#: Calls whose behaviour in a prohibiting capture is not simulated: refused then.
+_UNSAFE_NOT_SIMULATED = (
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemSetAccess",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolTrimTo",
+)
+
+
+def _guard_capture(cls: type) -> None:
+    """Wrap ``cls``'s entry points with the capture rules (a no-op check while nothing captures)."""
+    import functools
+
+    def stream_rule(name: str, fn: Callable[..., Any], index: int, values: int, rule: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(self: Any, *args: Any) -> Any:
+            if self._captures and index < len(args):
+                with self._lock:
+                    try:
+                        s = self._stream(args[index])
+                    except _Error:
+                        s = None
+                    code = 0 if s is None else self._capture_gate(name, rule, s, args)
+                if code:
+                    return (code,) + (None,) * values
+            return fn(self, *args)
+
+        return guarded
+
+    def unsafe_rule(name: str, fn: Callable[..., Any], values: int) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(self: Any, *args: Any) -> Any:
+            if self._captures:
+                with self._lock:
+                    code = self._unsafe_gate(name)
+                if code:
+                    return (code,) + (None,) * values
+            return fn(self, *args)
+
+        return guarded
+
+    def event_rule(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(self: Any, event: Any) -> Any:
+            with self._lock:
+                code = self._event_gate(event)
+            return (code,) if code else fn(self, event)
+
+        return guarded
+
+    def enqueue(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def recorded(self: Any, handle: Any, run: Any, what: str, deps: Any = None) -> Any:
+            if self._captures:
+                s = handle if isinstance(handle, _Stream) else self._stream(handle)
+                node = self._capture_record(s, run, what)
+                if node is not None:
+                    return node
+            return fn(self, handle, run, what, deps)
+
+        return recorded
+
+    def queue_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(self: Any, handle: Any, kernel: Any, args: Any) -> Any:
+            if self._captures:
+                with self._lock:
+                    self._legacy_launch_gate(self._stream(handle))
+            return fn(self, handle, kernel, args)  # on a capturing stream: recorded
+
+        return guarded
+
+    for name, (index, values, rule) in _STREAM_RULES.items():
+        fn = getattr(cls, name, None)
+        if fn is not None:
+            setattr(cls, name, stream_rule(name, fn, index, values, rule))
+    for name, values in _UNSAFE.items():
+        setattr(cls, name, unsafe_rule(name, getattr(cls, name), values))
+    for name in _UNSAFE_NOT_SIMULATED:
+        fn = getattr(cls, name, None)
+        if fn is not None:
+            setattr(cls, name, unsafe_rule(name, fn, 1))
+    for name in ("cuEventQuery", "cuEventSynchronize"):
+        setattr(cls, name, event_rule(getattr(cls, name)))
+    cls._enqueue = enqueue(cls._enqueue)  # type: ignore[attr-defined]
+    cls.queue_kernel = queue_kernel(cls.queue_kernel)  # type: ignore[attr-defined]
+
+
+class SimDriver(_GraphCapture):
     """The simulated driver: the subset of ``cuda.bindings.driver`` that umem_numba uses."""
 
     #: How :mod:`umem_numba._driver` recognises it.
@@ -269,6 +725,8 @@ class SimDriver:
         #: Operations run so far, as (stream id, what): tests read the order from it.
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
+        self._init_capture()
+        self._range_get_attribute: Any = None
 
     # -- the binding's enums and structs -------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -497,10 +955,9 @@ class SimDriver:
         return (_SUCCESS, TOTAL_MEM)
 
     def cuDeviceGetAttribute(self, attr: Any, device: Any) -> tuple[Any, ...]:
-        name = getattr(attr, "name", str(attr)).replace("CU_DEVICE_ATTRIBUTE_", "")
         if _int(device) != 0:
             return (_INVALID_VALUE, None)
-        return (_SUCCESS, _DEVICE_ATTRIBUTES.get(name, 0))
+        return (_SUCCESS, _device_attributes_by_value().get(_int(attr), 0))
 
     def cuDeviceCanAccessPeer(self, dev: Any, peer: Any) -> tuple[Any, ...]:
         return (_SUCCESS, 0)
@@ -577,7 +1034,7 @@ class SimDriver:
     def cuMemHostGetFlags(self, ptr: Any) -> tuple[Any, ...]:
         with self._lock:
             mem = self._find(_int(ptr))
-        if mem is None or mem.kind != "pinned":
+        if mem is None or mem.kind != "pinned" or mem.pool:  # cuMemHostAlloc memory only
             return (_INVALID_VALUE, None)
         return (_SUCCESS, mem.flags)
 
@@ -608,9 +1065,14 @@ class SimDriver:
                 "cuMemPoolCreate: exportable memory pools are not supported under numba's CUDA simulator "
                 "(NUMBA_ENABLE_CUDASIM=1); they need a real GPU"
             )
+        host = self._host_pool_location(props)
+        if isinstance(host, int):
+            return (host, None)
         with self._lock:
             handle = next(self._handles)
-            self._pools[handle] = _Pool("managed" if managed else "device")
+            self._pools[handle] = _Pool("managed" if managed else "device" if host is None else "pinned")
+            if host is not None:
+                self._pools[handle].attrs.update(host)
         return (_SUCCESS, handle)
 
     def _pool(self, handle: Any) -> _Pool:
@@ -659,7 +1121,8 @@ class SimDriver:
                 if mem.base not in self._memory:
                     self._add_memory(mem)
                 return (_SUCCESS, mem.base)
-            res = self._allocate("managed" if pool.kind == "managed" else "device", size, 0, _int(handle))
+            kind = pool.kind if pool.kind in ("managed", "pinned") else "device"
+            res = self._allocate(kind, size, 0, _int(handle))
             if res[0] == _SUCCESS:
                 pool.used += size
             return res
@@ -722,7 +1185,8 @@ class SimDriver:
             pool.attrs["USED_MEM_HIGH"] = max(pool.attrs["USED_MEM_HIGH"], pool.used)
             pool.attrs["RESERVED_MEM_HIGH"] = max(pool.attrs["RESERVED_MEM_HIGH"], reserved)
             value = values.get(name, pool.attrs.get(name, 0))
-        return (_SUCCESS, self._real.cuuint64_t(value) if name not in ("REUSE_FOLLOW_EVENT_DEPENDENCIES",) else value)
+        plain = ("REUSE_FOLLOW_EVENT_DEPENDENCIES", "LOCATION_TYPE", "LOCATION_ID", "ALLOCATION_TYPE")
+        return (_SUCCESS, self._real.cuuint64_t(value) if name not in plain else value)
 
     def cuMemPoolSetAttribute(self, handle: Any, attr: Any, value: Any) -> tuple[Any, ...]:
         name = getattr(attr, "name", str(attr)).replace("CU_MEMPOOL_ATTR_", "")
@@ -740,7 +1204,9 @@ class SimDriver:
                 pool = self._pool(handle)
             except _Error as e:
                 return (e.code, None)
-            flags = pool.attrs.get(f"access{int(location.id)}", 3 if int(location.id) == 0 else 0)
+            # A host (pinned) pool is mapped for no device until access is granted.
+            own = 3 if int(location.id) == 0 and pool.kind != "pinned" else 0
+            flags = pool.attrs.get(f"access{int(location.id)}", own)
         return (_SUCCESS, self._real.CUmemAccess_flags(flags))
 
     def cuMemPoolSetAccess(self, handle: Any, descs: Any, count: Any) -> tuple[Any, ...]:
@@ -824,9 +1290,6 @@ class SimDriver:
     def cuStreamGetPriority(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
             return (_SUCCESS, self._stream(handle).priority)
-
-    def cuStreamIsCapturing(self, handle: Any) -> tuple[Any, ...]:
-        return (_SUCCESS, self._real.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
     def cuStreamSynchronize(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -1100,7 +1563,7 @@ class SimDriver:
                 return (_INVALID_VALUE,)
             mem, pages = found
             try:
-                loc = self._legacy_id(location)
+                loc = self._location_code(location)
             except _Error as e:
                 return (e.code,)
             col = 0 if loc == 0 else 1
@@ -1128,7 +1591,7 @@ class SimDriver:
                 return (_INVALID_VALUE,)
             mem, pages = found
             try:
-                loc = self._legacy_id(location)
+                loc = self._location_code(location)
             except _Error as e:
                 return (e.code,)
 
@@ -1159,20 +1622,13 @@ class SimDriver:
             if name == "READ_MOSTLY":
                 return (_SUCCESS, int(bool(mem.read_mostly[pages].all())))
             if name == "PREFERRED_LOCATION":
-                return (_SUCCESS, same(mem.preferred[pages]))
+                return (_SUCCESS, same(_legacy_codes(mem.preferred[pages])))
             if name == "LAST_PREFETCH_LOCATION":
-                return (_SUCCESS, same(mem.last_prefetch[pages]))
+                return (_SUCCESS, same(_legacy_codes(mem.last_prefetch[pages])))
             if name.endswith(("_LOCATION_TYPE", "_LOCATION_ID")):
-                legacy = same(mem.preferred[pages] if name.startswith("PREFERRED") else mem.last_prefetch[pages])
-                lt = self._real.CUmemLocationType
-                if name.endswith("_ID"):
-                    return (_SUCCESS, max(legacy, 0))
-                kind = (
-                    lt.CU_MEM_LOCATION_TYPE_INVALID
-                    if legacy == -2
-                    else (lt.CU_MEM_LOCATION_TYPE_HOST if legacy == -1 else lt.CU_MEM_LOCATION_TYPE_DEVICE)
-                )
-                return (_SUCCESS, int(kind))
+                code = same(mem.preferred[pages] if name.startswith("PREFERRED") else mem.last_prefetch[pages])
+                loc_type, loc_id = self._typed_location(code)
+                return (_SUCCESS, loc_id if name.endswith("_ID") else loc_type)
             if name == "ACCESSED_BY":
                 ids = [loc for col, loc in ((0, 0), (1, -1)) if mem.accessed_by[pages, col].all()]
                 slots = max(size // 4, 1)
@@ -1314,6 +1770,174 @@ class SimDriver:
             "simulator (umem_numba queues them on their stream)"
         )
 
+    # -- host NUMA locations, discards, the typed range attributes' raw entry point -------------
+    # Locations are kept per page as one int32 code: a device ordinal (>= 0), -1 the host,
+    # -2 none, and host NUMA node k as -3 - k (the legacy attributes say CU_DEVICE_CPU for it).
+    def _location_code(self, location: Any) -> int:
+        kind = getattr(location.type, "name", "")
+        if kind.endswith("HOST_NUMA"):
+            node = int(location.id)
+            if node not in _host_numa_nodes():
+                raise _Error(_INVALID_VALUE)  # no such node on this host
+            return _NUMA_BASE - node
+        if kind.endswith("HOST_NUMA_CURRENT"):
+            raise UnsupportedError(
+                "CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: not simulated under numba's CUDA simulator "
+                "(NUMBA_ENABLE_CUDASIM=1); name the host NUMA node instead"
+            )
+        return self._legacy_id(location)
+
+    def _host_pool_location(self, props: Any) -> dict[str, int] | int | None:
+        """A pinned pool's location attributes (``None``: not a host pool; an int: the driver's error)."""
+        kind = getattr(props.location.type, "name", "")
+        if not kind.endswith(("HOST", "HOST_NUMA")):
+            return None
+        if getattr(props.allocType, "name", "").endswith("MANAGED"):
+            return _INVALID_VALUE
+        node = int(props.location.id)
+        if kind.endswith("HOST_NUMA") and node not in _host_numa_nodes():
+            return _INVALID_VALUE
+        return {
+            "LOCATION_TYPE": int(props.location.type),
+            "LOCATION_ID": node if kind.endswith("HOST_NUMA") else 0,
+            "ALLOCATION_TYPE": int(props.allocType),
+        }
+
+    def _typed_location(self, code: int) -> tuple[int, int]:
+        """``(CUmemLocationType, id)`` of a location code (the driver's typed range attributes)."""
+        lt = self._real.CUmemLocationType
+        if code <= _NUMA_BASE:
+            return int(lt.CU_MEM_LOCATION_TYPE_HOST_NUMA), _NUMA_BASE - code
+        if code == -1:
+            return int(lt.CU_MEM_LOCATION_TYPE_HOST), 0
+        if code == -2:
+            return int(lt.CU_MEM_LOCATION_TYPE_INVALID), 0
+        return int(lt.CU_MEM_LOCATION_TYPE_DEVICE), code
+
+    def _discard_batch(
+        self, call: str, dptrs: Any, sizes: Any, count: Any, locations: list[Any] | None, flags: Any, handle: Any
+    ) -> tuple[Any, ...]:
+        n = _int(count)
+        ptrs, lengths = [_int(p) for p in list(dptrs)[:n]], [_int(z) for z in list(sizes)[:n]]
+        if not n or len(ptrs) != n or len(lengths) != n or _int(flags):
+            return (_INVALID_VALUE,)
+        with self._lock:
+            try:
+                s = self._stream(handle)
+            except _Error as e:
+                return (e.code,)
+            if s.kind == "legacy":
+                return (_INVALID_VALUE,)  # "Must not be legacy NULL stream"
+            spans = []
+            for p, z in zip(ptrs, lengths, strict=True):
+                found = self._managed_pages(p, z) if z > 0 else None
+                if found is None:
+                    return (_INVALID_VALUE,)  # managed memory only
+                spans.append((p, z, found))
+            codes: list[int] = []
+            if locations is not None:
+                try:
+                    codes = [self._location_code(loc) for loc in locations]
+                except _Error as e:
+                    return (e.code,)
+                for (_, _, (mem, pages)), code in zip(spans, codes, strict=True):
+                    mem.last_prefetch[pages] = code  # the driver reports the last location asked for
+            # Discarded contents are indeterminate: garbage, drawn from the seed, when the discard runs.
+            salt = self._rng.getrandbits(32)
+
+            def run() -> None:
+                for i, (p, z, _) in enumerate(spans):
+                    self._check_live(p, z, call)
+                    garbage = np.random.default_rng((salt, i)).integers(0, 256, z, dtype=np.uint8)
+                    ctypes.memmove(p, garbage.ctypes.data, z)
+
+            self._enqueue(s, run, call)
+        return (_SUCCESS,)
+
+    def cuMemDiscardBatchAsync(self, dptrs: Any, sizes: Any, count: Any, flags: Any, handle: Any) -> tuple[Any, ...]:
+        return self._discard_batch("cuMemDiscardBatchAsync", dptrs, sizes, count, None, flags, handle)
+
+    def cuMemDiscardAndPrefetchBatchAsync(
+        self,
+        dptrs: Any,
+        sizes: Any,
+        count: Any,
+        locations: Any,
+        first: Any,
+        nlocations: Any,
+        flags: Any,
+        handle: Any,
+    ) -> tuple[Any, ...]:
+        n, runs = _int(count), _int(nlocations)
+        locs, starts = list(locations)[:runs], [_int(i) for i in list(first)[:runs]]
+        if (
+            not runs
+            or runs > n
+            or starts[0] != 0
+            or any(b <= a for a, b in itertools.pairwise(starts))
+            or starts[-1] >= n
+        ):
+            return (_INVALID_VALUE,)
+        per_range = [locs[bisect.bisect_right(starts, i) - 1] for i in range(n)]
+        return self._discard_batch("cuMemDiscardAndPrefetchBatchAsync", dptrs, sizes, count, per_range, flags, handle)
+
+    def cuGetProcAddress(self, symbol: Any, version: Any, flags: Any) -> tuple[Any, ...]:
+        """The driver's own ``cuMemRangeGetAttribute`` (umem_numba calls it through ctypes); nothing else."""
+        name = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
+        if name != "cuMemRangeGetAttribute":
+            return self._refuse(f"cuGetProcAddress({name})")()
+        if self._range_get_attribute is None:
+            proto = ctypes.CFUNCTYPE(
+                ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t
+            )
+            self._range_get_attribute = proto(self._raw_range_get_attribute)
+        pfn = ctypes.cast(self._range_get_attribute, ctypes.c_void_p).value
+        return (_SUCCESS, pfn, self._real.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS)
+
+    def _raw_range_get_attribute(self, out: int, size: int, attr: int, ptr: int, nbytes: int) -> int:
+        """``CUresult cuMemRangeGetAttribute(void *data, size_t dataSize, attribute, devPtr, count)``."""
+        try:
+            res = self.cuMemRangeGetAttribute(size, self._real.CUmem_range_attribute(attr), ptr, nbytes)
+        except Exception:  # an attribute the simulation does not answer: the driver's "invalid value"
+            return _INVALID_VALUE
+        if res[0] != _SUCCESS:
+            return int(res[0])
+        values = res[1] if isinstance(res[1], list) else [int(res[1])]
+        slots = max(int(size) // 4, 1)
+        (ctypes.c_int32 * slots).from_address(out)[:] = [int(v) for v in values[:slots]]
+        return _SUCCESS
+
+
+#: Host NUMA node k is kept as the location code _NUMA_BASE - k (see SimDriver._location_code).
+_NUMA_BASE = -3
+
+
+def _legacy_codes(codes: np.ndarray) -> np.ndarray:
+    """Location codes as the legacy range attributes say them (a host NUMA node is CU_DEVICE_CPU, -1)."""
+    return np.where(codes <= _NUMA_BASE, -1, codes)
+
+
+_NUMA_NODES: tuple[int, ...] | None = None
+
+
+def _host_numa_nodes() -> tuple[int, ...]:
+    """This host's online NUMA nodes (the kernel's list; node 0 where it has none)."""
+    global _NUMA_NODES
+    if _NUMA_NODES is None:
+        nodes: list[int] = []
+        try:
+            with open("/sys/devices/system/node/online") as f:
+                for part in f.read().strip().split(","):
+                    if part:
+                        lo, _, hi = part.partition("-")
+                        nodes.extend(range(int(lo), int(hi or lo) + 1))
+        except (OSError, ValueError):
+            pass
+        _NUMA_NODES = tuple(nodes) or (0,)
+    return _NUMA_NODES
+
+
+_guard_capture(SimDriver)
 
 _PROT_NONE, _PROT_READ, _PROT_WRITE = 0, 1, 2
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x01, 0x02, 0x10, 0x20, 0x4000
@@ -1452,14 +2076,64 @@ def _with_module(fn: Any, module: Any) -> Any:
 
     numba's simulator swaps the kernel's global ``cuda`` only; a kernel
     defined inside a function that imported ``cuda`` there gets it here.
+    Its numba scalar types (``uint64(i)``) become :func:`_fast_scalars`'s.
     """
     from numba import cuda
 
     closure = fn.__closure__
-    if not closure or not any(_cell(c) is cuda for c in closure):
+    fast = _fast_scalars(fn)
+    if fast is None and (not closure or not any(_cell(c) is cuda for c in closure)):
         return fn
-    cells = tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
-    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+    cells = closure and tuple(types.CellType(module) if _cell(c) is cuda else c for c in closure)
+    glob = fn.__globals__
+    if fast is not None:
+        # A copy of the globals, with ``cuda`` swapped as numba swaps it in the original (where a
+        # kernel of the same module running in another thread may have put its own fake module).
+        from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+        glob = {k: module if v is cuda or isinstance(v, FakeCUDAModule) else fast.get(k, v) for k, v in glob.items()}
+    return types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, cells)
+
+
+_FAST_TYPES: dict[int, Any] = {}
+
+
+def _fast_scalars(fn: Any) -> dict[str, Any] | None:
+    """The kernel's global numba scalar types, each as a type that casts a number in a fraction of the time.
+
+    ``uint64(i)`` in a simulated kernel calls numba's ``Type.__call__``: an
+    import, an abstract-class check, then ``numpy.uint64(i)``; the stencil
+    kernels index with it, and it took three quarters of their simulated
+    time.  The stand-in is an instance of a subclass of the same numba type
+    class with the same fields (``numpy_support.as_dtype``, ``isinstance`` and
+    signatures still see a numba type); called with one number it returns
+    ``getattr(numpy, name)(number)`` at once, exactly what numba's does, and
+    anything else goes to numba's type itself.  None when the kernel names no
+    such type.
+    """
+    from numba.core import types as nbtypes
+
+    out: dict[str, Any] = {}
+    for name in set(_names(fn.__code__)):
+        v = fn.__globals__.get(name)
+        if type(v) not in (nbtypes.Integer, nbtypes.Float, nbtypes.Complex):
+            continue
+        fast = _FAST_TYPES.get(id(v))
+        if fast is None:
+            cast = getattr(np, v.name)
+            base = type(v)
+
+            def call(self: Any, *args: Any, _cast: Any = cast, _numba: Any = v) -> Any:
+                if len(args) == 1 and (type(args[0]) in (int, float, bool) or isinstance(args[0], np.generic)):
+                    return _cast(args[0])
+                return _numba(*args)  # a signature, or numba's own error: numba's type answers
+
+            sub = type(f"_Fast{base.__name__}", (base,), {"__call__": call})
+            fast = object.__new__(sub)
+            fast.__dict__.update(v.__dict__)
+            _FAST_TYPES[id(v)] = fast
+        out[name] = fast
+    return out or None
 
 
 class _Clock(threading.local):
@@ -1828,6 +2502,7 @@ def install_numba(drv: SimDriver) -> None:
             from numba.cuda.errors import normalize_kernel_dimensions
 
             grid, block = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+            drv.refuse_plain_launch_in_capture(getattr(self, "_umem_stream", 0))
             run_kernel(self, grid, block, self.dynshared_size, list(args))
             return None
 
@@ -1843,6 +2518,8 @@ def install_numba(drv: SimDriver) -> None:
         def getitem(self: Any, configuration: Any) -> Any:
             configured = copy.copy(self)
             numba_getitem(configured, configuration)
+            # numba's simulator ignores the stream; a graph capture needs it (see refuse_plain_launch_in_capture)
+            configured._umem_stream = _stream_int(configuration[2]) if len(configuration) > 2 else 0
             return configured
 
         simkernel.FakeCUDAKernel.__getitem__ = getitem
