@@ -13,7 +13,7 @@ Per step each rank queues its slab step first, then computes the two rows its
 neighbours need with small launches on a second, high-priority stream (from
 the rows received the step before), sends them with non-blocking MPI, and
 writes them over the slab step's edge rows: the messages travel while the
-next slab step runs (``umem_numba.kernels.distributed``).  Where the
+next slab step runs (``umem_numba.kernels.mpi``).  Where the
 MPI library is CUDA-aware (``MPIX_Query_cuda_support``; override with
 ``UMEM_MPI_CUDA_AWARE=0/1``) the halo rows go from device buffers directly,
 otherwise through ``umem_numba.PinnedBuffer`` staging.  With ``--halo ipc``
@@ -127,14 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heat2d_mpi: needs mpi4py and an MPI library (pip install -e '.[mpi]'): {exc}", file=sys.stderr)
         return 1
     from umem_numba.kernels.decomp import Decomposition
-    from umem_numba.kernels.distributed import (
-        RankHeat,
-        collective_errors,
-        cuda_aware_mpi,
-        ipc_unavailable,
-        local_rank,
-        mismatch,
-    )
+    from umem_numba.kernels.mpi.comm import collective_errors, cuda_aware_mpi, ipc_unavailable, local_rank, mismatch
+    from umem_numba.kernels.mpi.distributed import RankHeat
 
     comm = MPI.COMM_WORLD
     rank, nranks = comm.Get_rank(), comm.Get_size()
@@ -180,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
         align = TUNED_2D[dtype][0]
         if not um.gpu_available():
-            from umem_numba import _driver
-
-            error = f"no usable GPU on {socket.gethostname()}: {_driver.unavailable_reason()}"
+            error = f"no usable GPU on {socket.gethostname()}: {um.gpu_unavailable_reason()}"
     decomp = None
     try:
         decomp = Decomposition(shape, nranks, align)
@@ -329,11 +321,11 @@ def _pick_gpu(rank: int, lrank: int, on_node: int, decomp: Any, dtype: np.dtype)
     """
     from numba import cuda
 
-    from umem_numba import _driver
+    import umem_numba as um
     from umem_numba.kernels import MemoryBudgetError, require_free_memory
 
     try:
-        count = _driver.device_count()
+        count = um.device_count()
         dev = lrank % count
         cuda.select_device(dev)
         same = sum(1 for j in range(on_node) if j % count == dev)

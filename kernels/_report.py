@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from umem_numba._plot import MissingExtraError, progress, require_plot_extra, save_field
+from ._plot import MissingExtraError, progress, require_plot_extra, save_field
 
 __all__ = [
     "MissingExtraError",

@@ -36,7 +36,7 @@ cell, so they are left as they are (see :attr:`Slab.halo_rows`).
 The overlapped schedule (edge bands)
 ------------------------------------
 To hide the exchange behind the slab step, the MPI path
-(``umem_numba.kernels.distributed.RankHeat``) never waits for received rows
+(``umem_numba.kernels.mpi.distributed.RankHeat``) never waits for received rows
 before the slab step.  Per step and per neighbour, an :class:`EdgeBand`
 (:meth:`Decomposition.edge_bands`) says how:
 

@@ -68,7 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from ._common import PriorityStream, _as_float_dtype, require_free_memory, stencil_weights
+from umem_numba import PriorityStream
+
+from ._common import _as_float_dtype, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
 __all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi", "heat3d_multi", "heat_multi"]
@@ -155,10 +157,9 @@ class PeerExchange(HaloExchange):
         from numba import cuda
 
         import umem_numba as um
-        from umem_numba import _driver
 
         self._slabs = slabs
-        self._drv = _driver
+        self._call = um.driver_call  # bound once: the step calls it per halo row
         self.kernel = kernel
         self.halo = halo
         self.fallback: str | None = None
@@ -221,11 +222,11 @@ class PeerExchange(HaloExchange):
             dst = _ptr(s.src) + m.dst_row * s.row_bytes
             if link.kind == "vmm":
                 # Read in place through the peer mapping of the sender's band array.
-                self._drv.call("cuMemcpyAsync", dst, self._scratch_row_ptr(link), s.row_bytes, h)
+                self._call("cuMemcpyAsync", dst, self._scratch_row_ptr(link), s.row_bytes, h)
             elif link.kind == "pinned":
-                self._drv.call("cuMemcpyHtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
+                self._call("cuMemcpyHtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
             else:
-                self._drv.call("cuMemcpyDtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
+                self._call("cuMemcpyDtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
 
     def send(self, k: int, weights: tuple) -> None:
         """On slab ``k``'s edge stream: the bands of this step, then the rows towards the neighbours."""
@@ -250,11 +251,11 @@ class PeerExchange(HaloExchange):
             b.ready.wait(s.edge)  # the receiver consumed the previous row (landing or band array)
             src = self._scratch_row_ptr(link)
             if link.kind == "peer":
-                self._drv.call("cuMemcpyPeerAsync", link.landing_ptr, b.ctx, src, s.ctx, s.row_bytes, h)
+                self._call("cuMemcpyPeerAsync", link.landing_ptr, b.ctx, src, s.ctx, s.row_bytes, h)
             elif link.kind == "device":
-                self._drv.call("cuMemcpyDtoDAsync", link.landing_ptr, src, s.row_bytes, h)
+                self._call("cuMemcpyDtoDAsync", link.landing_ptr, src, s.row_bytes, h)
             elif link.kind == "pinned":
-                self._drv.call("cuMemcpyDtoHAsync", link.landing_ptr, src, s.row_bytes, h)
+                self._call("cuMemcpyDtoHAsync", link.landing_ptr, src, s.row_bytes, h)
             link.sent.record(s.edge)
 
     def exchange(self, fields: Sequence[Any] | None = None) -> None:
@@ -275,17 +276,17 @@ class PeerExchange(HaloExchange):
 
 def _vmm_unavailable(decomp: Decomposition, slabs: list[_SlabState], transport: str) -> str | None:
     """Why ``halo='vmm'`` cannot run here, or None."""
-    from umem_numba import _driver
+    from umem_numba import can_access_peer, device_attribute
 
     if transport == "pinned":
         return "transport='pinned' asks for staging through host memory"
     for m in decomp.moves():
         a, b = slabs[m.src], slabs[m.dst]
-        if a.device != b.device and not int(_driver.call("cuDeviceCanAccessPeer", b.device, a.device)):
+        if a.device != b.device and not can_access_peer(b.device, a.device):
             return f"GPU {b.device} cannot access GPU {a.device}'s memory (cuDeviceCanAccessPeer is 0)"
     for d in {s.device for s in slabs}:
         try:
-            supported = _driver.device_attribute("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", d)
+            supported = device_attribute("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", d)
         except Exception as exc:
             return f"cannot ask GPU {d} for VMM support: {exc}"
         if not supported:
@@ -297,13 +298,13 @@ def _enable_peer(a: _SlabState, b: _SlabState) -> bool:
     """Let ``b``'s context access ``a``'s memory; False if the GPUs cannot."""
     from numba import cuda
 
-    from umem_numba import CudaError, _driver
+    from umem_numba import CudaError, can_access_peer, driver_call
 
-    if not int(_driver.call("cuDeviceCanAccessPeer", b.device, a.device)):
+    if not can_access_peer(b.device, a.device):
         return False
     with cuda.gpus[b.device]:
         try:
-            _driver.call("cuCtxEnablePeerAccess", a.ctx, 0)
+            driver_call("cuCtxEnablePeerAccess", a.ctx, 0)
         except CudaError as exc:
             if exc.name != "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED":
                 raise
@@ -392,9 +393,9 @@ class MultiGPUHeat:
 
         from numba import cuda
 
-        from umem_numba import _driver
+        import umem_numba as um
 
-        count = _driver.device_count()  # CudaUnavailableError without a GPU
+        count = um.device_count()  # CudaUnavailableError without a GPU
         bad = [d for d in devices if not 0 <= d < count]
         if bad:
             raise ValueError(f"devices {bad} do not exist: this machine has {count} CUDA device(s)")
@@ -402,8 +403,7 @@ class MultiGPUHeat:
         for k, d in enumerate(devices):
             need[d] = need.get(d, 0) + 2 * int(np.prod(self.decomp.local_shape(k))) * dtype.itemsize
         for d, nbytes in need.items():
-            with cuda.gpus[d]:
-                free, total = _driver.mem_get_info()
+            free, total = um.mem_info(d)
             require_free_memory(
                 nbytes, f"the slabs of GPU {d}", allow_oversubscribe=allow_oversubscribe, free=free, total=total
             )
@@ -423,7 +423,7 @@ class MultiGPUHeat:
         self.slabs: list[_SlabState] = []
         for d, local in zip(devices, parts, strict=True):  # one slab per device
             with cuda.gpus[d]:
-                ctx = _driver.call("cuCtxGetCurrent")
+                ctx = um.driver_call("cuCtxGetCurrent")
                 stream = cuda.stream()
                 src = cuda.to_device(local, stream=stream)
                 dst = cuda.to_device(local, stream=stream)  # alignment rows start defined

@@ -49,11 +49,10 @@ def _zero_first(out: Any, stream: Any) -> None:
 
         launch(reset_kernel, 1, 1, out, stream=stream)
         return
-    from umem_numba import _driver
-    from umem_numba._location import stream_handle
+    from umem_numba import driver_call, ensure_context, stream_handle
 
-    _driver.ensure_context()  # numba's context, as a launch from this thread would make current
-    _driver.call(
+    ensure_context()  # numba's context, as a launch from this thread would make current
+    driver_call(
         "cuMemsetD8Async",
         _device_address(out),
         0,
@@ -128,10 +127,9 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
     _zero_first(out, stream)
     if n == 0 or m == 0:
         if not simulating():  # nothing launched after the memset for .host to wait for
-            from umem_numba import _driver
-            from umem_numba._location import stream_handle
+            from umem_numba import driver_call, stream_handle
 
-            _driver.call("cuStreamSynchronize", stream_handle(stream), detail="max_abs_diff of empty grids")
+            driver_call("cuStreamSynchronize", stream_handle(stream), detail="max_abs_diff of empty grids")
         return
     columns = ceil_div(m, REDUCE_BLOCK)
     chunks = ceil_div(n, _ROWS_PER_BLOCK)

@@ -1,4 +1,4 @@
-"""Shared fixtures: GPU gating, fresh random data, leak checks (helpers live in ``helpers.py``)."""
+"""Shared fixtures: GPU gating, fresh random data, leak checks (helpers live in ``support/helpers.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import test_seed
+from support.helpers import test_seed
 
-from umem_numba import _driver, _sim
+from umem_numba import _driver
+from umem_numba._driver import _sim
 
 
 def _gpu_reason() -> str:
@@ -22,55 +23,55 @@ def _gpu_reason() -> str:
 #: A test can also say so itself: ``@pytest.mark.real_gpu("why")``.
 SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's compiled kernels launched through cuLaunchKernel (the direct launch path): numba's "
-    "simulator compiles nothing": ("tests/test_launch_direct.py::",),
+    "simulator compiles nothing": ("tests/launch/test_launch_direct.py::",),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory managers": (
-        "tests/test_emm.py::",
+        "tests/interop/test_emm.py::",
     ),
     "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
-        "tests/test_coherence_streams.py::test_readers_on_two_streams_overlap",
+        "tests/coherence/test_coherence_streams.py::test_readers_on_two_streams_overlap",
     ),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
-        "tests/test_fastpath_pool.py::test_plugin_",
-        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",
-        "tests/test_fastpath_exit.py::test_process_exits_cleanly_leaving_everything_open",
+        "tests/memory/test_fastpath_pool.py::test_plugin_",
+        "tests/memory/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",
+        "tests/memory/test_fastpath_exit.py::test_process_exits_cleanly_leaving_everything_open",
     ),
     "numba's compiled kernels launched through cuLaunchKernel (the direct launch path)": (
-        "tests/test_fastpath_launch.py::test_pre_launch_callbacks_run_on_direct_launches",
+        "tests/launch/test_fastpath_launch.py::test_pre_launch_callbacks_run_on_direct_launches",
     ),
     "numba's real driver: its own refusal of a managed_array view at launch": (
-        "tests/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
+        "tests/arrays/test_managed.py::test_numba_managed_array_slice_fails_but_ours_works",
     ),
     "cuda.core's own device, stream and memory resource (cuda.core.Device, DeviceMemoryResource), which "
     "call the CUDA driver through cuda.bindings directly, not umem_numba's simulated driver": (
-        "tests/test_parity.py::test_cuda_core_pool_memory_round_trip",
+        "tests/hints/test_parity.py::test_cuda_core_pool_memory_round_trip",
     ),
     "numba's real driver objects (DeviceNDArray, the context's deferred deallocations)": (
-        "tests/test_fastpath_pool.py::test_remembered_stream_id_dies_with_its_stream",
-        "tests/test_fastpath_pool.py::test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader",
+        "tests/memory/test_fastpath_pool.py::test_remembered_stream_id_dies_with_its_stream",
+        "tests/memory/test_fastpath_pool.py::test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader",
     ),
     "timing a real GPU (benchmarks)": (
-        "tests/test_bench_report.py::test_bench_all_quick_on_the_gpu",
-        "tests/test_vmm.py::test_bench_quick_run_writes_checked_results",
-        "tests/test_stencil_gpu.py::test_bench_stencil",
+        "tests/cli/test_bench_report.py::test_bench_all_quick_on_the_gpu",
+        "tests/vmm/test_vmm.py::test_bench_quick_run_writes_checked_results",
+        "tests/kernels/test_stencil_gpu.py::test_bench_stencil",
     ),
     "a fault on a write through a read-only VMM mapping (the simulated driver does not tell a "
-    "kernel's reads from its writes)": ("tests/test_vmm.py::test_read_only_access_is_enforced_in_a_child_process",),
+    "kernel's reads from its writes)": ("tests/vmm/test_vmm.py::test_read_only_access_is_enforced_in_a_child_process",),
     "kernels with syncthreads on GPU-sized grids (numba's simulator runs them with a Python thread per "
     "CUDA thread: minutes each; the kernels run on the simulator at small sizes in "
-    "tests/test_kernels_sim.py)": (
-        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
-        "tests/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
+    "tests/kernels/test_kernels_sim.py)": (
+        "tests/kernels/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float32-tile]",
+        "tests/kernels/test_stencil3d_vec.py::test_every_variant_on_the_gpu_aligned_misaligned_and_windowed[float64-tile]",
     ),
     "the examples' GPU path (under numba's simulator they take their own simulator branch, tested "
     "by examples/heat2d.py's fallback)": (
-        "tests/test_examples.py::test_heat2d_end_to_end",
-        "tests/test_examples.py::test_heat3d_end_to_end",
-        "tests/test_examples.py::test_residual_end_to_end",
-        "tests/test_examples.py::test_examples_refuse_to_oversubscribe",
+        "tests/examples/test_examples.py::test_heat2d_end_to_end",
+        "tests/examples/test_examples.py::test_heat3d_end_to_end",
+        "tests/examples/test_examples.py::test_residual_end_to_end",
+        "tests/examples/test_examples.py::test_examples_refuse_to_oversubscribe",
     ),
     "a GPU in every MPI rank: examples/heat2d_mpi.py refuses the simulated driver (GPU-sized plates "
     "would take hours on numba's simulator; the MPI tests without a GPU run in every CI job)": (
-        "tests/test_mpi.py::test_mpi_gpu_",
+        "tests/kernels/test_mpi.py::test_mpi_gpu_",
     ),
 }
 
@@ -119,7 +120,7 @@ def _sim_seed(request: pytest.FixtureRequest) -> Iterator[None]:
     if not _sim.active():
         yield
         return
-    from umem_numba import _sim_driver
+    from umem_numba._driver import _simulated as _sim_driver
 
     base = _sim_driver.seed()
     drv = _driver.api().drv

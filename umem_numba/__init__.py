@@ -5,16 +5,26 @@ Importing never touches the GPU; the first call that needs one raises
 (``NUMBA_ENABLE_CUDASIM=1`` when umem_numba is imported) the same classes run
 over a simulated driver whose memory is host memory and whose streams run
 their work late, in a seeded adversarial order (see
-:mod:`umem_numba._sim_driver`).
+:mod:`umem_numba._driver._simulated`).
 """
 
 from __future__ import annotations
 
-from . import _sim
-from ._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
-from ._copy import copy
-from ._device_buffer import DeviceBuffer
+from ._arrays._copy import copy
+from ._cli._info import info
+from ._driver import _sim
 from ._driver import available as gpu_available
+from ._driver._devices import (
+    can_access_peer,
+    device_attribute,
+    device_count,
+    driver_call,
+    ensure_context,
+    gpu_unavailable_reason,
+    mem_info,
+)
+from ._driver._location import HOST, Host, Location, as_location, stream_handle
+from ._driver._streams import PriorityStream
 from ._errors import (
     BufferClosedError,
     CoherenceError,
@@ -24,18 +34,18 @@ from ._errors import (
     UmemError,
     UnsupportedError,
 )
-from ._info import info
-from ._launch import CoherentKernel, coherent, jit, launch
-from ._location import HOST, Host, Location, as_location
-from ._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
-from ._pinned import HostAllocFlags, PinnedBuffer
-from ._pool import MemoryPool
-from ._prefetch import PrefetchPlan
-from ._stats import KindStats, PoolStats, reset_peak, stats
-from ._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
-from ._vmm import AddressRange, Mapping, PhysicalMemory
-from ._vmm_access import AccessFlags, allocation_granularity
-from ._vmm_buffer import VMMBuffer
+from ._hints._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
+from ._hints._prefetch import PrefetchPlan
+from ._kinds._device import DeviceBuffer
+from ._kinds._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
+from ._kinds._pinned import HostAllocFlags, PinnedBuffer
+from ._launch._coherent import CoherentKernel, coherent, jit, launch
+from ._memory._pool import MemoryPool
+from ._memory._stats import KindStats, PoolStats, reset_peak, stats
+from ._memory._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
+from ._vmm._access import AccessFlags, allocation_granularity
+from ._vmm._buffer import VMMBuffer
+from ._vmm._mapping import AddressRange, Mapping, PhysicalMemory
 
 __version__ = "0.1.0"
 
@@ -51,7 +61,7 @@ def __getattr__(name: str) -> type:
     # numba's NUMBA_CUDA_MEMORY_MANAGER=umem_numba reads _numba_memory_manager;
     # loaded lazily so that importing umem_numba does not import numba.cuda.
     if name in ("_numba_memory_manager", "UmemNumbaMemoryManager"):
-        from ._emm import UmemNumbaMemoryManager
+        from ._interop._emm import UmemNumbaMemoryManager
 
         return UmemNumbaMemoryManager
     raise AttributeError(f"module 'umem_numba' has no attribute {name!r}")
@@ -75,7 +85,12 @@ __all__ = [
     "BufferClosedError",
     # machine
     "gpu_available",
+    "gpu_unavailable_reason",
     "info",
+    "device_count",
+    "device_attribute",
+    "mem_info",
+    "can_access_peer",
     "stats",
     "reset_peak",
     "KindStats",
@@ -84,6 +99,11 @@ __all__ = [
     "HOST",
     "Host",
     "as_location",
+    # streams and the driver
+    "PriorityStream",
+    "stream_handle",
+    "ensure_context",
+    "driver_call",
     # managed
     "ManagedBuffer",
     "managed_empty",

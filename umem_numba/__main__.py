@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        from ._info import format_info, info
+        from ._cli._info import format_info, info
 
         data = info()
         print(json.dumps(data, indent=2) if args.json else format_info(data))

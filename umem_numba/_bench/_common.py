@@ -180,7 +180,7 @@ def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterabl
     Progress is a convenience here: a benchmark runs the same without it.
     """
     try:
-        from .._plot import progress as bar
+        from umem_numba.kernels._plot import progress as bar
 
         return bar(iterable, total=total, desc=desc, unit="step", leave=False)
     except ImportError:

@@ -97,7 +97,7 @@ def run_all(
     dict
         One entry per name.
     """
-    from .._plot import progress
+    from umem_numba.kernels._plot import progress
 
     entries: dict[str, dict[str, Any]] = {}
     argv = ["--quick"] if quick else []
@@ -213,8 +213,9 @@ def write_report(
     dict
         ``{"json": path, "markdown": path}``.
     """
-    from .._info import format_info
-    from .._plot import save_goal_chart
+    from umem_numba.kernels._plot import save_goal_chart
+
+    from .._cli._info import format_info
 
     charts: dict[str, list[str]] = {}
     for name, entry in entries.items():
@@ -316,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     """
     registry = _registry()
     args = _parse(argv, list(registry))
-    from .._plot import MissingExtraError, require_plot_extra
+    from umem_numba.kernels._plot import MissingExtraError, require_plot_extra
 
     try:
         require_plot_extra()
     except MissingExtraError as exc:
         print(f"bench all: {exc}", file=sys.stderr)
         return 2
-    from .._info import info
+    from .._cli._info import info
 
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")

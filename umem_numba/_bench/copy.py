@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _copy, _driver
+from .. import _driver
+from .._arrays import _copy
 from .._errors import CudaUnavailableError
 from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_table
 

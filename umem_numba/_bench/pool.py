@@ -6,7 +6,7 @@ synchronised after each batch), same run for every row:
 * umem_numba pools as buffers (``ManagedBuffer.empty(pool=...)`` /
   ``DeviceBuffer.empty`` then ``close``), managed and device: goal <= 2 µs per
   cycle (what a program pays; the memory comes back from the pool's free
-  lists, see :mod:`umem_numba._pool`);
+  lists, see :mod:`umem_numba._memory._pool`);
 * the raw interface (``MemoryPool.allocate`` / ``free``: addresses, no
   coherence record, free lists per size and stream like CuPy's pool): goal
   <= 2 µs per cycle, the figure to set beside CuPy's;

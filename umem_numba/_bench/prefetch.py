@@ -121,7 +121,7 @@ def _fill_random(host: np.ndarray, rng: np.random.Generator) -> None:
 
 
 def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]:
-    from .._pinned import PinnedBuffer
+    from .._kinds._pinned import PinnedBuffer
 
     host = PinnedBuffer.empty(nbytes, np.uint8)
     dptr = int(_driver.call("cuMemAlloc", nbytes, detail="device buffer for the pinned-copy reference"))
@@ -142,8 +142,8 @@ def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]
 
 def _d2h_variants(buf: Any, dev: int, clock: _Clock, reps: int) -> dict[str, float]:
     """Other ways to issue the device->host prefetch; each is timed like the plain call."""
-    from .._location import Host
-    from .._prefetch import PrefetchPlan
+    from .._driver._location import Host
+    from .._hints._prefetch import PrefetchPlan
 
     out: dict[str, float] = {}
     nbytes = buf.nbytes
@@ -199,8 +199,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from numba import cuda
 
     from .. import launch
-    from .._managed import ManagedBuffer
-    from .._prefetch import PrefetchPlan, _batch_possible
+    from .._hints._prefetch import PrefetchPlan, _batch_possible
+    from .._kinds._managed import ManagedBuffer
 
     reps = 2 if args.quick else 5
     nbytes = int(args.size_gib * _GIB) // (_PLAN_ENTRIES * 4 * 4096) * (_PLAN_ENTRIES * 4 * 4096)

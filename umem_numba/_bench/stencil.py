@@ -296,7 +296,7 @@ def _close(bufs: list) -> None:
 
 def _chart(path: str, title: str, rows: list[dict], copy_gbps: float) -> None:
     """Bar chart of GB/s per kind (and of the fault-driven first sweep) against the copy."""
-    from .._plot import save_bar_chart
+    from umem_numba.kernels._plot import save_bar_chart
 
     labels, values, texts = [], [], []
     for r in rows:

@@ -82,7 +82,7 @@ def _memset(ptr: int, value: int, nbytes: int) -> None:
 
 
 def _bench_grow(size: int, warmup: int, repeats: int) -> dict:
-    from .._vmm_buffer import VMMBuffer
+    from .._vmm._buffer import VMMBuffer
 
     buf = VMMBuffer.empty(size, np.uint8, capacity=2 * size)
     _memset(buf.ptr, 1, size)
@@ -135,7 +135,7 @@ def _bench_grow(size: int, warmup: int, repeats: int) -> dict:
 
 
 def _append_vmm(step: int, total: int) -> tuple[float, int]:
-    from .._vmm_buffer import VMMBuffer
+    from .._vmm._buffer import VMMBuffer
 
     holder: dict[str, Any] = {}
 
@@ -218,7 +218,7 @@ def _stream_kernel() -> Any:
 def _bench_stream(nbytes: int, step: int, launches: int, rounds: int) -> dict:
     from numba import cuda
 
-    from .._vmm_buffer import VMMBuffer
+    from .._vmm._buffer import VMMBuffer
 
     n = nbytes // 4
     kernel = _stream_kernel()
@@ -331,7 +331,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     except MemoryError as exc:
         raise BenchSkipped(str(exc)) from exc
 
-    from .._vmm_access import allocation_granularity
+    from .._vmm._access import allocation_granularity
 
     gran = allocation_granularity()
     grow = _bench_grow(sizes["grow"], warmup, repeats)

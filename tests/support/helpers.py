@@ -1,0 +1,90 @@
+"""Helpers the tests share (imported as ``from support.helpers import ...``; fixtures live in conftest)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["ORDERING_TRIALS", "random_array", "sleeping", "test_seed"]
+
+
+def test_seed() -> int:
+    """``UMEM_TEST_SEED`` if set, else a fresh random seed."""
+    env = os.environ.get("UMEM_TEST_SEED")
+    return int(env) if env else int.from_bytes(os.urandom(4), "little")
+
+
+test_seed.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Random, never-zero data of any numeric dtype."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return (rng.random(shape) + 0.5).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(1, 100, size=shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
+    raise TypeError(dtype)
+
+
+#: Trials of every ordering test: a missing wait shows in some of them, not necessarily all.
+ORDERING_TRIALS = 20
+
+
+class _SleepKernels:
+    """Kernels that sleep on the device first, so that a missing wait shows as a wrong value.
+
+    ``cuda.nanosleep(1_000_000)`` sleeps about a millisecond of device time per call; ``ms``
+    is the number of calls.  Compiled on first use (importing this module compiles nothing).
+    """
+
+    def __init__(self) -> None:
+        self._compiled: dict[str, object] = {}
+
+    def _get(self, name: str):
+        k = self._compiled.get(name)
+        if k is None:
+            from numba import cuda
+
+            if name == "read":
+
+                def sleep_then_copy(src, out, ms):
+                    for _ in range(ms):
+                        cuda.nanosleep(1_000_000)
+                    i = cuda.grid(1)
+                    if i < src.size:
+                        out[i] = src[i]
+
+                k = cuda.jit(sleep_then_copy)
+            elif name == "fill":
+
+                def sleep_then_fill(a, value, ms):
+                    for _ in range(ms):
+                        cuda.nanosleep(1_000_000)
+                    i = cuda.grid(1)
+                    if i < a.size:
+                        a[i] = value
+
+                k = cuda.jit(sleep_then_fill)
+            else:
+                raise KeyError(name)
+            self._compiled[name] = k
+        return k
+
+    @property
+    def copy(self):
+        """``copy[grid, block, stream](src, out, ms)``: sleep ``ms`` ms, then ``out[i] = src[i]`` (flat arrays)."""
+        return self._get("read")
+
+    @property
+    def fill(self):
+        """``fill[grid, block, stream](a, value, ms)``: sleep ``ms`` ms, then ``a[i] = value`` (a flat array)."""
+        return self._get("fill")
+
+
+#: Shared by the ordering tests: ``sleeping.copy`` and ``sleeping.fill`` (plain numba kernels;
+#: wrap them in ``umem_numba.coherent`` for tracked launches).
+sleeping = _SleepKernels()

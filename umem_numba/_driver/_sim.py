@@ -1,0 +1,26 @@
+"""Whether numba's CUDA simulator is on: read once, from the environment, never importing numba.cuda.
+
+``NUMBA_ENABLE_CUDASIM=1`` must be set before ``numba.cuda`` is first
+imported; numba reads it once.  This is the one test of it in umem_numba:
+:mod:`umem_numba._driver` then loads the simulated driver
+(:mod:`umem_numba._driver._simulated`) instead of the CUDA binding, and every buffer,
+pool, copy and launch runs over it unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["NOTE", "active"]
+
+#: What umem_numba says about the simulation (``info()``, skip reasons).
+NOTE = (
+    "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): umem_numba runs over a simulated driver whose memory "
+    "is host memory; kernels run on the CPU, late, when a synchronisation needs them, with streams in a "
+    "seeded adversarial order (UMEM_SIM_SEED)"
+)
+
+
+def active() -> bool:
+    """Whether ``NUMBA_ENABLE_CUDASIM`` switches numba's CUDA simulator on (numba's own test of it)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")

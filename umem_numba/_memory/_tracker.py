@@ -1,0 +1,618 @@
+"""Coherence tracking: host code never touches memory that device work may still use.
+
+Every allocation owns a :class:`Tracker` (this module sits below the buffers;
+launching, which files work under trackers, sits above them in
+:mod:`umem_numba._launch._coherent`).  Launches through
+:func:`launch`, :func:`coherent` or :func:`jit` record one CUDA event on the
+launch stream and file it under every buffer argument (views included), with
+no host synchronisation on the launch path.  Host access (``.host``,
+``np.asarray``, copies to the host, ``close``) first *settles* the tracker:
+under the default ``"sync"`` policy it waits on exactly those events, not on
+the whole device.
+
+Device-side ordering: work the toolkit issues on stream S (kernels, copies,
+prefetches, memsets) first makes S wait, on the device (``cuStreamWaitEvent``),
+for earlier toolkit work on *other* streams that conflicts with it: a read
+waits for the last write, a write waits for the last write and every read
+since.  Readers on different streams stay concurrent.  Streams are told apart
+by their ``cuStreamGetId``, never by the raw handle.
+
+Work the toolkit cannot see is still accounted for:
+
+* a plain numba launch (``kernel[grid, block](buf)``) reads the buffer's type
+  and device pointer while launching, which marks the allocation as used on an
+  *unknown* stream of the current device; the next host access synchronises
+  that device (``"sync"``) or raises;
+* a device view that leaves the toolkit (``__cuda_array_interface__`` read by
+  CuPy, PyTorch, ``cuda.as_cuda_array``; ``__dlpack__``) *escapes*: the other
+  library may use it at any time, so from then on every host access
+  synchronises every device with an active context.  ``buf.lend(stream)`` is
+  the precise alternative: the work on that stream is recorded when the block
+  ends.
+
+Policies
+--------
+``"sync"`` (default)
+    wait for the pending work, then proceed.
+``"raise"``
+    raise :class:`~umem_numba.CoherenceError` naming the busy stream.
+``"warn"``
+    emit a :class:`CoherenceWarning` and proceed without waiting.
+``"off"``
+    no check at all.
+
+The policy in force for a buffer is its own (``buf.coherence_policy``) if set,
+else the innermost ``with coherence_policy(...)`` block of the calling
+thread, else the global default (:func:`set_coherence_policy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from .. import _driver
+from .._errors import BufferClosedError, CoherenceError
+from . import _events
+
+__all__ = [
+    "POLICIES",
+    "CoherenceWarning",
+    "DeviceUse",
+    "Tracker",
+    "check_policy",
+    "coherence_policy",
+    "get_coherence_policy",
+    "refuse_capture",
+    "set_coherence_policy",
+]
+
+POLICIES = ("sync", "raise", "warn", "off")
+
+#: begin_use's answer when the stream need not wait (never mutated).
+_NO_WAITS: list[Any] = []
+
+
+class CoherenceWarning(RuntimeWarning):
+    """Host access to a buffer with device work that may still be running."""
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown coherence policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return policy
+
+
+_global_policy = "sync"
+_block_policy: contextvars.ContextVar[str | None] = contextvars.ContextVar("umem_coherence_policy", default=None)
+
+
+def set_coherence_policy(policy: str) -> None:
+    """Set the process-wide default coherence policy.
+
+    Parameters
+    ----------
+    policy : {"sync", "raise", "warn", "off"}
+    """
+    global _global_policy
+    _global_policy = check_policy(policy)
+
+
+def get_coherence_policy() -> str:
+    """The policy in force here: the innermost ``with`` block's, else the global one."""
+    return _block_policy.get() or _global_policy
+
+
+@contextlib.contextmanager
+def coherence_policy(policy: str) -> Iterator[str]:
+    """Use ``policy`` for host accesses inside the ``with`` block (this thread/task only).
+
+    Examples
+    --------
+    >>> with umem_numba.coherence_policy("raise"):  # doctest: +SKIP
+    ...     buf.host  # CoherenceError if a kernel may still write buf
+    """
+    token = _block_policy.set(check_policy(policy))
+    try:
+        yield policy
+    finally:
+        _block_policy.reset(token)
+
+
+class _Launching(threading.local):
+    """The trackers of the launch the calling thread is making right now.
+
+    numba reads each argument's type and device pointer while the toolkit
+    launches; those reads are the toolkit's own and must not mark the
+    allocation as used by an unknown launch.  Only the launch's own
+    arguments are exempt, not every buffer touched on the thread meanwhile.
+    """
+
+    current: tuple[Tracker, ...] = ()
+
+
+_launching = _Launching()
+
+
+class Tracker:
+    """Outstanding device work and host holds of one allocation.
+
+    Parameters
+    ----------
+    device_id : int
+        The device whose context the allocation belongs to.
+    concurrent : bool
+        The device's concurrentManagedAccess: without it *any* running kernel
+        makes host access to managed memory fault, so settling waits for the
+        whole context.
+
+    Notes
+    -----
+    Every field is read and written under one lock; the driver is never
+    called with it held, so a garbage collection (which may run a buffer's
+    finalizer) can never deadlock on it.
+    """
+
+    __slots__ = (
+        "_blocked",
+        "_idle",
+        "_lock",
+        "_records",
+        "_unknown_gen",
+        "_waiters",
+        "attached",
+        "concurrent",
+        "device_id",
+        "escaped",
+        "holds",
+        "inflight",
+        "policy",
+        "reads",
+        "unknown_devices",
+        "writes",
+    )
+
+    def __init__(self, device_id: int, concurrent: bool = True) -> None:
+        self._lock = threading.Lock()
+        # Made by the first thread that must wait for in-flight registrations
+        # (rare): a Condition costs as much to create as a pool allocation.
+        self._idle: threading.Condition | None = None
+        self._waiters = 0  # threads waiting for in-flight registrations to end
+        #: Writes not known to be implied by a later one, by identity.  A new
+        #: write supersedes exactly the events it was ordered after (see
+        #: begin_use); one that was filed meanwhile by another thread stays.
+        self.writes: dict[int, _events.Event] = {}
+        #: Reads since those writes, by identity.
+        self.reads: dict[int, _events.Event] = {}
+        #: Devices on which a launch the toolkit did not make used the memory.
+        self.unknown_devices: set[int] = set()
+        self._unknown_gen = 0
+        #: Events filed so far (see mark()).
+        self._records = 0
+        #: A device view left the toolkit: work on it can appear at any time.
+        self.escaped = False
+        #: Toolkit work between its begin and its recorded event.
+        self.inflight = 0
+        self.holds = 0
+        #: Why new device use is refused right now (closing, resizing), or None.
+        self._blocked: str | None = None
+        self.policy: str | None = None
+        self.device_id = device_id
+        self.concurrent = concurrent
+        #: None (attached globally), "host", or the stream handle it is attached to.
+        self.attached: str | int | None = None
+
+    # -- what tests and tools read ---------------------------------------------
+    @property
+    def pending(self) -> dict[int, _events.Event]:
+        """Recorded work not yet known to be done, by stream handle (a snapshot)."""
+        with self._lock:
+            events = [*self.writes.values(), *self.reads.values()]
+        return {e.stream: e for e in events}
+
+    @property
+    def unknown(self) -> bool:
+        """Whether a launch the toolkit did not make may still use the memory."""
+        return bool(self.unknown_devices)
+
+    # -- device side -------------------------------------------------------------
+    def on_device_export(self, escape: bool) -> None:
+        """A device view was taken outside a toolkit launch.
+
+        Parameters
+        ----------
+        escape : bool
+            ``True``: the view left the toolkit for good (CUDA Array
+            Interface, DLPack).  ``False``: numba is launching with it right
+            now on the current device (a plain launch).
+        """
+        if self in _launching.current:
+            return
+        device = -1 if escape else _driver.current_device()
+        with self._lock:
+            self._refuse_if_blocked("device use")
+            if self.holds:
+                raise CoherenceError(
+                    "a kernel launch (or other device use) was attempted while the host "
+                    "holds this buffer (inside `with buf.on_host()`)"
+                )
+            if escape:
+                self.escaped = True
+            else:
+                self.unknown_devices.add(device)
+                self._unknown_gen += 1
+
+    def begin_use(self, key: int, write: bool, what: str) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
+        """Register device work about to be issued on stream ``key``.
+
+        Returns
+        -------
+        waits : list of Event
+            What the stream must wait for, on the device: the writes on other
+            streams, and for a write also the reads on other streams.
+        covered : tuple of Event
+            Every event the work will come after (those waited for, and the
+            earlier ones of its own stream): pass it to :meth:`end_use`.
+
+        Raises
+        ------
+        CoherenceError
+            The host holds the buffer (or it is being resized).
+        BufferClosedError
+            The buffer is being closed.
+        """
+        if self.unknown_devices:
+            # Work on an unknown stream cannot be ordered on the device: settle it on the host.
+            self.settle(what, self.effective_policy())
+        with self._lock:
+            if self._blocked is not None or self.holds:
+                self._refuse_if_blocked(what)
+                raise CoherenceError(
+                    f"{what}: the buffer is held by the host (inside `with buf.on_host()`); leave the block first"
+                )
+            self.inflight += 1
+            writes, reads = self.writes, self.reads
+            if not writes and not reads:
+                return _NO_WAITS, ()
+            if write:
+                covered = (*writes.values(), *reads.values())
+            elif reads:
+                covered = (*writes.values(), *(e for e in reads.values() if e.key == key))
+            else:
+                covered = tuple(writes.values())
+            for e in covered:
+                if e.key != key:  # work on another stream: the stream must wait for it
+                    return [e for e in covered if e.key != key], covered
+            return _NO_WAITS, covered
+
+    def end_use(
+        self,
+        key: int,
+        event: _events.Event | None,
+        write: bool,
+        covered: tuple[_events.Event, ...] = (),
+        *,
+        issued: bool = True,
+    ) -> None:
+        """File the event recorded after work registered by :meth:`begin_use`.
+
+        ``event`` is ``None`` when recording failed: if the work was
+        ``issued`` the memory is then treated as used by an unknown launch.
+        """
+        with self._lock:
+            self.inflight -= 1
+            if event is not None:
+                self._records += 1
+                if write:  # ordered after every covered write and read: they are implied by this event
+                    for old in covered:
+                        self.writes.pop(id(old), None)
+                        self.reads.pop(id(old), None)
+                    self.writes[id(event)] = event
+                else:  # a read supersedes only earlier reads of its own stream; writes stay for others
+                    for old in covered:
+                        if old.key == key:
+                            self.reads.pop(id(old), None)
+                    self.reads[id(event)] = event
+            elif issued:
+                self.unknown_devices.add(event_device_fallback(self.device_id))
+                self._unknown_gen += 1
+            if not self.inflight and self._waiters:
+                assert self._idle is not None  # made by the waiter
+                self._idle.notify_all()
+
+    def _refuse_if_blocked(self, what: str) -> None:
+        if self._blocked is not None:
+            error = BufferClosedError if self._blocked == "closing" else CoherenceError
+            raise error(f"{what}: the buffer is being {self._blocked} by another thread")
+
+    def block(self, reason: str) -> None:
+        """Refuse new device use (``reason``: "closing", "resized") until :meth:`unblock`.
+
+        Work registered before is waited for by the settling done while
+        blocked; nothing can start between that wait and :meth:`unblock`.
+        """
+        with self._lock:
+            self._blocked = reason
+
+    def unblock(self) -> None:
+        """End :meth:`block`."""
+        with self._lock:
+            self._blocked = None
+
+    @contextlib.contextmanager
+    def exclusive(self, reason: str) -> Iterator[None]:
+        """:meth:`block` for the ``with`` block."""
+        self.block(reason)
+        try:
+            yield
+        finally:
+            self.unblock()
+
+    def add(self, stream: int, event: _events.Event) -> None:
+        """File ``event`` as a write that comes before any other use (a pool allocation)."""
+        with self._lock:
+            self.writes[id(event)] = event
+            self._records += 1
+
+    def recycle(self) -> bool:
+        """Ready this record for the next buffer over the same memory (a pool's free list).
+
+        The recorded events stay: the next buffer's host access and its work
+        on other streams wait for them, as they would for a stream-ordered
+        free.  Returns ``False`` (and changes nothing) when work umem_numba
+        cannot see may use the memory, or work is being registered: such
+        memory must go back to the driver.
+        """
+        # No lock: the buffer is closed, so no new work can start on it; a launch
+        # that was still registering files its event here, which the next buffer
+        # then waits for (conservative, never unsafe: the memory stays the pool's).
+        if self.unknown_devices or self.escaped or self.holds or self.inflight:
+            return False
+        self.policy = None
+        self.attached = None
+        self._blocked = None
+        return True
+
+    def mark(self) -> int:
+        """A token for :meth:`recorded_since`: how many events were filed so far."""
+        return self._records
+
+    def recorded_since(self, mark: int) -> bool:
+        """Whether an event was filed after :meth:`mark` returned ``mark``."""
+        return self._records != mark
+
+    def pending_work(self) -> tuple[list[_events.Event], set[int], int, bool]:
+        """``(events, unknown devices, generation, escaped)`` once in-flight registrations have ended."""
+        with self._lock:
+            return self._snapshot()
+
+    # -- host side -------------------------------------------------------------------
+    def effective_policy(self) -> str:
+        """The policy in force: the buffer's, else the ``with`` block's, else the global one."""
+        return self.policy or _block_policy.get() or _global_policy
+
+    def before_host_access(self, what: str) -> None:
+        """Settle before host code reads or writes the memory."""
+        if (
+            not self.writes
+            and not self.reads
+            and not self.unknown_devices
+            and not self.escaped
+            and not self.inflight
+            and self.concurrent
+        ):
+            return
+        self.settle(what, self.effective_policy())
+
+    def _snapshot(self) -> tuple[list[_events.Event], set[int], int, bool]:
+        """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
+        while self.inflight:
+            if self._idle is None:
+                self._idle = threading.Condition(self._lock)
+            self._waiters += 1
+            try:
+                self._idle.wait()
+            finally:
+                self._waiters -= 1
+        events = [*self.writes.values(), *self.reads.values()]
+        return events, set(self.unknown_devices), self._unknown_gen, self.escaped
+
+    def _forget(self, done: list[_events.Event], unknown_gen: int | None) -> None:
+        """Drop finished events (only those still filed) and, if nothing new came, the unknown mark."""
+        with self._lock:
+            for event in done:
+                self.writes.pop(id(event), None)
+                self.reads.pop(id(event), None)
+            if unknown_gen is not None and unknown_gen == self._unknown_gen:
+                self.unknown_devices.clear()
+
+    def _no_concurrent_wait(self) -> str | int | None:
+        """On a device without concurrentManagedAccess: the context, or the attached stream, to wait for."""
+        if self.concurrent or self.attached == "host":
+            return None
+        return "context" if self.attached is None else self.attached
+
+    def settle(self, what: str, policy: str, *, always_wait: bool = False) -> None:
+        """Make host access safe under ``policy`` (``always_wait``: warn/off still wait, for unmapping)."""
+        if policy == "off" and not always_wait:
+            return
+        with self._lock:
+            events, unknown, gen, escaped = self._snapshot()
+        busy = [e for e in events if not e.done()]
+        extra = self._no_concurrent_wait()
+        if not busy and not unknown and not escaped and extra is None:
+            self._forget(events, None)
+            return
+        if policy in ("raise", "warn") and (busy or unknown or escaped):
+            msg = _busy_message(what, busy, unknown, escaped)
+            if policy == "raise":
+                raise CoherenceError(msg)
+            if not always_wait:
+                warnings.warn(msg, CoherenceWarning, stacklevel=4)
+                if extra is None:
+                    return
+                busy, unknown, escaped = [], set(), False  # only the no-concurrent-access rule is kept
+        # The no-concurrent-access rule is enforced under every policy but "off":
+        # breaking it is a segmentation fault, not a stale read.
+        self._wait(events, busy, unknown, gen, escaped, extra, what)
+
+    def _wait(
+        self,
+        events: list[_events.Event],
+        busy: list[_events.Event],
+        unknown: set[int],
+        gen: int,
+        escaped: bool,
+        extra: str | int | None,
+        what: str,
+    ) -> None:
+        for event in busy:
+            event.synchronize()
+        if escaped:
+            _driver.synchronize_devices(None, f"{what}: waiting for other libraries' work on a shared buffer")
+        elif unknown:
+            _driver.synchronize_devices(
+                unknown | {self.device_id}, f"{what}: waiting for a launch umem_numba did not make"
+            )
+        if extra == "context" and not escaped:
+            _driver.synchronize_devices({self.device_id}, f"{what}: waiting for the device (no concurrent access)")
+        elif isinstance(extra, int):
+            with _driver.device_context(self.device_id):
+                _driver.call("cuStreamSynchronize", extra, detail="waiting for the stream this buffer is attached to")
+        self._forget(events, gen if (unknown or escaped) else None)
+
+    def wait_all(self, what: str) -> None:
+        """Wait for everything that may use the memory, whatever the policy (before it is freed)."""
+        with self._lock:
+            events, unknown, gen, escaped = self._snapshot()
+        self._wait(events, events, unknown, gen, escaped, None, what)
+
+    def hold(self, what: str) -> None:
+        """Refuse device use from now on, then settle (atomically: no launch slips in between)."""
+        with self._lock:
+            self.holds += 1
+        try:
+            self.settle(what, self.effective_policy())
+        except BaseException:
+            self.release_hold()
+            raise
+
+    def release_hold(self) -> None:
+        """End one :meth:`hold`."""
+        with self._lock:
+            self.holds -= 1
+
+    def busy_streams(self) -> list[int]:
+        """Stream handles with recorded work not yet known to be finished."""
+        return [s for s, e in self.pending.items() if not e.done()]
+
+
+def event_device_fallback(device_id: int) -> int:
+    """The device to synchronise when work was issued but its event could not be recorded."""
+    try:
+        return _driver.current_device()
+    except Exception:
+        return device_id
+
+
+def _busy_message(what: str, busy: list[_events.Event], unknown: set[int], escaped: bool) -> str:
+    if busy:
+        streams = ", ".join(f"{e.stream:#x}" if e.stream else "0 (default)" for e in busy)
+        return f"{what}: device work on stream(s) {streams} may still be using this buffer"
+    if unknown:
+        return (
+            f"{what}: a kernel was launched on this buffer outside umem_numba (stream unknown, device(s) "
+            f"{', '.join(map(str, sorted(unknown)))}); launch through umem_numba.launch/coherent/jit "
+            "or call buf.synchronize() first"
+        )
+    return (
+        f"{what}: this buffer was handed to another library (CUDA Array Interface or DLPack) outside "
+        "`buf.lend(stream)`, so its work cannot be seen; lend it instead, or call buf.synchronize() "
+        "and access it under coherence_policy('off')"
+    )
+
+
+def refuse_capture(stream: int, what: str) -> None:
+    """Raise :class:`CoherenceError` if ``stream`` is capturing a CUDA graph.
+
+    Call it before any other work on the stream (and before calls a capture
+    forbids): an operation that refuses a capture must leave it intact.  An
+    event recorded inside a capture cannot be waited for, so umem_numba
+    cannot track work there.
+    """
+    if _driver.is_capturing(stream):
+        raise CoherenceError(
+            f"{what}: the stream is capturing a CUDA graph; umem_numba cannot track work inside a capture"
+        )
+
+
+class DeviceUse:
+    """Order toolkit work on a stream against every buffer it touches, then record it.
+
+    Parameters
+    ----------
+    uses : sequence of (Tracker, bool)
+        Each tracker and whether the work writes its memory.
+    stream : int
+        The stream handle; the block must run with that stream's context
+        current (the event is recorded there).
+    what : str
+        Words for messages.
+
+    Examples
+    --------
+    >>> with DeviceUse([(tracker, True)], handle, "zeroing"):   # doctest: +SKIP
+    ...     _driver.call("cuMemsetD8Async", ptr, 0, n, handle)
+    """
+
+    __slots__ = ("covered", "event", "key", "stream", "uses", "what")
+
+    def __init__(self, uses: list[tuple[Tracker, bool]], stream: int, what: str) -> None:
+        merged: dict[int, tuple[Tracker, bool]] = {}
+        for tracker, write in uses:
+            old = merged.get(id(tracker))
+            merged[id(tracker)] = (tracker, write or (old is not None and old[1]))
+        self.uses = list(merged.values())
+        self.stream = stream
+        self.what = what
+        self.key = 0
+        #: The event recorded after the work (once the block ended without error).
+        self.event: _events.Event | None = None
+        self.covered: list[tuple[_events.Event, ...]] = []
+
+    def __enter__(self) -> DeviceUse:
+        refuse_capture(self.stream, self.what)
+        self.key = _driver.stream_key(self.stream)
+        begun: list[tuple[Tracker, bool]] = []
+        try:
+            waits: dict[int, _events.Event] = {}
+            for tracker, write in self.uses:
+                wait, covered = tracker.begin_use(self.key, write, self.what)
+                begun.append((tracker, write))
+                self.covered.append(covered)
+                for event in wait:
+                    waits[id(event)] = event
+            for event in waits.values():
+                _driver.call("cuStreamWaitEvent", self.stream, event.handle, 0, detail=self.what)
+        except BaseException:
+            for tracker, write in begun:
+                tracker.end_use(self.key, None, write, issued=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        event = None
+        if exc_type is None:
+            try:
+                event = self.event = _events.record(self.stream, _driver.current_device(), self.key)
+            finally:
+                for (tracker, write), covered in zip(self.uses, self.covered, strict=True):
+                    tracker.end_use(self.key, event, write, covered)
+        else:
+            # Part of the work may have been queued before the failure.
+            for tracker, write in self.uses:
+                tracker.end_use(self.key, None, write)
