@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from . import _driver, _events, _sim
-from ._buffer import Buffer, device_arrays
+from ._buffer import Buffer
 from ._errors import CoherenceError, CudaError
+from ._export import device_arrays
 from ._kernel_call import KernelCall, scalar_type, supports
 from ._location import owns_stream, stream_classes, stream_handle
 from ._tracker import Tracker, _launching
