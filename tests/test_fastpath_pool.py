@@ -213,7 +213,7 @@ def test_pool_memory_of_an_unseen_launch_waits_for_a_synchronise(kind, how, rng,
 
         monkeypatch.setattr(_free_lists, "HELD_SYNC_COUNT", 1)
     if kind == "managed":
-        from umem_numba._pool import managed_pool_support
+        from umem_numba._resources import managed_pool_support
 
         if managed_pool_support():
             pytest.skip("managed pools unsupported here")
@@ -329,7 +329,9 @@ def _fake_manager(monkeypatch, fail_at: str):
     from umem_numba import _emm
 
     mgr = object.__new__(_emm.UmemNumbaMemoryManager)
-    mgr._pool = SimpleNamespace(kind="device", exportable=True, handle=1, device_id=0, closed=False)
+    from umem_numba._resources import DEVICE
+
+    mgr._pool = SimpleNamespace(kind="device", resource=DEVICE, exportable=True, handle=1, device_id=0, closed=False)
     mgr._ipc = True
     base = 0x7000_0000
     mgr.allocations = {base: object()}

@@ -19,7 +19,7 @@ MiB = 1 << 20
 
 
 def _managed_pool_or_skip(**kw):
-    from umem_numba._pool import managed_pool_support
+    from umem_numba._resources import managed_pool_support
 
     missing = managed_pool_support()
     if missing:

@@ -425,9 +425,9 @@ class Buffer(DeviceExports, _Base):
             bool(order),
             alloc.tracker,
             alloc.device_id,
-            alloc.kind in _copy.DEVICE_KINDS,
+            alloc.resource.device_may_hold,
             None,
-            alloc.kind,
+            alloc.resource,
             host_view,
             order,
         )

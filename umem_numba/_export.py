@@ -282,11 +282,7 @@ class DeviceExports:
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(device_type, device_id)``: CUDA for managed, VMM and pool memory, CUDA-host for mapped pinned."""
         alloc = self._live()
-        if alloc.kind == "pinned":
-            if not self._device_accessible:
-                return (_dlpack.KDL_CPU, 0)
-            return (_dlpack.KDL_CUDA_HOST, 0)
-        return (_dlpack.KDL_CUDA, alloc.device_id)
+        return alloc.resource.dlpack_device(alloc.device_id, self._device_accessible)
 
     def __dlpack__(
         self,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from . import _driver, _stats
+from . import _driver, _resources, _stats
 from ._errors import BufferClosedError
 from ._tracker import Tracker
 
@@ -254,6 +254,11 @@ class Allocation:
         self._released = memory is None
         if memory is not None:
             _stats.record_alloc(memory.kind, memory.nbytes)
+
+    @property
+    def resource(self) -> _resources.MemoryResource:
+        """What the memory is (:mod:`umem_numba._resources`): where it is reachable, what it supports."""
+        return _resources.RESOURCES[self.kind]
 
     def __del__(self, _quiet: Callable[[], bool] = _driver.shutting_down) -> None:
         # ``_quiet`` is bound early: at interpreter exit this module's globals may already be None.

@@ -63,7 +63,7 @@ it in any thread) or a stream destroyed meanwhile.
 Kinds, shared pools and access
 ------------------------------
 What a pool is made of (its kind and location, the driver's pools it can
-wrap, the access modes) is described in :mod:`umem_numba._pool_kinds`.  A
+wrap, the access modes) is described in :mod:`umem_numba._resources`.  A
 pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
 :meth:`MemoryPool.default` is the driver's, shared with other libraries: it
 is never destroyed or trimmed by umem_numba, and it keeps no free lists
@@ -101,13 +101,12 @@ unchanged.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _driver, _events, _pool_kinds, _stats
+from . import _driver, _events, _resources, _stats
 from ._checks import as_nonnegative_int
 from ._errors import CudaError, OutOfMemoryError, UnsupportedError
 from ._free_lists import KEEP_ALL, FreeLists, synchronize_for_reuse
@@ -140,16 +139,12 @@ _ROUND_UP, _ROUND_MASK = ROUND - 1, -ROUND  # size = (nbytes + _ROUND_UP) & _ROU
 
 __all__ = ["MemoryPool"]
 
-POOL_KINDS = _pool_kinds.POOL_KINDS
+POOL_KINDS = _resources.POOL_KINDS
 _live: weakref.WeakSet[MemoryPool] = weakref.WeakSet()
 _defaults: dict[tuple[str, int], MemoryPool] = {}
 #: The wrappers of the driver's shared pools (:meth:`MemoryPool.default`), by kind and device.
 _shared: dict[tuple[str, int], MemoryPool] = {}
 _defaults_lock = threading.Lock()
-
-
-def _check_kind(kind: Any) -> str:
-    return _pool_kinds.check_kind(kind)
 
 
 def _check_bytes(value: Any, what: str, *, positive: bool = False) -> int:
@@ -159,25 +154,6 @@ def _check_bytes(value: Any, what: str, *, positive: bool = False) -> int:
     if n > KEEP_ALL:
         raise ValueError(f"{what} ({n}) does not fit in 64 bits")
     return n
-
-
-def managed_pool_support() -> str:
-    """'' if managed pools can be created here, else what is missing (asks the driver)."""
-    api = _driver.api()
-    missing = []
-    try:
-        major = int(str(api.version).split(".")[0])
-    except ValueError:
-        major = 0
-    if major < 13 or api.c.pool_managed is None:
-        missing.append(f"cuda-bindings 13 or newer (installed: {api.version}; pip install numba-cuda[cu13])")
-    version = int(_driver.call("cuDriverGetVersion"))
-    if version < 13000:
-        missing.append(f"a CUDA 13 driver (this one supports CUDA {version // 1000}.{version % 1000 // 10})")
-    lacking = [i for i in range(_driver.device_count()) if not _driver.device_attribute("CONCURRENT_MANAGED_ACCESS", i)]
-    if lacking:
-        missing.append(f"concurrentManagedAccess on every device (device(s) {', '.join(map(str, lacking))} lack it)")
-    return "; ".join(missing)
 
 
 class MemoryPool:
@@ -263,33 +239,27 @@ class MemoryPool:
         exportable: bool = False,
         numa: int | None = None,
     ) -> None:
-        kind = _check_kind(kind)
+        resource = _resources.check_kind(kind)
+        kind = resource.name
         threshold = KEEP_ALL if release_threshold is None else _check_bytes(release_threshold, "release_threshold")
-        if kind != "device" and exportable:
+        if exportable and not resource.pool_exportable:
             raise UnsupportedError(
                 f"a {kind} memory pool cannot be exported to other processes "
                 "(the driver supports IPC for device pools only)"
             )
-        numa = _pool_kinds.check_numa(kind, numa)
+        numa = resource.check_numa(numa)
         device_id = as_device(device, what="MemoryPool")
         loc = Location.device(device_id)
-        where = _pool_kinds.pool_location(kind, device_id, numa)
+        where = resource.pool_location(device_id, numa)
         api = _driver.api()
         drv, c = api.drv, api.c
-        if kind == "managed":
-            missing = managed_pool_support()
-            if missing:
-                raise UnsupportedError(f"managed memory pools need {missing}")
-        elif kind == "pinned":
-            missing = _pool_kinds.pinned_pool_support(device_id, numa)
-            if missing:
-                raise UnsupportedError(f"pinned (host) memory pools need {missing}")
-        elif not _driver.device_attribute("MEMORY_POOLS_SUPPORTED", loc.id):
-            raise UnsupportedError(f"device {loc.id} does not support memory pools")
+        missing = resource.pool_support(device_id, numa)
+        if missing:
+            raise UnsupportedError(missing)
         if exportable and not _driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", loc.id) & int(c.vmm_posix_fd):
             raise UnsupportedError(f"device {loc.id} cannot export memory pools as file descriptors")
         props = drv.CUmemPoolProps()
-        props.allocType = c.pool_managed if kind == "managed" else c.vmm_pinned
+        props.allocType = resource.pool_alloc_type(c)
         props.handleTypes = c.vmm_posix_fd if exportable else c.vmm_no_handle
         props.location = where.to_cu()
         props.maxSize = 0
@@ -298,15 +268,15 @@ class MemoryPool:
                 loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool at {where} for device {loc.id}"
             )
         except CudaError as exc:
-            if kind != "pinned" or exc.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+            refused = resource.pool_refused(exc, where)
+            if refused is None:
                 raise
-            # The device reported host pools, and the driver refused this one all the same.
-            raise UnsupportedError(f"pinned (host) memory pools at {where}: the driver refused one ({exc})") from exc
+            raise refused from exc
         self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
         with Transaction() as tx:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
-            if kind == "pinned":
+            if where.is_host:
                 # A host pool is mapped for no device until access is granted (cuMemPoolCreate).
                 self._grant(loc.id, "rw")
             tx.commit()
@@ -342,11 +312,7 @@ class MemoryPool:
         self._last: _Last = _NO_STREAM
         self._get_id = api.stream_get_id
         #: The most an allocation can ask for (larger requests are refused before the driver).
-        self._limit: int = (
-            (_host_ram() or KEEP_ALL) if kind == "pinned" else int(_driver.call("cuDeviceTotalMem", device_id))
-        )
-        if kind == "managed":
-            self._limit += _host_ram()
+        self._limit: int = self.resource.pool_limit(device_id)
 
     @classmethod
     def default(cls, kind: str = "device", device: Target = None) -> MemoryPool:
@@ -386,9 +352,10 @@ class MemoryPool:
             No memory pools on the device; for ``"managed"``, cuda-bindings
             13, a CUDA 13 driver or concurrentManagedAccess is missing.
         """
-        kind = _pool_kinds.check_kind(kind, _pool_kinds.SHARED_KINDS, "MemoryPool.default")
+        resource = _resources.check_kind(kind, _resources.SHARED_KINDS, "MemoryPool.default kind")
+        kind = resource.name
         device_id = as_device(device, what="MemoryPool.default")
-        handle = _pool_kinds.shared_pool_handle(kind, device_id)
+        handle = resource.shared_pool(device_id)
         key = (kind, device_id)
         with _defaults_lock:
             pool = _shared.get(key)
@@ -416,6 +383,11 @@ class MemoryPool:
     def location(self) -> Location:
         """Where the pool's memory lives: its device, or the host (a host NUMA node) for a pinned pool."""
         return self._where
+
+    @property
+    def resource(self) -> _resources.MemoryResource:
+        """What the pool's memory is (:mod:`umem_numba._resources`): where it is reachable, what it supports."""
+        return _resources.RESOURCES[self.kind]
 
     @property
     def shared(self) -> bool:
@@ -448,8 +420,8 @@ class MemoryPool:
         CudaError
             The driver refused (e.g. no peer access between the two GPUs).
         """
-        mode = _pool_kinds.check_mode(mode)
-        if self.kind == "managed":
+        mode = _resources.check_mode(mode)
+        if not self.resource.pool_access_changes:
             raise UnsupportedError(
                 "MemoryPool.set_access: a managed pool cannot change which devices reach it "
                 "(the driver maps managed memory for every device itself)"
@@ -466,7 +438,7 @@ class MemoryPool:
         self._grant(device_id, mode)
 
     def _grant(self, device_id: int, mode: str | None) -> None:
-        desc = _pool_kinds.access_desc(device_id, mode)
+        desc = _resources.access_desc(device_id, mode)
         _driver.call_on(
             self.device_id,
             "cuMemPoolSetAccess",
@@ -492,7 +464,7 @@ class MemoryPool:
             Location.device(device_id).to_cu(),
             detail=f"reading device {device_id}'s access to a {self.kind} memory pool",
         )
-        return _pool_kinds.mode_of_flags(flags)
+        return _resources.mode_of_flags(flags)
 
     def _attr(self, name: str) -> int:
         attr = getattr(_driver.consts().mempool_attribute, "CU_MEMPOOL_ATTR_" + name)
@@ -948,7 +920,7 @@ class MemoryPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"handle={self.handle:#x}"
-        where = f", location={self._where}" if self.kind == "pinned" else ""
+        where = f", location={self._where}" if self._where.is_host else ""
         shared = ", shared" if not self._owned else ""
         return f"MemoryPool({self.kind!r}, device={self.device_id}{where}{shared}, {state})"
 
@@ -979,13 +951,6 @@ def _destroy(handle: Any, lists: FreeLists, device_id: int) -> None:
         _destroy_settled(handle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
-
-
-def _host_ram() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return 0
 
 
 class _PoolMemory(Memory):
@@ -1099,9 +1064,6 @@ def default_pool(kind: str, device_id: int) -> MemoryPool:
     return pool
 
 
-_BUFFER_OF = {"managed": "ManagedBuffer", "device": "DeviceBuffer", "pinned": "PinnedBuffer"}
-
-
 def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     """Validate a ``pool=`` argument of a buffer constructor."""
     if type(pool) is MemoryPool and pool.kind == kind and not pool._closed:
@@ -1110,7 +1072,8 @@ def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
         raise TypeError(f"{what}: pool must be a umem_numba.MemoryPool, got {type(pool).__name__}")
     if pool.kind != kind:
         raise ValueError(
-            f"{what}: this is a {pool.kind!r} pool; it makes {_BUFFER_OF[pool.kind]}s, not {_BUFFER_OF[kind]}s"
+            f"{what}: this is a {pool.kind!r} pool; it makes {pool.resource.buffer}s, "
+            f"not {_resources.RESOURCES[kind].buffer}s"
         )
     pool._live()
     return pool
