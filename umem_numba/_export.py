@@ -91,7 +91,50 @@ def _nothing() -> None:
     """Release function of an export that holds nothing beyond its Python reference."""
 
 
-class DeviceExports:
+class DLPackExport:
+    """The DLPack protocol's entry point, written once for buffers and lent views."""
+
+    __slots__ = ()
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Export as a DLPack capsule (the array API standard's protocol).
+
+        Parameters
+        ----------
+        stream : int or None
+            The consumer's stream.  For a buffer it waits, on the device, for
+            toolkit work on the buffer (``None``: the legacy default stream;
+            ``-1``: no ordering), and the buffer then escapes, as with
+            ``__cuda_array_interface__``: use ``lend`` for bounded work.  For
+            a lent view, a consumer stream other than the lending one waits
+            for the lending stream's work so far, and nothing escapes.
+        max_version : tuple of int, optional
+            Accepted; an unversioned capsule is returned.
+        dl_device : tuple of int, optional
+            Must be ``__dlpack_device__()`` (no cross-device export).
+        copy : bool, optional
+            ``True`` is refused (umem_numba exports without copying).
+
+        Returns
+        -------
+        PyCapsule
+            Named ``"dltensor"``; the memory stays allocated until the
+            consumer releases it, even across ``close()``.
+        """
+        return self._dlpack_capsule(stream, dl_device, copy)
+
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        raise NotImplementedError
+
+
+class DeviceExports(DLPackExport):
     """The device side of a :class:`~umem_numba._buffer.Buffer`: what numba and other CUDA libraries see."""
 
     if not TYPE_CHECKING:  # no state of its own (mypy is told the Buffer attributes it uses instead)
@@ -284,36 +327,8 @@ class DeviceExports:
         alloc = self._live()
         return alloc.resource.dlpack_device(alloc.device_id, self._device_accessible)
 
-    def __dlpack__(
-        self,
-        *,
-        stream: Any = None,
-        max_version: tuple[int, int] | None = None,
-        dl_device: tuple[int, int] | None = None,
-        copy: bool | None = None,
-    ) -> Any:
-        """Export as a DLPack capsule (the array API standard's protocol).
-
-        Parameters
-        ----------
-        stream : int or None
-            The consumer's stream: it waits, on the device, for toolkit work
-            on the buffer (``None``: the legacy default stream; ``-1``: no
-            ordering).  The buffer then escapes, as with
-            ``__cuda_array_interface__``: use :meth:`lend` for bounded work.
-        max_version : tuple of int, optional
-            Accepted; an unversioned capsule is returned.
-        dl_device : tuple of int, optional
-            Must be :meth:`__dlpack_device__` (no cross-device export).
-        copy : bool, optional
-            ``True`` is refused (umem_numba exports without copying).
-
-        Returns
-        -------
-        PyCapsule
-            Named ``"dltensor"``; the memory stays allocated until the
-            consumer releases it, even across :meth:`close`.
-        """
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        """``__dlpack__`` of the buffer: the consumer's stream waits for toolkit work, then the buffer escapes."""
         device = self._dlpack_request(dl_device, copy)
         alloc = self._live()
         if stream is not None and not isinstance(stream, int):
@@ -395,7 +410,7 @@ def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     return np.asarray(holder)
 
 
-class LentView:
+class LentView(DLPackExport):
     """What :meth:`Buffer.lend` yields: the buffer's device memory for one stream, inside the block.
 
     It offers ``__cuda_array_interface__`` (naming the stream) and
@@ -436,15 +451,8 @@ class LentView:
         """As :meth:`Buffer.__dlpack_device__`."""
         return self._live().__dlpack_device__()
 
-    def __dlpack__(
-        self,
-        *,
-        stream: Any = None,
-        max_version: tuple[int, int] | None = None,
-        dl_device: tuple[int, int] | None = None,
-        copy: bool | None = None,
-    ) -> Any:
-        """A DLPack capsule over the lent memory (the consumer's stream should be the lending one)."""
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        """``__dlpack__`` of a lent view: a consumer on another stream waits for the lending stream's work."""
         buf = self._live()
         device = buf._dlpack_request(dl_device, copy)
         alloc = self._alloc
