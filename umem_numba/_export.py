@@ -323,9 +323,11 @@ class DeviceExports(DLPackExport):
 
     # -- DLPack ------------------------------------------------------------------------
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(device_type, device_id)``: CUDA for managed, VMM and pool memory, CUDA-host for mapped pinned."""
+        """``(device_type, device_id)``: CUDA for memory a device may hold, else CUDA-host (mapped) or CPU."""
         alloc = self._live()
-        return alloc.resource.dlpack_device(alloc.device_id, self._device_accessible)
+        if alloc.resource.device_may_hold:
+            return (_dlpack.KDL_CUDA, alloc.device_id)
+        return (_dlpack.KDL_CUDA_HOST if self._device_accessible else _dlpack.KDL_CPU, 0)
 
     def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
         """``__dlpack__`` of the buffer: the consumer's stream waits for toolkit work, then the buffer escapes."""

@@ -50,7 +50,6 @@ import os
 from typing import Any
 
 from . import _driver
-from ._dlpack import KDL_CPU, KDL_CUDA, KDL_CUDA_HOST
 from ._errors import UnsupportedError
 from ._location import HOST, Location
 
@@ -109,10 +108,6 @@ class MemoryResource:
 
     def __repr__(self) -> str:
         return f"<memory resource {self.name!r}>"
-
-    def dlpack_device(self, device_id: int, mapped: bool) -> tuple[int, int]:
-        """DLPack's ``(device_type, device_id)`` of this memory (``mapped``: a device can reach it)."""
-        return (KDL_CUDA, device_id)
 
     # -- pools -----------------------------------------------------------------------
     def check_numa(self, numa: Any) -> int | None:
@@ -213,9 +208,6 @@ class _Pinned(MemoryResource):
     device_may_hold = False
     stages_copies = True
     occupies_device = False
-
-    def dlpack_device(self, device_id: int, mapped: bool) -> tuple[int, int]:
-        return (KDL_CUDA_HOST, 0) if mapped else (KDL_CPU, 0)
 
     def check_numa(self, numa: Any) -> int | None:
         if numa is None:
