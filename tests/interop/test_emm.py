@@ -100,7 +100,7 @@ def test_numba_allocations_go_through_the_device_pool():
 
 @pytest.mark.gpu
 def test_numba_allocations_from_a_managed_pool():
-    from umem_numba._memory._pool import managed_pool_support
+    from umem_numba._memory._resources import managed_pool_support
 
     missing = managed_pool_support()
     if missing:
@@ -121,7 +121,7 @@ def test_numba_allocations_from_a_managed_pool():
 
 @pytest.mark.gpu
 def test_managed_pool_refuses_ipc_clearly():
-    from umem_numba._memory._pool import managed_pool_support
+    from umem_numba._memory._resources import managed_pool_support
 
     if managed_pool_support():
         pytest.skip("managed pools unsupported here")

@@ -56,11 +56,11 @@ import numpy as np
 from numba import cuda
 sys.path.insert(0, os.environ["UMEM_TESTS_DIR"])
 from support.helpers import ORDERING_TRIALS, sleeping
-import umem_numba._memory._pool as upool
+import umem_numba._memory._free_lists as free_lists
 
 mode = "{mode}"
 if mode == "reclaim":
-    upool.HELD_SYNC_COUNT = 1  # every allocation that finds no idle block synchronises and reclaims
+    free_lists.HELD_SYNC_COUNT = 1  # every allocation that finds no idle block synchronises and reclaims
 rng = np.random.default_rng({seed})
 s1, s2 = cuda.stream(), cuda.stream()
 wrong, reused, trials = 0, 0, ORDERING_TRIALS
@@ -209,11 +209,11 @@ def test_pool_memory_of_an_unseen_launch_waits_for_a_synchronise(kind, how, rng,
     ``reclaim`` makes every allocation synchronise and reuse held memory: the block is then reused
     (asserted), after the reader."""
     if how == "reclaim":
-        from umem_numba._memory import _pool
+        from umem_numba._memory import _free_lists
 
-        monkeypatch.setattr(_pool, "HELD_SYNC_COUNT", 1, raising=False)
+        monkeypatch.setattr(_free_lists, "HELD_SYNC_COUNT", 1)
     if kind == "managed":
-        from umem_numba._memory._pool import managed_pool_support
+        from umem_numba._memory._resources import managed_pool_support
 
         if managed_pool_support():
             pytest.skip("managed pools unsupported here")
@@ -329,7 +329,9 @@ def _fake_manager(monkeypatch, fail_at: str):
     from umem_numba._interop import _emm
 
     mgr = object.__new__(_emm.UmemNumbaMemoryManager)
-    mgr._pool = SimpleNamespace(kind="device", exportable=True, handle=1, device_id=0, closed=False)
+    from umem_numba._memory._resources import DEVICE
+
+    mgr._pool = SimpleNamespace(kind="device", resource=DEVICE, exportable=True, handle=1, device_id=0, closed=False)
     mgr._ipc = True
     base = 0x7000_0000
     mgr.allocations = {base: object()}
@@ -412,13 +414,12 @@ def test_ipc_setting_is_read_from_the_environment(monkeypatch):
 
 def _fake_pool(monkeypatch):
     """A device pool over fakes: the driver hands out fresh addresses and counts synchronises."""
-    from umem_numba._memory import _pool
+    from umem_numba._memory import _free_lists, _pool
 
     pool = object.__new__(um.MemoryPool)
     pool.kind, pool.device_id, pool.exportable = "device", 0, False
-    pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
-    pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
-    pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    pool._handle, pool._closed, pool._lists = 1, False, _free_lists.FreeLists(0, _free_lists.KEEP_ALL)
+    pool._raw_sizes, pool._limit, pool._legacy_key = {}, 1 << 40, None
     pool._last = _pool._NO_STREAM
     fresh = iter(range(0x10000, 1 << 40, 0x10000))
     log: list[str] = []
@@ -434,9 +435,9 @@ def _fake_pool(monkeypatch):
     monkeypatch.setattr(_pool._driver, "call", call)
     monkeypatch.setattr(_pool._driver, "device_context", contextlib.nullcontext)
     monkeypatch.setattr(_pool._driver, "is_capturing", lambda handle: False)
-    monkeypatch.setattr(_pool, "_sync_started", {})
-    monkeypatch.setattr(_pool, "_sync_done", {})
-    monkeypatch.setattr(_pool, "_sync_generation", [0])
+    monkeypatch.setattr(_free_lists, "_sync_started", {})
+    monkeypatch.setattr(_free_lists, "_sync_done", {})
+    monkeypatch.setattr(_free_lists, "_sync_generation", [0])
     return pool, log, hooks
 
 
@@ -460,10 +461,10 @@ def test_held_memory_is_reused_only_after_a_synchronise_that_began_later(monkeyp
     """Issue #19 items 1 and 7 (CPU, fakes): memory freed with unknown use is reused only after a
     device synchronise that *began after* the free; an allocation synchronises once the pool holds
     HELD_SYNC_COUNT blocks and then takes the whole batch."""
-    from umem_numba._memory import _pool
+    from umem_numba._memory import _free_lists
 
     pool, log, hooks = _fake_pool(monkeypatch)
-    monkeypatch.setattr(_pool, "HELD_SYNC_COUNT", 3)
+    monkeypatch.setattr(_free_lists, "HELD_SYNC_COUNT", 3)
     a = pool.allocate(4096, 0)
     pool.free(a, unordered=True)
     assert pool.cached_bytes == 4096
@@ -473,7 +474,7 @@ def test_held_memory_is_reused_only_after_a_synchronise_that_began_later(monkeyp
     # A synchronise that is already running when the block is freed does not settle it.
     c = pool.allocate(4096, 0)
     hooks["cuCtxSynchronize"] = lambda: pool.free(c, unordered=True)
-    _pool.synchronize_for_reuse({0}, "test")
+    _free_lists.synchronize_for_reuse({0}, "test")
     d = pool.allocate(4096, 0)
     assert d == a  # a was settled by that synchronise, c was not
     e = pool.allocate(4096, 0)
@@ -484,14 +485,14 @@ def test_held_memory_is_reused_only_after_a_synchronise_that_began_later(monkeyp
     log.clear()
     f = pool.allocate(4096, 0)
     assert log.count("cuCtxSynchronize") == 1 and f in (b, c, e)
-    assert len(pool._held) == 0 and sum(len(v) for v in pool._idle.values()) == 2
+    assert len(pool._lists.held) == 0 and sum(len(v) for v in pool._lists.idle.values()) == 2
 
 
 def test_buffer_memory_of_an_unseen_launch_is_held_not_freed(monkeypatch):
     """Issue #19 item 7 (CPU, fakes): a pool buffer used by a plain launch (unknown stream) is held,
     not freed to the driver on some stream; the next buffer of its size gets other memory until a
     synchronise, then this block, with no events to wait for."""
-    from umem_numba._memory import _pool
+    from umem_numba._memory import _free_lists, _pool
     from umem_numba._memory._tracker import Tracker
 
     pool, log, _hooks = _fake_pool(monkeypatch)
@@ -499,8 +500,8 @@ def test_buffer_memory_of_an_unseen_launch_is_held_not_freed(monkeypatch):
     tracker.unknown_devices.add(0)  # what a plain numba launch marks
     memory = _pool._PoolMemory(pool, "device", 0x7770000, 4096, 4096)
     memory.free(tracker)
-    assert "cuMemFreeAsync" not in log and len(pool._held) == 1
-    _pool.synchronize_for_reuse({0}, "test")
+    assert "cuMemFreeAsync" not in log and len(pool._lists.held) == 1
+    _free_lists.synchronize_for_reuse({0}, "test")
     alloc = pool.allocation(4096, 5, "device")
     assert alloc.ptr == 0x7770000 and not alloc.tracker.writes and not alloc.tracker.reads
 
@@ -686,7 +687,7 @@ def test_last_stream_cache_never_serves_a_dead_streams_reused_handle(monkeypatch
     c = pool.allocate(4096, 0x1000)
     assert c not in (a, b), "the cache served a raw handle after its stream object died"
     pool.free(c, 0x1000)
-    assert pool._raw_lists[11][4096] == [a] and pool._raw_lists[22][4096] == [b]
+    assert pool._lists.raw[11][4096] == [a] and pool._lists.raw[22][4096] == [b]
 
 
 def test_last_stream_cache_orders_a_buffer_on_the_stream_that_reuses_a_dead_handle(monkeypatch):

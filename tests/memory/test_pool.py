@@ -19,7 +19,7 @@ MiB = 1 << 20
 
 
 def _managed_pool_or_skip(**kw):
-    from umem_numba._memory._pool import managed_pool_support
+    from umem_numba._memory._resources import managed_pool_support
 
     missing = managed_pool_support()
     if missing:
@@ -249,7 +249,7 @@ def test_free_lists_keep_out_advised_escaped_and_over_threshold_memory():
         del view, escaped
         gc.collect()
         # Another library may use it on any stream: held until a device synchronise, never on a free list.
-        assert not pool._cache.get(MiB) and [e.size for e in pool._held] == [MiB]
+        assert not pool._lists.buffers.get(MiB) and [e.size for e in pool._lists.held] == [MiB]
         pool.release_cached()
         assert pool.cached_bytes == 0
         bufs = [um.ManagedBuffer.empty(MiB, np.uint8, pool=pool, stream=s) for _ in range(5)]
@@ -498,14 +498,13 @@ def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkey
     """CPU: the free-list path decides when the new stream must wait (no driver: the ordering is counted)."""
     from types import SimpleNamespace
 
-    from umem_numba._memory import _pool
+    from umem_numba._memory import _free_lists, _pool
     from umem_numba._memory._tracker import Tracker
 
     pool = object.__new__(um.MemoryPool)
     pool.kind, pool.device_id, pool.exportable = "device", 0, False
-    pool._handle, pool._closed, pool._cache, pool._cache_limit = 1, False, {}, _pool.KEEP_ALL
-    pool._raw_lists, pool._raw_sizes, pool._limit = {}, {}, 1 << 40
-    pool._held, pool._idle, pool._held_seen, pool._legacy_key = [], {}, -1, None
+    pool._handle, pool._closed, pool._lists = 1, False, _free_lists.FreeLists(0, _free_lists.KEEP_ALL)
+    pool._raw_sizes, pool._limit, pool._legacy_key = {}, 1 << 40, None
     pool._last = _pool._NO_STREAM
     ordered: list[int] = []
     monkeypatch.setattr(um.MemoryPool, "_order_reuse", lambda self, tracker, stream, key: ordered.append(key))

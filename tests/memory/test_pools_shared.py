@@ -22,7 +22,7 @@ MiB = 1 << 20
 
 
 def _pinned_pool_or_skip(**kw):
-    from umem_numba._memory._pool_kinds import pinned_pool_support
+    from umem_numba._memory._resources import pinned_pool_support
 
     missing = pinned_pool_support(_driver.ensure_context(), kw.get("numa"))
     try:
@@ -246,11 +246,11 @@ def test_default_pool_memory_freed_by_one_library_is_reused_by_the_other(rng):
 def test_default_managed_pool_is_the_drivers_default_managed_pool(rng):
     """Issue #22 item 4: MemoryPool.default("managed") is cuMemGetDefaultMemPool's managed pool of the device
     (RMM's CudaAsyncManagedMemoryResource), or UnsupportedError names what is missing."""
-    from umem_numba._memory._pool_kinds import shared_pool_handle
+    from umem_numba._memory._resources import MANAGED
 
     dev = _driver.ensure_context()
     try:
-        expected = int(shared_pool_handle("managed", dev))
+        expected = int(MANAGED.shared_pool(dev))
     except um.UnsupportedError as exc:
         with pytest.raises(um.UnsupportedError, match="cuMemGetDefaultMemPool"):
             um.MemoryPool.default("managed")

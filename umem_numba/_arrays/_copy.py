@@ -81,6 +81,7 @@ from .. import _driver
 from .._driver._location import Location, StreamLike, stream_handle
 from .._memory import _events
 from .._memory._lifetime import Allocation, DriverMemory
+from .._memory._resources import PINNED, MemoryResource
 from .._memory._tracker import DeviceUse, Tracker, refuse_capture
 from . import _layout
 
@@ -127,9 +128,6 @@ def copier_threads() -> int:
     return n
 
 
-DEVICE_KINDS = frozenset({"managed", "vmm", "device"})
-
-
 # ---------------------------------------------------------------------------
 # Operands
 
@@ -150,7 +148,7 @@ class Side:
     device_id: int | None = None
     on_device: bool = True  # a device may hold the data (DMA needed)
     cai_stream: int | None = None  # stream named by a CUDA Array Interface
-    kind: str = ""  # the allocation's kind ("managed", "pinned", ...); "" if foreign
+    resource: MemoryResource | None = None  # what a umem_numba buffer's memory is; None if foreign
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
     order: str = "C"  # the orders the elements are dense in: "C", "F", "CF" (both) or "" (strided)
     raw: bool = False  # bytes without a shape (a cuda.core Buffer): matched by size only
@@ -508,7 +506,7 @@ class _Staging:
             device_id,
             tracker,
         )
-        self.side = Side(ptr, (nbytes,), np.dtype(np.uint8), True, tracker, device_id, False, None, "pinned")
+        self.side = Side(ptr, (nbytes,), np.dtype(np.uint8), True, tracker, device_id, False, None, PINNED)
 
     @classmethod
     def get(cls, device_id: int, threads: int) -> _Staging:
@@ -550,7 +548,7 @@ def _copier_pool() -> _Copiers:
 def _pinned_side(obj: Any) -> Side | None:
     """The side of a PinnedBuffer (``None`` for anything else)."""
     side = _side_of(obj)
-    return side if side is not None and side.kind == "pinned" else None
+    return side if side is not None and side.resource is not None and side.resource.stages_copies else None
 
 
 def _staging_area(staging: Any, device_id: int, threads: int) -> tuple[Side, threading.Lock | None, int, int]:
@@ -713,7 +711,7 @@ def _prefetch_for_write(dst: Side, handle: int) -> None:
     Only where the device has concurrentManagedAccess (else prefetch is not
     allowed); errors are ignored (it is an optimisation only).
     """
-    if dst.kind != "managed" or dst.device_id is None or not dst.nbytes:
+    if dst.resource is None or not dst.resource.migrates or dst.device_id is None or not dst.nbytes:
         return
     if not _driver.concurrent_managed_access(dst.device_id):
         return
@@ -746,8 +744,9 @@ def to_host(src: Side, out: Any = None, stream: StreamLike = None, staging: Any 
             raise ValueError(f"{what}(out): out is read-only")
     if not src.contiguous or not src.on_device:
         if src.host_view is None:
+            kind = src.resource.name if src.resource else "device"
             raise ValueError(
-                f"{what}() needs a C-contiguous view of {src.kind} memory (DMA); "
+                f"{what}() needs a C-contiguous view of {kind} memory (DMA); "
                 "copy the contiguous buffer it slices and index the numpy result"
             )
         host = src.host_view(what)  # settles the coherence first

@@ -72,7 +72,7 @@ def element_count(obj: Any, what: str) -> int:
         if obj.closed:
             raise BufferClosedError(f"{what}: this {type(obj).__name__} is closed")
         alloc = obj._live()
-        if alloc.kind != "managed":
+        if not alloc.resource.migrates:
             raise UnsupportedError(
                 f"{what}: {type(obj).__name__} memory is {alloc.kind} memory, not managed "
                 "memory; advice and prefetch need a ManagedBuffer"

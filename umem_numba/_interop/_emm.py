@@ -81,7 +81,7 @@ from numba.cuda.cudadrv import driver as nbdriver
 
 from .. import _driver
 from .._errors import OutOfMemoryError, UnsupportedError
-from .._memory import _stats
+from .._memory import _resources, _stats
 
 __all__ = ["UmemNumbaMemoryManager"]
 
@@ -91,9 +91,7 @@ _ENV_IPC = "UMEM_NUMBA_EMM_IPC"
 
 def _env_pool_kind() -> str:
     kind = os.environ.get(_ENV, "device").strip().lower() or "device"
-    if kind not in ("device", "managed"):
-        raise ValueError(f"{_ENV} must be 'device' or 'managed', got {kind!r}")
-    return kind
+    return _resources.check_kind(kind, _resources.SHARED_KINDS, _ENV).name
 
 
 def _env_ipc() -> bool:
@@ -237,10 +235,10 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         self._pool: Any = None
         self._managed_pool: Any = None
         self._managed_tried = False
-        self._kind = type(self).pool_kind
+        self._resource = _resources.check_kind(
+            type(self).pool_kind, _resources.SHARED_KINDS, "UmemNumbaMemoryManager.pool_kind"
+        )
         self._ipc = bool(type(self).exportable)
-        if self._kind not in ("device", "managed"):
-            raise ValueError(f"pool_kind must be 'device' or 'managed', got {self._kind!r}")
         self._ctx_handle = None if context is None else context.handle
 
     # -- setup ---------------------------------------------------------------------
@@ -252,10 +250,10 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             device = self.context.device
             dev = int(getattr(device, "id", device))  # numba's Device, or the binding's CUdevice
             exportable = False
-            if self._kind == "device" and self._ipc:  # only when asked: see the module notes
+            if self._resource.pool_exportable and self._ipc:  # only when asked: see the module notes
                 fd = int(_driver.consts().vmm_posix_fd)
                 exportable = bool(_driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", dev) & fd)
-            self._pool = MemoryPool(self._kind, device=dev, exportable=exportable)
+            self._pool = MemoryPool(self._resource.name, device=dev, exportable=exportable)
         if self.deallocations.memory_capacity == nbdriver._SizeNotSet:
             self.deallocations.memory_capacity = self.get_memory_info().total
 
@@ -302,15 +300,15 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         return self._wrap(pool, ptr, size, nbdriver.ManagedMemory)
 
     def _managed_pool_or_none(self) -> Any:
-        if self._kind == "managed":
+        if self._resource is _resources.MANAGED:  # the pool numba's arrays come from is managed already
             if self._pool is None:
                 self.initialize()
             return self._pool
         if not self._managed_tried:
             self._managed_tried = True
-            from .._memory._pool import MemoryPool, managed_pool_support
+            from .._memory._pool import MemoryPool
 
-            if not managed_pool_support():
+            if not _resources.managed_pool_support():
                 device = self.context.device
                 self._managed_pool = MemoryPool("managed", device=int(getattr(device, "id", device)))
         return self._managed_pool
@@ -336,7 +334,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             free, total = _driver.call("cuMemGetInfo", detail="memory info for numba")
         idle = 0
         for pool in (self._pool, self._managed_pool):
-            if pool is not None and pool.kind == "device" and not pool.closed:
+            if pool is not None and pool.resource.occupies_device and not pool.closed:
                 s = pool.statistics()
                 idle += s.reserved_current - s.used_current + s.cached  # the free lists are free for numba
         return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
@@ -356,7 +354,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         base = int(owner.handle)
         if base not in self.allocations:  # not ours (numba cannot hand us another's memory, but be sure)
             base, _end = nbdriver.device_extents(memory)
-        if pool is None or pool.kind != "device":
+        if pool is None or not pool.resource.pool_exportable:
             raise UnsupportedError(
                 "numba IPC handles need device memory, but umem_numba's memory manager allocates from a "
                 "managed pool here (UMEM_NUMBA_EMM_POOL=managed), which the driver cannot export; use "

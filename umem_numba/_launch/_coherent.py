@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from .. import _driver
-from .._arrays._buffer import Buffer, device_arrays
+from .._arrays._buffer import Buffer
+from .._arrays._export import device_arrays
 from .._driver import _sim
 from .._driver._location import owns_stream, stream_classes, stream_handle
 from .._errors import CoherenceError, CudaError

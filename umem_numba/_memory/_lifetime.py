@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import _driver
 from .._errors import BufferClosedError
-from . import _stats
+from . import _resources, _stats
 from ._tracker import Tracker
 
 __all__ = ["Allocation", "DriverMemory", "Memory", "Resource", "Transaction", "report_failed_free"]
@@ -255,6 +255,11 @@ class Allocation:
         self._released = memory is None
         if memory is not None:
             _stats.record_alloc(memory.kind, memory.nbytes)
+
+    @property
+    def resource(self) -> _resources.MemoryResource:
+        """What the memory is (:mod:`umem_numba._memory._resources`): where it is reachable, what it supports."""
+        return _resources.RESOURCES[self.kind]
 
     def __del__(self, _quiet: Callable[[], bool] = _driver.shutting_down) -> None:
         # ``_quiet`` is bound early: at interpreter exit this module's globals may already be None.

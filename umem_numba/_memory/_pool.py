@@ -21,6 +21,9 @@ until a device synchronise (see "Work umem_numba could not see" below).
 
 The buffers' free lists
 -----------------------
+The lists themselves (what is kept, under which key, when it may be reused)
+are :class:`~umem_numba._memory._free_lists.FreeLists`, apart from this façade, as
+CuPy keeps ``_Arena`` apart from ``SingleDeviceMemoryPool``.
 A driver allocation and free cost about 1 µs each through the binding, and
 a buffer needs bookkeeping on top, so buffers (``ManagedBuffer.empty(...,
 pool=)``, :class:`~umem_numba.DeviceBuffer`) keep the memory of closed
@@ -60,7 +63,7 @@ it in any thread) or a stream destroyed meanwhile.
 Kinds, shared pools and access
 ------------------------------
 What a pool is made of (its kind and location, the driver's pools it can
-wrap, the access modes) is described in :mod:`umem_numba._memory._pool_kinds`.  A
+wrap, the access modes) is described in :mod:`umem_numba._memory._resources`.  A
 pool made here is owned: :meth:`MemoryPool.close` destroys it.  A pool from
 :meth:`MemoryPool.default` is the driver's, shared with other libraries: it
 is never destroyed or trimmed by umem_numba, and it keeps no free lists
@@ -80,11 +83,12 @@ pool's device; the plain launch's devices; every active device after an
 escape).  A held block becomes *idle* (reusable on any stream, by buffers and
 the raw interface alike: nothing can still use it) once a device synchronise
 that *began after* it was held has completed on each of its devices.  The
-pool counts its own synchronises per device (:func:`synchronize_for_reuse`:
+pool counts its own synchronises per device (:func:`~umem_numba._memory._free_lists.synchronize_for_reuse`:
 ``cuCtxSynchronize`` between a begin ticket and a done mark), so an
 allocation that finds no block on its lists first takes the held blocks that
 a synchronise has freed meanwhile; when the pool holds
-:data:`HELD_SYNC_COUNT` blocks or :data:`HELD_SYNC_BYTES` bytes, that
+:data:`~umem_numba._memory._free_lists.HELD_SYNC_COUNT` blocks or
+:data:`~umem_numba._memory._free_lists.HELD_SYNC_BYTES` bytes, that
 allocation synchronises the held blocks' devices once and takes the whole
 batch (numba's own allocator synchronises as often: ``cuMemFree`` does, for
 every batch of its deferred frees).  Otherwise it asks the driver for new
@@ -97,7 +101,6 @@ unchanged.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -107,7 +110,8 @@ from .. import _driver
 from .._checks import as_nonnegative_int
 from .._driver._location import _MAX_HANDLE, Location, StreamLike, Target, as_device, stream_handle
 from .._errors import CudaError, OutOfMemoryError, UnsupportedError
-from . import _events, _pool_kinds, _stats
+from . import _events, _resources, _stats
+from ._free_lists import KEEP_ALL, FreeLists, synchronize_for_reuse
 from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._stats import PoolStats
 from ._tracker import Tracker
@@ -136,25 +140,12 @@ _ROUND_UP, _ROUND_MASK = ROUND - 1, -ROUND  # size = (nbytes + _ROUND_UP) & _ROU
 
 __all__ = ["MemoryPool"]
 
-POOL_KINDS = _pool_kinds.POOL_KINDS
-#: Release threshold meaning "keep everything until trim()".
-KEEP_ALL = (1 << 64) - 1
-
-#: An allocation that finds nothing on the free lists synchronises and reclaims the held blocks
-#: once the pool holds this many of them (memory of work umem_numba could not see) ...
-HELD_SYNC_COUNT = 32
-#: ... or this many bytes.
-HELD_SYNC_BYTES = 256 << 20
-
+POOL_KINDS = _resources.POOL_KINDS
 _live: weakref.WeakSet[MemoryPool] = weakref.WeakSet()
 _defaults: dict[tuple[str, int], MemoryPool] = {}
 #: The wrappers of the driver's shared pools (:meth:`MemoryPool.default`), by kind and device.
 _shared: dict[tuple[str, int], MemoryPool] = {}
 _defaults_lock = threading.Lock()
-
-
-def _check_kind(kind: Any) -> str:
-    return _pool_kinds.check_kind(kind)
 
 
 def _check_bytes(value: Any, what: str, *, positive: bool = False) -> int:
@@ -164,25 +155,6 @@ def _check_bytes(value: Any, what: str, *, positive: bool = False) -> int:
     if n > KEEP_ALL:
         raise ValueError(f"{what} ({n}) does not fit in 64 bits")
     return n
-
-
-def managed_pool_support() -> str:
-    """'' if managed pools can be created here, else what is missing (asks the driver)."""
-    api = _driver.api()
-    missing = []
-    try:
-        major = int(str(api.version).split(".")[0])
-    except ValueError:
-        major = 0
-    if major < 13 or api.c.pool_managed is None:
-        missing.append(f"cuda-bindings 13 or newer (installed: {api.version}; pip install numba-cuda[cu13])")
-    version = int(_driver.call("cuDriverGetVersion"))
-    if version < 13000:
-        missing.append(f"a CUDA 13 driver (this one supports CUDA {version // 1000}.{version % 1000 // 10})")
-    lacking = [i for i in range(_driver.device_count()) if not _driver.device_attribute("CONCURRENT_MANAGED_ACCESS", i)]
-    if lacking:
-        missing.append(f"concurrentManagedAccess on every device (device(s) {', '.join(map(str, lacking))} lack it)")
-    return "; ".join(missing)
 
 
 class MemoryPool:
@@ -242,21 +214,16 @@ class MemoryPool:
     __slots__ = (
         "__weakref__",
         "_alloc_fn",
-        "_cache",
-        "_cache_limit",
         "_closed",
         "_finalizer",
         "_free_fn",
         "_get_id",
         "_handle",
-        "_held",
-        "_held_seen",
-        "_idle",
         "_last",
         "_legacy_key",
         "_limit",
+        "_lists",
         "_owned",
-        "_raw_lists",
         "_raw_sizes",
         "_where",
         "device_id",
@@ -273,33 +240,27 @@ class MemoryPool:
         exportable: bool = False,
         numa: int | None = None,
     ) -> None:
-        kind = _check_kind(kind)
+        resource = _resources.check_kind(kind)
+        kind = resource.name
         threshold = KEEP_ALL if release_threshold is None else _check_bytes(release_threshold, "release_threshold")
-        if kind != "device" and exportable:
+        if exportable and not resource.pool_exportable:
             raise UnsupportedError(
                 f"a {kind} memory pool cannot be exported to other processes "
                 "(the driver supports IPC for device pools only)"
             )
-        numa = _pool_kinds.check_numa(kind, numa)
+        numa = resource.check_numa(numa)
         device_id = as_device(device, what="MemoryPool")
         loc = Location.device(device_id)
-        where = _pool_kinds.pool_location(kind, device_id, numa)
+        where = resource.pool_location(device_id, numa)
         api = _driver.api()
         drv, c = api.drv, api.c
-        if kind == "managed":
-            missing = managed_pool_support()
-            if missing:
-                raise UnsupportedError(f"managed memory pools need {missing}")
-        elif kind == "pinned":
-            missing = _pool_kinds.pinned_pool_support(device_id, numa)
-            if missing:
-                raise UnsupportedError(f"pinned (host) memory pools need {missing}")
-        elif not _driver.device_attribute("MEMORY_POOLS_SUPPORTED", loc.id):
-            raise UnsupportedError(f"device {loc.id} does not support memory pools")
+        missing = resource.pool_support(device_id, numa)
+        if missing:
+            raise UnsupportedError(missing)
         if exportable and not _driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", loc.id) & int(c.vmm_posix_fd):
             raise UnsupportedError(f"device {loc.id} cannot export memory pools as file descriptors")
         props = drv.CUmemPoolProps()
-        props.allocType = c.pool_managed if kind == "managed" else c.vmm_pinned
+        props.allocType = resource.pool_alloc_type(c)
         props.handleTypes = c.vmm_posix_fd if exportable else c.vmm_no_handle
         props.location = where.to_cu()
         props.maxSize = 0
@@ -308,21 +269,19 @@ class MemoryPool:
                 loc.id, "cuMemPoolCreate", props, detail=f"creating a {kind} memory pool at {where} for device {loc.id}"
             )
         except CudaError as exc:
-            if kind != "pinned" or exc.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+            refused = resource.pool_refused(exc, where)
+            if refused is None:
                 raise
-            # The device reported host pools, and the driver refused this one all the same.
-            raise UnsupportedError(f"pinned (host) memory pools at {where}: the driver refused one ({exc})") from exc
+            raise refused from exc
         self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
         with Transaction() as tx:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
-            if kind == "pinned":
+            if where.is_host:
                 # A host pool is mapped for no device until access is granted (cuMemPoolCreate).
                 self._grant(loc.id, "rw")
             tx.commit()
-        self._finalizer = finalizer(
-            self, _destroy, handle, self._cache, self._raw_lists, self._held, self._idle, loc.id
-        )
+        self._finalizer = finalizer(self, _destroy, handle, self._lists, loc.id)
         _live.add(self)
 
     def _adopt(self, kind: str, device_id: int, handle: Any, where: Location, *, owned: bool, exportable: bool) -> None:
@@ -338,17 +297,10 @@ class MemoryPool:
         self._closed = False
         self._alloc_fn = drv.cuMemAllocFromPoolAsync
         self._free_fn = drv.cuMemFreeAsync
-        #: The buffers' free lists: rounded size -> memory of closed buffers (see the module notes).
-        self._cache: dict[int, list[_PoolMemory]] = {}
-        #: The raw interface's free lists: stream key -> rounded size -> addresses.  A stream's
-        #: dict is never replaced nor removed (``_last`` may refer to it).
-        self._raw_lists: dict[int, dict[int, list[int]]] = {}
-        #: Memory of work umem_numba could not see, waiting for a device synchronise (module notes).
-        self._held: list[_Held] = []
-        #: The synchronise generation when the held list was last scanned.
-        self._held_seen = -1
-        #: Held memory a synchronise has settled: rounded size -> addresses, usable on any stream.
-        self._idle: dict[int, list[int]] = {}
+        #: The free lists (the policy: what is kept for reuse, and when it may be reused).  A
+        #: shared pool keeps none (limit 0): memory umem_numba frees must reach the driver's pool,
+        #: where the other libraries allocate from.
+        self._lists = FreeLists(device_id, KEEP_ALL if owned else 0)
         #: ``cuStreamGetId`` of the legacy stream of the pool device's context (looked up once).
         self._legacy_key: int | None = None
         #: Every address allocate() handed out that is in use (not freed): its rounded size, and
@@ -360,15 +312,8 @@ class MemoryPool:
         #: that owns it, its handle, its ``cuStreamGetId``, its raw free lists); see :meth:`_resolve`.
         self._last: _Last = _NO_STREAM
         self._get_id = api.stream_get_id
-        #: A shared pool keeps no free lists: memory umem_numba frees must reach the driver's
-        #: pool, where the other libraries allocate from.
-        self._cache_limit = KEEP_ALL if owned else 0
         #: The most an allocation can ask for (larger requests are refused before the driver).
-        self._limit: int = (
-            (_host_ram() or KEEP_ALL) if kind == "pinned" else int(_driver.call("cuDeviceTotalMem", device_id))
-        )
-        if kind == "managed":
-            self._limit += _host_ram()
+        self._limit: int = self.resource.pool_limit(device_id)
 
     @classmethod
     def default(cls, kind: str = "device", device: Target = None) -> MemoryPool:
@@ -408,9 +353,10 @@ class MemoryPool:
             No memory pools on the device; for ``"managed"``, cuda-bindings
             13, a CUDA 13 driver or concurrentManagedAccess is missing.
         """
-        kind = _pool_kinds.check_kind(kind, _pool_kinds.SHARED_KINDS, "MemoryPool.default")
+        resource = _resources.check_kind(kind, _resources.SHARED_KINDS, "MemoryPool.default kind")
+        kind = resource.name
         device_id = as_device(device, what="MemoryPool.default")
-        handle = _pool_kinds.shared_pool_handle(kind, device_id)
+        handle = resource.shared_pool(device_id)
         key = (kind, device_id)
         with _defaults_lock:
             pool = _shared.get(key)
@@ -418,9 +364,7 @@ class MemoryPool:
                 return pool
             pool = object.__new__(cls)
             pool._adopt(kind, device_id, handle, Location.device(device_id), owned=False, exportable=False)
-            pool._finalizer = finalizer(
-                pool, _release_all, pool._cache, pool._raw_lists, pool._held, pool._idle, device_id
-            )
+            pool._finalizer = finalizer(pool, _release_all, pool._lists)
             _live.add(pool)
             _shared[key] = pool
         return pool
@@ -440,6 +384,11 @@ class MemoryPool:
     def location(self) -> Location:
         """Where the pool's memory lives: its device, or the host (a host NUMA node) for a pinned pool."""
         return self._where
+
+    @property
+    def resource(self) -> _resources.MemoryResource:
+        """What the pool's memory is (:mod:`umem_numba._memory._resources`): where it is reachable, what it supports."""
+        return _resources.RESOURCES[self.kind]
 
     @property
     def shared(self) -> bool:
@@ -472,8 +421,8 @@ class MemoryPool:
         CudaError
             The driver refused (e.g. no peer access between the two GPUs).
         """
-        mode = _pool_kinds.check_mode(mode)
-        if self.kind == "managed":
+        mode = _resources.check_mode(mode)
+        if not self.resource.pool_access_changes:
             raise UnsupportedError(
                 "MemoryPool.set_access: a managed pool cannot change which devices reach it "
                 "(the driver maps managed memory for every device itself)"
@@ -490,7 +439,7 @@ class MemoryPool:
         self._grant(device_id, mode)
 
     def _grant(self, device_id: int, mode: str | None) -> None:
-        desc = _pool_kinds.access_desc(device_id, mode)
+        desc = _resources.access_desc(device_id, mode)
         _driver.call_on(
             self.device_id,
             "cuMemPoolSetAccess",
@@ -516,7 +465,7 @@ class MemoryPool:
             Location.device(device_id).to_cu(),
             detail=f"reading device {device_id}'s access to a {self.kind} memory pool",
         )
-        return _pool_kinds.mode_of_flags(flags)
+        return _resources.mode_of_flags(flags)
 
     def _attr(self, name: str) -> int:
         attr = getattr(_driver.consts().mempool_attribute, "CU_MEMPOOL_ATTR_" + name)
@@ -542,7 +491,7 @@ class MemoryPool:
     def release_threshold(self, value: int) -> None:
         value = _check_bytes(value, "release_threshold")
         self._set_attr("RELEASE_THRESHOLD", value)
-        self._cache_limit = value if self._owned else 0  # a shared pool keeps no free lists
+        self._lists.limit = value if self._owned else 0  # a shared pool keeps no free lists
         if self.cached_bytes > value:
             self.release_cached()
 
@@ -564,12 +513,7 @@ class MemoryPool:
     @property
     def cached_bytes(self) -> int:
         """Bytes on the free lists: closed buffers' memory and freed addresses, kept for reuse (held too)."""
-        buffers = sum(size * len(free_list) for size, free_list in list(self._cache.items()))
-        raw = sum(
-            size * len(free_list) for lists in list(self._raw_lists.values()) for size, free_list in list(lists.items())
-        )
-        idle = sum(size * len(free_list) for size, free_list in list(self._idle.items()))
-        return buffers + raw + idle + sum(e.size for e in list(self._held))
+        return self._lists.cached_bytes
 
     def reset_high(self) -> None:
         """Reset the reserved and used high-water marks to the current values."""
@@ -617,10 +561,11 @@ class MemoryPool:
             self._live()
         size = (nbytes + _ROUND_UP) & _ROUND_MASK
         ptr = 0
-        if lists is None and self._raw_lists:
+        raw = self._lists.raw
+        if lists is None and raw:
             if key is None:
                 key = self._stream_key(handle)
-            lists = self._raw_lists.get(key)
+            lists = raw.get(key)
         if lists:
             free_list = lists.get(size)
             if free_list:
@@ -629,7 +574,7 @@ class MemoryPool:
                 except IndexError:  # another thread took the last one
                     pass
         if not ptr:
-            ptr = self._take_idle(size, handle) or self._allocate_or_empty_lists(size, handle)
+            ptr = self._take_settled(size, handle) or self._allocate_or_empty_lists(size, handle)
         self._raw_sizes[ptr] = (size, handle, key, thread)
         return ptr
 
@@ -664,7 +609,7 @@ class MemoryPool:
             key = self._legacy_key
             if key is None:  # looked up when a free list needs it (see _stream_key)
                 return 0, None, None
-            lists = self._lists_for(key)
+            lists = self._lists.raw_for(key)
             self._last = (_always, 0, key, lists)
             return 0, key, lists
         if handle < 3:
@@ -674,16 +619,9 @@ class MemoryPool:
             return handle, None, None
         key = owned[1]
         key = self._stream_key(handle) if key is None else int(key)
-        lists = self._lists_for(key)
+        lists = self._lists.raw_for(key)
         self._last = (owned[0], handle, key, lists)
         return handle, key, lists
-
-    def _lists_for(self, key: int) -> dict[int, list[int]]:
-        """The raw free lists of the stream ``key`` (rounded size -> addresses), made on first use."""
-        lists = self._raw_lists.get(key)
-        if lists is None:
-            lists = self._raw_lists.setdefault(key, {})
-        return lists
 
     def _stream_key(self, handle: int) -> int:
         """The stream's ``cuStreamGetId``, as the operation on ``handle`` will see it.
@@ -715,88 +653,13 @@ class MemoryPool:
             owned[1] = int(sid)
         return int(sid)
 
-    def _take_idle(self, size: int, handle: int) -> int:
-        """An address of ``size`` that nothing can still use (held memory a synchronise settled), or 0.
+    def _take_settled(self, size: int, handle: int) -> int:
+        """Held memory a synchronise settled, of ``size`` (0: none); see :meth:`FreeLists.take_settled`.
 
-        When the pool holds :data:`HELD_SYNC_COUNT` blocks or
-        :data:`HELD_SYNC_BYTES` bytes of memory of unseen work, the held
-        blocks' devices are synchronised once here and the batch reclaimed
-        (not while ``handle``, the allocation's stream, captures a graph: a
-        synchronise would break the capture).
+        The batch synchronise it may make is skipped while ``handle``, the
+        allocation's stream, captures a graph.
         """
-        idle = self._idle.get(size)
-        if idle:
-            try:
-                return idle.pop()
-            except IndexError:
-                pass
-        held = self._held
-        if not held:
-            return 0
-        if self._held_seen != _sync_generation[0]:  # a synchronise completed since the last look
-            self._reclaim(sync=False)
-        entries = list(held)
-        if entries and (len(entries) >= HELD_SYNC_COUNT or sum(e.size for e in entries) >= HELD_SYNC_BYTES):
-            try:
-                if _driver.is_capturing(handle):
-                    return 0
-                self._reclaim(sync=True)
-            except Exception:  # a synchronise refused (e.g. a capture in progress): use new memory
-                return 0
-        idle = self._idle.get(size)
-        if idle:
-            try:
-                return idle.pop()
-            except IndexError:
-                pass
-        return 0
-
-    def _hold(self, ptr: int, size: int, devices: set[int], reuse: bool) -> None:
-        """Keep ``ptr`` until a synchronise of ``devices`` that begins after now has completed."""
-        if self._closed:
-            synchronize_for_reuse(devices, "settling pool memory of work umem_numba could not see")
-            self._free_idle(ptr)
-            return
-        self._held.append(_Held(ptr, size, sync_tickets(devices), reuse))
-        if self._closed:  # close() emptied the lists meanwhile: this entry too
-            _release_parked(self._held, self._idle, self.device_id)
-
-    def _reclaim(self, *, sync: bool) -> None:
-        """Move held blocks whose synchronise has completed to the idle lists (``sync``: synchronise first)."""
-        held = self._held
-        if sync:
-            devices: set[int] = set()
-            for entry in list(held):
-                devices.update(d for d, _ in entry.tickets)
-            synchronize_for_reuse(devices, "settling pool memory of work umem_numba could not see")
-        self._held_seen = _sync_generation[0]
-        entries: list[_Held] = []
-        while True:
-            try:
-                entries.append(held.pop())  # atomic: two reclaims never take one entry twice
-            except IndexError:
-                break
-        entries.reverse()
-        waiting = []
-        limit = self._cache_limit
-        for entry in entries:
-            if not settled(entry.tickets):
-                waiting.append(entry)
-            elif not entry.reuse or self._closed or (limit != KEEP_ALL and self.cached_bytes + entry.size > limit):
-                self._free_idle(entry.ptr)
-            else:
-                idle = self._idle.get(entry.size)
-                if idle is None:
-                    idle = self._idle.setdefault(entry.size, [])
-                idle.append(entry.ptr)
-        held.extend(waiting)
-        if self._closed:
-            _release_parked(self._held, self._idle, self.device_id)
-
-    def _free_idle(self, ptr: int) -> None:
-        """Give memory nothing can use any more back to the driver (any stream would do: the legacy one)."""
-        with _driver.device_context(self.device_id):
-            _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
+        return self._lists.take_settled(size, lambda: _driver.is_capturing(handle))
 
     def _driver_allocate(self, nbytes: int, handle: int) -> int:
         """``cuMemAllocFromPoolAsync`` (out of memory: a clear :class:`OutOfMemoryError`)."""
@@ -875,7 +738,7 @@ class MemoryPool:
                 raise ValueError(
                     f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
                 )
-            self._hold(ptr, entry[0], {self.device_id}, True)
+            self._lists.hold(ptr, entry[0], {self.device_id}, True)
             return
         ref, handle, key, lists = self._last  # the last live numba stream (see _resolve), inline as in allocate()
         owner = ref()
@@ -893,8 +756,7 @@ class MemoryPool:
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
         size = entry[0]
-        limit = self._cache_limit
-        if not self._closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit):
+        if self._lists.has_room(size):
             if lists is None:
                 if key is None:
                     # The allocation's key serves when the handle is the same (and the thread, for
@@ -905,15 +767,8 @@ class MemoryPool:
                     key = entry[2]
                     if key is None or handle != entry[1] or (0 < handle < 3 and threading.get_ident() != entry[3]):
                         key = self._stream_key(handle)
-                lists = self._raw_lists.get(key)
-                if lists is None:
-                    lists = self._raw_lists.setdefault(key, {})
-            free_list = lists.get(size)
-            if free_list is None:
-                free_list = lists.setdefault(size, [])
-            free_list.append(ptr)
-            if self._closed:  # close() emptied the lists meanwhile: this entry too
-                self.release_cached()
+                lists = self._lists.raw_for(key)
+            self._lists.keep_raw(lists, size, ptr)
             return
         self._driver_free(ptr, handle)
 
@@ -963,13 +818,11 @@ class MemoryPool:
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
         size = (nbytes + _ROUND_UP) & _ROUND_MASK
-        free_list = self._cache.get(size)
-        if free_list:
-            try:
-                memory = free_list.pop()  # atomic under the GIL: no lock on this path
-            except IndexError:  # another thread took the last one
-                pass
-            else:
+        lists = self._lists
+        if lists.buffers:
+            memory = lists.take_buffer(size)
+            if memory is not None:
+                assert isinstance(memory, _PoolMemory)
                 tracker = memory.tracker
                 assert tracker is not None  # every entry of a list carries its record
                 memory.tracker = None
@@ -985,8 +838,8 @@ class MemoryPool:
                         memory.ordered_on = key
                         memory.ordered_mark = tracker.mark()
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
-        if self._idle or self._held:
-            ptr = self._take_idle(size, handle)
+        if lists.idle or lists.held:
+            ptr = self._take_settled(size, handle)
             if ptr:  # nothing can still use it: no event, no wait
                 return Allocation(
                     kind, _PoolMemory(self, kind, ptr, nbytes, size), ptr, self.device_id, Tracker(self.device_id)
@@ -1024,24 +877,9 @@ class MemoryPool:
     def _keep(self, memory: _PoolMemory, tracker: Tracker) -> bool:
         """Put a closed buffer's memory on its free list (False: it must go back to the driver).
 
-        No lock: list appends and pops are atomic under the GIL, and two
-        threads racing past the limit overshoot it by one block at most.
+        Memory that took advice goes back, so that no later buffer inherits the advice.
         """
-        if self._closed or memory.advised:
-            return False
-        limit = self._cache_limit
-        if limit != KEEP_ALL and self.cached_bytes + memory.size > limit:
-            return False
-        if not tracker.recycle():
-            return False
-        memory.tracker = tracker
-        free_list = self._cache.get(memory.size)
-        if free_list is None:
-            free_list = self._cache.setdefault(memory.size, [])
-        free_list.append(memory)
-        if self._closed:  # close() emptied the lists meanwhile: this entry too
-            _release_lists(self._cache)
-        return True
+        return not memory.advised and self._lists.keep_buffer(memory, tracker)
 
     def release_cached(self) -> None:
         """Give the memory on the buffers' free lists back to the driver's pool (stream-ordered).
@@ -1051,9 +889,7 @@ class MemoryPool:
         could not see is freed after a device synchronise.  :meth:`trim` and
         :meth:`close` call this first.
         """
-        _release_lists(self._cache)
-        _release_raw_lists(self._raw_lists, self.device_id)
-        _release_parked(self._held, self._idle, self.device_id)
+        self._lists.release()
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -1069,7 +905,8 @@ class MemoryPool:
         """
         if self._closed:
             return
-        self._closed = True  # no closed buffer's memory joins a free list from here on (see _keep)
+        self._closed = True
+        self._lists.closed = True  # no freed memory joins a free list from here on
         self.release_cached()
         self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
@@ -1084,33 +921,13 @@ class MemoryPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"handle={self.handle:#x}"
-        where = f", location={self._where}" if self.kind == "pinned" else ""
+        where = f", location={self._where}" if self._where.is_host else ""
         shared = ", shared" if not self._owned else ""
         return f"MemoryPool({self.kind!r}, device={self.device_id}{where}{shared}, {state})"
 
 
 def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
-
-
-def _release_raw_lists(lists: dict[int, dict[int, list[int]]], device_id: int) -> None:
-    """Free the raw interface's listed addresses to the driver.
-
-    An entry was freed on its stream, which may be gone by now: the device is
-    synchronised first, then each address is freed on the legacy stream.
-    """
-    raw = [free_list for per_stream in list(lists.values()) for free_list in list(per_stream.values()) if free_list]
-    if not raw:
-        return
-    synchronize_for_reuse({device_id}, "settling raw pool memory before giving it back")
-    with _driver.device_context(device_id):
-        for free_list in raw:
-            while True:
-                try:
-                    ptr = free_list.pop()
-                except IndexError:
-                    break
-                _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
 
 
 def _destroy_settled(handle: Any, device_id: int) -> None:
@@ -1120,132 +937,21 @@ def _destroy_settled(handle: Any, device_id: int) -> None:
         _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
 
 
-def _give_back(
-    free_lists: dict[int, list[_PoolMemory]],
-    raw_lists: dict[int, dict[int, list[int]]],
-    held: list[_Held],
-    idle: dict[int, list[int]],
-    device_id: int,
-) -> None:
-    """Every listed, raw, held and idle block of a pool back to the driver's pool."""
-    _release_lists(free_lists)
-    _release_raw_lists(raw_lists, device_id)
-    _release_parked(held, idle, device_id)
-
-
-def _release_all(
-    free_lists: dict[int, list[_PoolMemory]],
-    raw_lists: dict[int, dict[int, list[int]]],
-    held: list[_Held],
-    idle: dict[int, list[int]],
-    device_id: int,
-) -> None:
+def _release_all(lists: FreeLists) -> None:
     """A collected wrapper of a shared pool: its memory back to the driver's pool, which stays."""
     try:
-        _give_back(free_lists, raw_lists, held, idle, device_id)
+        lists.release()
     except Exception:  # the context is gone: the driver released everything with it
         pass
 
 
-def _destroy(
-    handle: Any,
-    free_lists: dict[int, list[_PoolMemory]],
-    raw_lists: dict[int, dict[int, list[int]]],
-    held: list[_Held],
-    idle: dict[int, list[int]],
-    device_id: int,
-) -> None:
+def _destroy(handle: Any, lists: FreeLists, device_id: int) -> None:
     """A collected pool: its free lists back to the driver, then the pool."""
     try:
-        _give_back(free_lists, raw_lists, held, idle, device_id)
+        lists.release()
         _destroy_settled(handle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
-
-
-# ---------------------------------------------------------------------------
-# Synchronise tickets: when held memory is settled (see the module notes)
-
-_sync_lock = threading.RLock()  # re-entrant: a finalizer run by a collection may synchronise too
-#: Per device: tickets of the synchronises begun so far.
-_sync_started: dict[int, int] = {}
-#: Per device: the highest ticket of a synchronise that has completed.
-_sync_done: dict[int, int] = {}
-#: Bumped whenever a synchronise completes (a one-int "anything new?" test); a list, so it is shared.
-_sync_generation = [0]
-
-
-class _Held:
-    """Memory of work umem_numba could not see: ``ptr`` and ``size``, and per device the last ticket begun."""
-
-    __slots__ = ("ptr", "reuse", "size", "tickets")
-
-    def __init__(self, ptr: int, size: int, tickets: tuple[tuple[int, int], ...], reuse: bool) -> None:
-        self.ptr = ptr
-        self.size = size
-        self.tickets = tickets
-        #: False: back to the driver once settled (memory that took advice).
-        self.reuse = reuse
-
-
-def sync_tickets(devices: set[int] | list[int] | tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Per device, the ticket of the last synchronise begun so far: a block held now needs a later one.
-
-    Read after the work that used the memory was issued (it was, since the
-    memory is being released): a synchronise with a later ticket begins after
-    that work was queued, so it waits for it.
-    """
-    return tuple((d, _sync_started.get(d, 0)) for d in sorted(devices))
-
-
-def settled(tickets: tuple[tuple[int, int], ...]) -> bool:
-    """Whether, on every device of ``tickets``, a synchronise begun after them has completed."""
-    return all(_sync_done.get(device, 0) > ticket for device, ticket in tickets)
-
-
-def synchronize_for_reuse(devices: set[int] | list[int], what: str) -> None:
-    """``cuCtxSynchronize`` on each device, counted (begin ticket, then done mark) for :func:`settled`."""
-    for device in sorted(devices):
-        with _sync_lock:
-            ticket = _sync_started[device] = _sync_started.get(device, 0) + 1
-        with _driver.device_context(device):
-            _driver.call("cuCtxSynchronize", detail=what)
-        with _sync_lock:
-            if _sync_done.get(device, 0) < ticket:
-                _sync_done[device] = ticket
-            _sync_generation[0] += 1
-
-
-def _release_parked(held: list[_Held], idle: dict[int, list[int]], device_id: int) -> None:
-    """Give held and idle memory back to the driver (held memory after a synchronise of its devices)."""
-    entries: list[_Held] = []
-    while True:
-        try:
-            entries.append(held.pop())
-        except IndexError:
-            break
-    ptrs = [e.ptr for e in entries]
-    for free_list in list(idle.values()):
-        while True:
-            try:
-                ptrs.append(free_list.pop())
-            except IndexError:
-                break
-    if not ptrs:
-        return
-    pending = {d for e in entries if not settled(e.tickets) for d, _ in e.tickets}
-    if pending:
-        synchronize_for_reuse(pending, "settling pool memory of work umem_numba could not see")
-    with _driver.device_context(device_id):
-        for ptr in ptrs:  # nothing can use them any more: the legacy stream orders nothing needed
-            _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
-
-
-def _host_ram() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return 0
 
 
 class _PoolMemory(Memory):
@@ -1300,7 +1006,7 @@ class _PoolMemory(Memory):
         if pool is not None and not pool._closed and (tracker.unknown_devices or tracker.escaped):
             # Work umem_numba could not see may use it on any stream: held until a synchronise.
             events, unknown, _gen, escaped = tracker.pending_work()
-            pool._hold(self.ptr, self.size, self._unseen_devices(events, unknown, escaped), not self.advised)
+            pool._lists.hold(self.ptr, self.size, self._unseen_devices(events, unknown, escaped), not self.advised)
             return
         self.free_to_driver(tracker)
 
@@ -1343,20 +1049,6 @@ class _PoolMemory(Memory):
             _driver.call("cuMemFreeAsync", self.ptr, 0, detail=f"freeing {self.describe()} into its pool")
 
 
-def _release_lists(lists: dict[int, list[_PoolMemory]]) -> None:
-    """Free every entry of the free lists to the driver (each entry exactly once, whoever else pops)."""
-    for free_list in list(lists.values()):
-        while True:
-            try:
-                memory = free_list.pop()
-            except IndexError:
-                break
-            tracker = memory.tracker
-            memory.tracker = None
-            if tracker is not None:
-                memory.free_to_driver(tracker)
-
-
 # ---------------------------------------------------------------------------
 # Defaults and statistics
 
@@ -1373,9 +1065,6 @@ def default_pool(kind: str, device_id: int) -> MemoryPool:
     return pool
 
 
-_BUFFER_OF = {"managed": "ManagedBuffer", "device": "DeviceBuffer", "pinned": "PinnedBuffer"}
-
-
 def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     """Validate a ``pool=`` argument of a buffer constructor."""
     if type(pool) is MemoryPool and pool.kind == kind and not pool._closed:
@@ -1384,7 +1073,8 @@ def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
         raise TypeError(f"{what}: pool must be a umem_numba.MemoryPool, got {type(pool).__name__}")
     if pool.kind != kind:
         raise ValueError(
-            f"{what}: this is a {pool.kind!r} pool; it makes {_BUFFER_OF[pool.kind]}s, not {_BUFFER_OF[kind]}s"
+            f"{what}: this is a {pool.kind!r} pool; it makes {pool.resource.buffer}s, "
+            f"not {_resources.RESOURCES[kind].buffer}s"
         )
     pool._live()
     return pool

@@ -1,0 +1,469 @@
+"""What other libraries and numba's launches see of a buffer: every export protocol in one place.
+
+A buffer's device memory leaves umem_numba through these doors, all here:
+
+- the CUDA Array Interface (``__cuda_array_interface__``), one dict made by
+  :func:`array_interface` for device views, host views and lent views alike;
+- numba's launch protocol: ``_numba_type_``, ``_strided_memory_view_shim``
+  (numba-cuda's fast launch path), ``device_ctypes_pointer``, and under
+  numba's simulator ``to_device``;
+- DLPack (``__dlpack__`` / ``__dlpack_device__``), for the buffer and for a
+  lent view;
+- :meth:`DeviceExports.lend`, the bounded hand-over, and the :class:`LentView`
+  it yields.
+
+An export through the interface or DLPack makes the buffer *escape* (host
+access then synchronises every device: the other library's work cannot be
+seen); a launch through umem_numba or a lent view does not.
+:class:`DeviceExports` is a mixin of :class:`~umem_numba._arrays._buffer.Buffer`: it
+holds no state of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from .. import _driver
+from .._driver._location import stream_handle
+from .._errors import BufferClosedError, UnsupportedError
+from .._memory import _events
+from .._memory._lifetime import Allocation, finalizer
+from .._memory._tracker import DeviceUse, _launching
+from . import _dlpack, _layout
+
+
+def array_interface(
+    ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, dtype: np.dtype, stream: int | None = None
+) -> dict[str, Any]:
+    """A version-3 array interface dict (CUDA's, or numpy's when ``stream`` is left out by the caller).
+
+    ``strides`` None means C-contiguous; ``ptr`` is ignored (0) for an empty array.
+    """
+    size = 1
+    for d in shape:
+        size *= d
+    return {
+        "shape": shape,
+        "typestr": dtype.str,
+        "descr": dtype.descr if dtype.fields else [("", dtype.str)],
+        "data": (ptr if size else 0, False),
+        "strides": strides,
+        "version": 3,
+        "stream": stream,
+    }
+
+
+class _HostExport:
+    """Base object of a numpy host view: keeps the allocation mapped while alive."""
+
+    __slots__ = ("__array_interface__", "__weakref__")
+
+    def __init__(self, alloc: Allocation, interface: dict[str, Any]) -> None:
+        self.__array_interface__ = interface
+        alloc.add_export()
+        finalizer(self, alloc.drop_export)
+
+
+class _NotOnDeviceError(UnsupportedError, AttributeError):
+    """Also an AttributeError, so ``hasattr(buf, "__cuda_array_interface__")`` is False."""
+
+
+def _fast_launch_path() -> bool:
+    """Whether numba-cuda's launch takes our precomputed device view (see StridedViewShim)."""
+    global _FAST
+    if _FAST is None:
+        try:
+            from numba.cuda.cudadrv import devicearray
+
+            _FAST = hasattr(devicearray, "_to_strided_memory_view")
+        except Exception:
+            _FAST = False
+    return _FAST
+
+
+_FAST: bool | None = None
+
+
+def _nothing() -> None:
+    """Release function of an export that holds nothing beyond its Python reference."""
+
+
+class DLPackExport:
+    """The DLPack protocol's entry point, written once for buffers and lent views."""
+
+    __slots__ = ()
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Export as a DLPack capsule (the array API standard's protocol).
+
+        Parameters
+        ----------
+        stream : int or None
+            The consumer's stream.  For a buffer it waits, on the device, for
+            toolkit work on the buffer (``None``: the legacy default stream;
+            ``-1``: no ordering), and the buffer then escapes, as with
+            ``__cuda_array_interface__``: use ``lend`` for bounded work.  For
+            a lent view, a consumer stream other than the lending one waits
+            for the lending stream's work so far, and nothing escapes.
+        max_version : tuple of int, optional
+            Accepted; an unversioned capsule is returned.
+        dl_device : tuple of int, optional
+            Must be ``__dlpack_device__()`` (no cross-device export).
+        copy : bool, optional
+            ``True`` is refused (umem_numba exports without copying).
+
+        Returns
+        -------
+        PyCapsule
+            Named ``"dltensor"``; the memory stays allocated until the
+            consumer releases it, even across ``close()``.
+        """
+        return self._dlpack_capsule(stream, dl_device, copy)
+
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        raise NotImplementedError
+
+
+class DeviceExports(DLPackExport):
+    """The device side of a :class:`~umem_numba._arrays._buffer.Buffer`: what numba and other CUDA libraries see."""
+
+    if not TYPE_CHECKING:  # no state of its own (mypy is told the Buffer attributes it uses instead)
+        __slots__ = ()
+
+    if TYPE_CHECKING:  # provided by Buffer
+        _alloc: Allocation | None
+        _offset: int
+        _shape: tuple[int, ...]
+        _strides: tuple[int, ...]
+        _dtype: np.dtype
+        _owner: bool
+        _nbtype: Any
+        _shim: _layout.StridedViewShim | None
+        _kparams: tuple[Allocation, Any, tuple[int, ...]] | None
+        _device_accessible: bool
+        _views_can_retire: ClassVar[bool]
+
+        @property
+        def size(self) -> int: ...
+        @property
+        def is_c_contiguous(self) -> bool: ...
+        def _live(self) -> Allocation: ...
+        def _host_array(self, what: str) -> np.ndarray: ...
+
+    def _device_alloc(self) -> Allocation:
+        alloc = self._live()
+        if not self._device_accessible:
+            raise _NotOnDeviceError(
+                f"this {type(self).__name__} is not accessible from the device "
+                "(pinned memory needs HostAllocFlags.DEVICEMAP)"
+            )
+        return alloc
+
+    def _device_export(self, escape: bool = True) -> Allocation:
+        alloc = self._device_alloc()
+        alloc.tracker.on_device_export(escape)
+        return alloc
+
+    def _launch_arg(self) -> tuple[Allocation, Any, tuple[int, ...]]:
+        """``(allocation, numba type, kernel parameters)`` for a launch through umem_numba (cached).
+
+        Checked like a device export, but not one: the launch files its own use.
+        """
+        alloc = self._device_alloc()
+        t = self._nbtype
+        if t is None:
+            t = self._nbtype = _layout.numba_type(self._dtype, self._shape, self._strides)
+        k = self._kparams
+        if k is None or k[0] is not alloc:
+            ptr = alloc.device_ptr + self._offset
+            params = _layout.kernel_params(ptr, self._shape, self._strides, self._dtype.itemsize)
+            k = self._kparams = (alloc, t, params)
+        return k
+
+    def _interface(self, alloc: Allocation, stream: int | None) -> dict[str, Any]:
+        """The CUDA Array Interface of this view of ``alloc``'s device memory (the one device-view helper)."""
+        strides = None if self.is_c_contiguous else self._strides
+        return array_interface(alloc.device_ptr + self._offset, self._shape, strides, self._dtype, stream)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3.
+
+        Reading it outside a umem_numba launch hands the memory to another
+        library for good (the buffer *escapes*): from then on host access
+        synchronises every device, since that library's work cannot be
+        seen.  Use :meth:`lend` to hand it over for a bounded piece of work.
+        """
+        return self._interface(self._device_export(), None)
+
+    @property
+    def __cuda_memory__(self) -> bool:
+        # True lets numba-cuda launch straight from _strided_memory_view_shim.
+        return _fast_launch_path() and self._device_accessible
+
+    @property
+    def _numba_type_(self) -> Any:
+        # Read by numba's typing on every launch: kept short.
+        alloc = self._alloc
+        if alloc is None or alloc.closed or not self._device_accessible:
+            try:
+                alloc = self._device_export()  # raises the right error
+            except _NotOnDeviceError as exc:
+                # Not as an AttributeError here: numba's typing would take that
+                # as "no _numba_type_" and launch on the host pointer through
+                # __dlpack__, with nothing tracked.
+                raise UnsupportedError(f"a kernel launch cannot use this buffer: {exc}") from None
+        if self._views_can_retire and not self._owner:
+            self._live()
+        tracker = alloc.tracker
+        if tracker not in _launching.current:
+            tracker.on_device_export(False)
+        t = self._nbtype
+        if t is None:
+            t = self._nbtype = _layout.numba_type(self._dtype, self._shape, self._strides)
+        return t
+
+    @property
+    def _strided_memory_view_shim(self) -> _layout.StridedViewShim:
+        alloc = self._alloc
+        if alloc is None or alloc.closed or not self._device_accessible:
+            alloc = self._device_export()
+        if self._views_can_retire and not self._owner:
+            self._live()
+        tracker = alloc.tracker
+        if tracker not in _launching.current:
+            tracker.on_device_export(False)
+        shim = self._shim
+        if shim is None:
+            ptr = alloc.device_ptr + self._offset if self.size else 0
+            shim = self._shim = _layout.StridedViewShim(ptr, self._shape, self._strides, self._dtype)
+        return shim
+
+    @property
+    def device_ctypes_pointer(self) -> ctypes.c_void_p:
+        """The device address as ``ctypes.c_void_p`` (numba's device-memory protocol)."""
+        alloc = self._device_export()
+        return ctypes.c_void_p(alloc.device_ptr + self._offset if self.size else 0)
+
+    def _device_array(self) -> np.ndarray:
+        """A numpy array over the device address (the simulated driver's memory is host memory)."""
+        alloc = self._device_alloc()
+        if not self.size:
+            return np.empty(self._shape, self._dtype)
+        ptr = alloc.device_ptr + self._offset
+        return np.asarray(_DeviceArray(array_interface(ptr, self._shape, self._strides, self._dtype)))
+
+    def to_device(self, retr: list[Any], stream: Any = 0) -> Any:
+        """numba's simulator: the array a plain ``kernel[g, b](buf)`` launch gets (no copy).
+
+        Such a launch runs at the call, ordered after all queued work (the
+        conservative case: it may have been launched on any stream); it
+        marks the buffer as used by a launch umem_numba did not make, as on a
+        GPU.
+        """
+        from .._driver._simulated import fake_array
+
+        self._device_export(escape=False)
+        _driver.call("cuCtxSynchronize", detail="a plain launch under numba's simulator runs at the call")
+        return fake_array(self._device_array())
+
+    # -- lending to other libraries -------------------------------------------------
+    @contextlib.contextmanager
+    def lend(self, stream: Any = None, *, readonly: bool = False) -> Iterator[LentView]:
+        """Lend the buffer to another library for work on ``stream``, tracked precisely.
+
+        On entry ``stream`` waits, on the device, for toolkit work on the
+        buffer that conflicts; inside the block the yielded view gives CuPy,
+        PyTorch or numba the memory (``__cuda_array_interface__`` naming the
+        stream, and ``__dlpack__``) without the buffer escaping; on exit one
+        event is recorded on ``stream``, and host access later waits for
+        exactly that work.
+
+        Parameters
+        ----------
+        stream : numba, CuPy or PyTorch stream, int or None
+            Where the other library works (``None``/``0``: the legacy default
+            stream).
+        readonly : bool
+            The library only reads: the buffer stays readable concurrently
+            by other streams.
+
+        Yields
+        ------
+        LentView
+            Valid inside the block only (afterwards it raises).
+
+        Examples
+        --------
+        >>> s = cupy.cuda.Stream(non_blocking=True)                   # doctest: +SKIP
+        >>> with buf.lend(s) as view, s:                              # doctest: +SKIP
+        ...     cupy.asarray(view)[...] *= 2
+        >>> buf.host                                                  # doctest: +SKIP
+        """
+        handle = stream_handle(stream, what="lend")
+        alloc = self._live()
+        if not self._device_accessible:
+            raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device")
+        view = LentView(self, alloc, handle)
+        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, not readonly)], handle, "lend"):
+            try:
+                yield view
+            finally:
+                view._retire()
+
+    # -- DLPack ------------------------------------------------------------------------
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``: CUDA for memory a device may hold, else CUDA-host (mapped) or CPU."""
+        alloc = self._live()
+        if alloc.resource.device_may_hold:
+            return (_dlpack.KDL_CUDA, alloc.device_id)
+        return (_dlpack.KDL_CUDA_HOST if self._device_accessible else _dlpack.KDL_CPU, 0)
+
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        """``__dlpack__`` of the buffer: the consumer's stream waits for toolkit work, then the buffer escapes."""
+        device = self._dlpack_request(dl_device, copy)
+        alloc = self._live()
+        if stream is not None and not isinstance(stream, int):
+            raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
+        if device[0] == _dlpack.KDL_CPU:
+            arr = self._host_array("__dlpack__")
+            return _dlpack.make_capsule(arr.ctypes.data, self._shape, self._strides, self._dtype, device, arr, _nothing)
+        consumer = _driver.consts().stream_legacy if stream is None else stream
+        if consumer != -1:
+            with _driver.device_context(alloc.device_id):
+                waits, _ = alloc.tracker.begin_use(_driver.stream_key(consumer), True, "__dlpack__")
+                try:
+                    for event in waits:
+                        _driver.call("cuStreamWaitEvent", consumer, event.handle, 0, detail="__dlpack__")
+                finally:
+                    alloc.tracker.end_use(0, None, True, issued=False)
+        self._device_export(escape=True)
+        return self._device_capsule(alloc, device)
+
+    def _dlpack_request(self, dl_device: tuple[int, int] | None, copy: bool | None) -> tuple[int, int]:
+        """Check what a DLPack consumer asked for; return the device to export to."""
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}; the memory is on {device}")
+        if copy:
+            raise BufferError("__dlpack__: umem_numba exports its memory without copying (copy=True refused)")
+        _dlpack.dl_dtype(self._dtype)
+        return device
+
+    def _device_capsule(self, alloc: Allocation, device: tuple[int, int]) -> Any:
+        """A capsule over the device memory; it keeps this view and the memory until the consumer lets go."""
+        alloc.add_export()
+        ptr = alloc.device_ptr + self._offset if self.size else 0
+        return _dlpack.make_capsule(ptr, self._shape, self._strides, self._dtype, device, self, alloc.drop_export)
+
+
+class _DeviceArray:
+    """numpy's array interface over a device address (simulated driver only: it is host memory)."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict[str, Any]) -> None:
+        self.__array_interface__ = interface
+        self.owner: Any = None
+
+
+def device_arrays(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """``args`` with each buffer (also inside tuples and lists) as a numpy array over its device memory.
+
+    What the simulated driver's queued kernel launches take (see
+    :meth:`umem_numba._driver._simulated.SimDriver.queue_kernel`).
+    """
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, DeviceExports):
+            out.append(a._device_array())
+        elif isinstance(a, tuple):
+            out.append(device_arrays(a))
+        elif isinstance(a, list):
+            out.append(list(device_arrays(a)))
+        elif hasattr(a, "__cuda_array_interface__"):
+            # Another library's array: its interface is read at the launch, as numba does.
+            out.append(_interface_array(a.__cuda_array_interface__, a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
+    """A numpy array over the memory a CUDA Array Interface describes (simulated driver only)."""
+    shape = tuple(iface["shape"])
+    descr = iface.get("descr") or []
+    named = any(field[0] for field in descr)
+    dtype = np.dtype([tuple(field) for field in descr]) if named else np.dtype(iface["typestr"])
+    if not iface["data"][0] or 0 in shape:
+        return np.empty(shape, dtype)
+    holder = _DeviceArray(array_interface(iface["data"][0], shape, iface.get("strides"), dtype))
+    holder.owner = owner  # the array keeps the memory's owner alive until the kernel has run
+    return np.asarray(holder)
+
+
+class LentView(DLPackExport):
+    """What :meth:`Buffer.lend` yields: the buffer's device memory for one stream, inside the block.
+
+    It offers ``__cuda_array_interface__`` (naming the stream) and
+    ``__dlpack__`` without the buffer escaping: the work is recorded when the
+    block ends.  Using it after the block raises
+    :class:`~umem_numba.BufferClosedError`.
+    """
+
+    __slots__ = ("_alloc", "_buffer", "_stream")
+
+    def __init__(self, buffer: DeviceExports, alloc: Allocation, stream: int) -> None:
+        self._buffer: DeviceExports | None = buffer
+        self._alloc = alloc
+        self._stream = stream
+
+    def _retire(self) -> None:
+        self._buffer = None
+
+    def _live(self) -> DeviceExports:
+        buf = self._buffer
+        if buf is None:
+            raise BufferClosedError("this LentView is used after its `with buf.lend(...)` block ended")
+        buf._live()
+        return buf
+
+    @property
+    def stream(self) -> int:
+        """The stream handle the view is lent for."""
+        return self._stream
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 naming the lending stream (consumers order themselves after it)."""
+        buf = self._live()
+        return buf._interface(self._alloc, self._stream or None)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """As :meth:`Buffer.__dlpack_device__`."""
+        return self._live().__dlpack_device__()
+
+    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        """``__dlpack__`` of a lent view: a consumer on another stream waits for the lending stream's work."""
+        buf = self._live()
+        device = buf._dlpack_request(dl_device, copy)
+        alloc = self._alloc
+        if stream is not None and stream not in (-1, self._stream) and isinstance(stream, int):
+            # The consumer works on another stream: make it wait for the lending stream's work so far.
+            with _driver.device_context(alloc.device_id):
+                handle = _driver.consts().stream_legacy if stream is None else stream
+                event = _events.record(self._stream, alloc.device_id)
+                _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="__dlpack__ of a lent view")
+        return buf._device_capsule(alloc, device)
