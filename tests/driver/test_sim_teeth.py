@@ -20,7 +20,6 @@ through what the simulator has, so that reverting either fix fails them on the C
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import gc
 import importlib.util
@@ -30,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import ORDERING_TRIALS, random_array, sleeping
+from support.helpers import ORDERING_TRIALS, random_array, sleeping, worker_thread
 
 import umem_numba as um
 from umem_numba import _driver
@@ -133,17 +132,6 @@ def test_plugin_free_is_not_reused_under_a_reader_on_another_stream(rng):
         pool.close()
 
 
-_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-
-
-def _thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
-    """A worker thread that lives until the interpreter exits (its per-thread stream stays the same)."""
-    ex = _executors.get(name)
-    if ex is None:
-        ex = _executors[name] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"umem-teeth-{name}")
-    return ex
-
-
 SEVENS = int(np.float32(7.0).view(np.uint32))
 
 
@@ -199,8 +187,8 @@ def test_per_thread_stream_reuse_orders_stream_ordered_work_of_the_other_thread(
                     pool.free(ptr, pts)
                 return ptr
 
-            a_ptr = _thread("a").submit(thread_a).result(timeout=60)
-            b_ptr = _thread("b").submit(thread_b).result(timeout=60)
+            a_ptr = worker_thread("teeth-a").submit(thread_a).result(timeout=60)
+            b_ptr = worker_thread("teeth-b").submit(thread_b).result(timeout=60)
             cuda.synchronize()
             got = out.copy_to_host()
             assert np.array_equal(got, data), (

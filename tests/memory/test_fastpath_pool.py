@@ -19,7 +19,7 @@ import textwrap
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import ORDERING_TRIALS, random_array, sleeping
+from support.helpers import ORDERING_TRIALS, random_array, sleeping, worker_thread
 
 import umem_numba as um
 from umem_numba import _driver
@@ -103,16 +103,6 @@ def test_plugin_reuse_waits_for_old_readers(mode, rng):
 # ---------------------------------------------------------------------------
 # Item 5: per-thread default streams (handle 2 in every thread)
 
-_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-
-
-def _thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
-    """A worker thread that lives until the interpreter exits (see the device README's known traps)."""
-    ex = _executors.get(name)
-    if ex is None:
-        ex = _executors[name] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"umem-{name}")
-    return ex
-
 
 def _raw_array(ptr: int, n: int):
     """A numba array over a raw pool address (no owner: the pool keeps the memory)."""
@@ -168,8 +158,8 @@ def test_per_thread_stream_reuse_orders_the_other_threads_stream(interface, rng)
                     pool.free(ptr, pts)
                 return ptr
 
-            _thread("a").submit(thread_a).result(timeout=60)
-            _thread("b").submit(thread_b).result(timeout=60)
+            worker_thread("a").submit(thread_a).result(timeout=60)
+            worker_thread("b").submit(thread_b).result(timeout=60)
             cuda.synchronize()
             got = out.copy_to_host()
             assert np.array_equal(got, data), f"{int((got != data).sum())} of {N} elements overwritten by thread B"

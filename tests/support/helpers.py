@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 
 import numpy as np
 
-__all__ = ["ORDERING_TRIALS", "random_array", "sleeping", "test_seed"]
+__all__ = ["ORDERING_TRIALS", "random_array", "sleeping", "test_seed", "worker_thread"]
 
 
 def test_seed() -> int:
@@ -28,6 +29,22 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     if dtype.kind == "c":
         return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
     raise TypeError(dtype)
+
+
+_workers: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def worker_thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """A named worker thread that lives until the interpreter exits.
+
+    Its per-thread default stream (handle 2) therefore stays the same stream from one call to
+    the next; a thread that ends while its stream has queued work is a trap of its own (see the
+    device README's known traps).
+    """
+    ex = _workers.get(name)
+    if ex is None:
+        ex = _workers[name] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"umem-{name}")
+    return ex
 
 
 #: Trials of every ordering test: a missing wait shows in some of them, not necessarily all.
