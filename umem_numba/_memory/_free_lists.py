@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from .. import _driver
 from ._tracker import Tracker
@@ -50,7 +50,11 @@ class ListedMemory(Protocol):
     def free_to_driver(self, tracker: Tracker) -> None: ...
 
 
-class FreeLists:
+#: What a pool's buffer lists hold (its own block type, so that it gets that type back).
+M = TypeVar("M", bound=ListedMemory)
+
+
+class FreeLists(Generic[M]):
     """The free lists of one pool (see the module notes).
 
     Parameters
@@ -76,7 +80,7 @@ class FreeLists:
         #: No entry joins the lists any more (the pool closed); a racing one is given back.
         self.closed = False
         #: Closed buffers' memory: rounded size -> blocks, each with its coherence record.
-        self.buffers: dict[int, list[ListedMemory]] = {}
+        self.buffers: dict[int, list[M]] = {}
         #: The raw interface's addresses: stream id -> rounded size -> addresses.  A stream's dict
         #: is never replaced nor removed (the pool's last-stream cache may refer to it).
         self.raw: dict[int, dict[int, list[int]]] = {}
@@ -102,7 +106,7 @@ class FreeLists:
         return not self.closed and (limit == KEEP_ALL or self.cached_bytes + size <= limit)
 
     # -- buffers -----------------------------------------------------------------------
-    def take_buffer(self, size: int) -> ListedMemory | None:
+    def take_buffer(self, size: int) -> M | None:
         """A closed buffer's block of ``size``, its record in ``memory.tracker``, or None."""
         blocks = self.buffers.get(size)
         if blocks:
@@ -113,7 +117,7 @@ class FreeLists:
             return memory
         return None
 
-    def keep_buffer(self, memory: ListedMemory, tracker: Tracker) -> bool:
+    def keep_buffer(self, memory: M, tracker: Tracker) -> bool:
         """List a closed buffer's block with its record (False: it must go back to the driver)."""
         if not self.has_room(memory.size) or not tracker.recycle():
             return False
@@ -243,7 +247,7 @@ def _pop(lists: dict[int, list[int]], size: int) -> int:
     return 0
 
 
-def _release_buffers(lists: dict[int, list[ListedMemory]]) -> None:
+def _release_buffers(lists: dict[int, list[M]]) -> None:
     """Free every listed buffer block to the driver (each exactly once, whoever else pops)."""
     for blocks in list(lists.values()):
         while True:

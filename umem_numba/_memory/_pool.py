@@ -300,7 +300,7 @@ class MemoryPool:
         #: The free lists (the policy: what is kept for reuse, and when it may be reused).  A
         #: shared pool keeps none (limit 0): memory umem_numba frees must reach the driver's pool,
         #: where the other libraries allocate from.
-        self._lists = FreeLists(device_id, KEEP_ALL if owned else 0)
+        self._lists: FreeLists[_PoolMemory] = FreeLists(device_id, KEEP_ALL if owned else 0)
         #: ``cuStreamGetId`` of the legacy stream of the pool device's context (looked up once).
         self._legacy_key: int | None = None
         #: Every address allocate() handed out that is in use (not freed): its rounded size, and
@@ -822,7 +822,6 @@ class MemoryPool:
         if lists.buffers:
             memory = lists.take_buffer(size)
             if memory is not None:
-                assert isinstance(memory, _PoolMemory)
                 tracker = memory.tracker
                 assert tracker is not None  # every entry of a list carries its record
                 memory.tracker = None
