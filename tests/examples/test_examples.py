@@ -10,6 +10,8 @@ must be their own: no library warnings on stderr.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +180,68 @@ def test_examples_refuse_to_oversubscribe(script):
     proc = _run(script, "--size", size, timeout=120)
     assert proc.returncode == 2
     assert "--allow-oversubscribe" in proc.stderr and "free" in proc.stderr
+
+
+# Runs an example with matplotlib's Figure.savefig wrapped: before each picture is written, every
+# visible text of the figure (title, labels, ticks, colorbar) is measured against the figure's edges.
+_TEXT_MEASURE = """
+import json, runpy, sys
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+save = Figure.savefig
+
+def savefig(fig, *args, **kwargs):
+    fig.draw_without_rendering()  # lays the texts out as the picture will
+    edge = fig.bbox
+    outside = []
+    for text in fig.findobj(Text):
+        if text.get_visible() and text.get_text():
+            box = text.get_window_extent()
+            if box.x0 < edge.x0 - 0.5 or box.y0 < edge.y0 - 0.5 or box.x1 > edge.x1 + 0.5 or box.y1 > edge.y1 + 0.5:
+                outside.append([text.get_text(), [round(v, 1) for v in box.extents], [edge.width, edge.height]])
+    print("TEXT OUTSIDE THE PICTURE " + json.dumps(outside))
+    return save(fig, *args, **kwargs)
+
+Figure.savefig = savefig
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("memory", ["managed-prefetch", "vmm"])
+def test_heat2d_picture_shows_its_whole_title(tmp_path, memory):
+    """Issue #19 (small): the main job's picture cut its title off at the right edge; every text now fits.
+
+    The example runs on numba's simulator (CPU, a small plate); its title names the size, the steps,
+    the memory kind and the simulator, so it is at least as long as a GPU run's of the same kind.
+    """
+    pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    script = tmp_path / "measure.py"
+    script.write_text(_TEXT_MEASURE)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(EXAMPLES / "heat2d.py"),
+            "--memory",
+            memory,
+            "--dtype",
+            "float64",
+            "--size",
+            "1000",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "plate.png"),
+        ],
+        env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    measured = [ln for ln in proc.stdout.splitlines() if ln.startswith("TEXT OUTSIDE THE PICTURE ")]
+    assert len(measured) == 1, proc.stdout
+    assert json.loads(measured[0].removeprefix("TEXT OUTSIDE THE PICTURE ")) == []
