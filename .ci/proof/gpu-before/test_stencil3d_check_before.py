@@ -76,5 +76,3 @@ def test_ptx_check_fails_rather_than_skips_when_the_compile_breaks(tmp_path):
     out = proc.stdout + proc.stderr
     assert "3 failed" in out and "skipped" not in out, out
     assert "row_stack" in out, out
-
-
