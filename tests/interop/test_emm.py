@@ -5,31 +5,15 @@ since numba picks its memory manager when it creates a context."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from support.helpers import run_with_plugin
 
 import umem_numba as um
-
-
-def _run(code: str, **env: str) -> dict:
-    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba")
-    full.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        check=False,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 _KERNELS = """
 import gc, json
@@ -84,7 +68,7 @@ print(json.dumps({
 
 @pytest.mark.gpu
 def test_numba_allocations_go_through_the_device_pool():
-    r = _run(_KERNELS)
+    r = run_with_plugin(_KERNELS)
     assert r["manager"] == "UmemNumbaMemoryManager" and r["pool_kind"] == "device"
     assert r["ok"] and r["red_ok"]
     assert r["alloc_after_kernels"] >= 3  # to_device x2, device_array_like
@@ -114,7 +98,7 @@ def test_numba_allocations_from_a_managed_pool():
         )
         assert proc.returncode != 0 and "managed memory pools need" in proc.stderr
         pytest.skip(f"managed pools unsupported: {missing}")
-    r = _run(_KERNELS, UMEM_NUMBA_EMM_POOL="managed")
+    r = run_with_plugin(_KERNELS, UMEM_NUMBA_EMM_POOL="managed")
     assert r["pool_kind"] == "managed" and r["managed"] == 1
     assert r["ok"] and r["red_ok"] and r["alloc_after_kernels"] >= 3
 
@@ -125,7 +109,7 @@ def test_managed_pool_refuses_ipc_clearly():
 
     if managed_pool_support():
         pytest.skip("managed pools unsupported here")
-    r = _run(
+    r = run_with_plugin(
         """
         import json
         import numpy as np
@@ -148,7 +132,7 @@ def test_ipc_handles_of_pool_memory_open_in_another_process():
     """numba's IPC through the plugin (on with UMEM_NUMBA_EMM_IPC=1): a whole array and a view, opened by
     children with and without the plugin."""
     tests_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
-    r = _run(
+    r = run_with_plugin(
         f"""
         import json, multiprocessing as mp, os, sys
         import numpy as np
@@ -188,7 +172,7 @@ def test_ipc_handles_of_pool_memory_open_in_another_process():
 
 @pytest.mark.gpu
 def test_selecting_the_plugin_after_a_context_exists_is_a_clear_error():
-    r = _run(
+    r = run_with_plugin(
         """
         import json
         import umem_numba as um

@@ -21,10 +21,9 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
+from support.helpers import TESTS_DIR
 
 import umem_numba as um
-
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: support.helpers
 
 
 def _run(code: str, *, timeout: int = 240, **env: str) -> subprocess.CompletedProcess[str]:

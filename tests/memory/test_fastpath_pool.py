@@ -10,40 +10,19 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import ORDERING_TRIALS, random_array, sleeping, worker_thread
+from support.helpers import ORDERING_TRIALS, random_array, run_with_plugin, sleeping, worker_thread
 
 import umem_numba as um
 from umem_numba import _driver
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: support.helpers
 N = 64 * 1024  # elements per buffer: 256 KiB of float32
 GRID, BLOCK = 64, 1024
 SLEEP_MS = 60
-
-
-def _run_plugin(code: str, **env: str) -> dict:
-    """Run ``code`` in a fresh interpreter with the plugin on; returns the JSON of its last line."""
-    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba", UMEM_TESTS_DIR=TESTS_DIR)
-    full.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        check=False,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -93,7 +72,7 @@ def test_plugin_reuse_waits_for_old_readers(mode, rng):
     the synchronise-and-reuse path on every allocation: the block must then be reused, and still
     be right."""
     code = _PLUGIN_REUSE.format(mode=mode, seed=int(rng.integers(1 << 30)), n=N, grid=GRID, block=BLOCK, ms=SLEEP_MS)
-    r = _run_plugin(code)
+    r = run_with_plugin(code)
     assert r["manager"] == "UmemNumbaMemoryManager"
     assert r["wrong"] == 0, f"{r['wrong']} elements read after the next array overwrote them ({r})"
     if mode == "reclaim":
@@ -266,7 +245,7 @@ def test_plugin_pool_is_not_exportable_unless_asked():
     """Issue #19 item 11: by default the plugin's pool (every numba array of the process) is not
     exportable, and ``get_ipc_handle()`` says which setting turns IPC on.  Today the pool is
     exportable whenever the device allows and the handle is made."""
-    r = _run_plugin(_IPC_OFF, UMEM_NUMBA_EMM_IPC="")
+    r = run_with_plugin(_IPC_OFF, UMEM_NUMBA_EMM_IPC="")
     assert r["exportable"] is False
     assert "UMEM_NUMBA_EMM_IPC=1" in r["err"], r
 
@@ -303,7 +282,7 @@ def test_plugin_ipc_export_closes_the_fd_when_a_later_step_fails():
     """Issue #19 item 11: with IPC on, an export that fails after the pool's descriptor was made
     closes it (20 forced failures: the process's descriptor count does not grow).  Today
     ``get_device_identity`` runs outside the ``try`` and every failure leaks a descriptor."""
-    r = _run_plugin(_IPC_FD_LEAK, UMEM_NUMBA_EMM_IPC="1")
+    r = run_with_plugin(_IPC_FD_LEAK, UMEM_NUMBA_EMM_IPC="1")
     assert r["errors"] == 20
     assert r["after"] == r["before"], f"descriptors leaked: {r}"
 

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 
-__all__ = ["ORDERING_TRIALS", "random_array", "sleeping", "test_seed", "worker_thread"]
+__all__ = [
+    "ORDERING_TRIALS",
+    "TESTS_DIR",
+    "random_array",
+    "run_with_plugin",
+    "sleeping",
+    "test_seed",
+    "worker_thread",
+]
+
+#: The tests/ folder: a child interpreter puts it on sys.path to import ``support.helpers``.
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_seed() -> int:
@@ -29,6 +44,28 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     if dtype.kind == "c":
         return (rng.random(shape) + 0.5 + 1j * rng.random(shape)).astype(dtype)
     raise TypeError(dtype)
+
+
+def run_with_plugin(code: str, **env: str) -> dict:
+    """Run ``code`` in a fresh interpreter with umem_numba as numba's memory manager.
+
+    numba reads ``NUMBA_CUDA_MEMORY_MANAGER`` once, at import, so the plugin needs a process of
+    its own.  ``UMEM_TESTS_DIR`` names this folder (``sys.path.insert(0, ...)`` there reaches
+    these helpers); ``env`` adds or overrides variables.  The child must exit 0 and print a JSON
+    object on its last line, which is returned.
+    """
+    full = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="umem_numba", UMEM_TESTS_DIR=TESTS_DIR)
+    full.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 _workers: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
