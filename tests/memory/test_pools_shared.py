@@ -336,6 +336,42 @@ def test_peer_access_to_device_and_pinned_pools_reads_back_and_works(rng):
     pinned.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", ["device", "cpu", "host numa"])
+def test_managed_pool_preferred_location_is_read_back_on_its_allocations(affine, rng, target):
+    """Issue #22 item 2: a managed pool prefers a device, the host or a host NUMA node for its pages.
+
+    As cuda.core's ``ManagedMemoryResourceOptions(preferred_location=...)``: the driver records the
+    pool's location as the preferred location of every allocation, read back through the range
+    attributes on fresh and on reused blocks, and kernels and the host use the memory as usual.
+    """
+    from umem_numba._driver._location import as_location, numa_nodes
+
+    if target == "host numa":
+        nodes = numa_nodes()
+        if not nodes:
+            pytest.skip("the host reports no NUMA nodes (/sys/devices/system/node)")
+        where = um.Host(numa=nodes[0])
+    else:
+        where = _driver.ensure_context() if target == "device" else target
+    expected = as_location(where)
+    try:
+        pool = um.MemoryPool("managed", preferred_location=where)
+    except um.UnsupportedError as exc:
+        assert "managed memory pools need" in str(exc)
+        pytest.skip(f"no managed pools here (the error says why): {exc}")
+    with pool:
+        assert pool.location == expected
+        assert ("location=" in repr(pool)) == (target != "device"), repr(pool)
+        for trial in range(3):  # the first block is fresh, the next ones come back from the free lists
+            data = random_array(rng, 1 << 18, np.float32)
+            with um.ManagedBuffer.empty(data.shape, np.float32, pool=pool) as buf:
+                assert buf.hints.preferred_location == expected, f"trial {trial}"
+                buf.copy_from_host(data)
+                affine[256, 1024](buf, 2.0, 1.0)
+                np.testing.assert_array_equal(buf.host, data * np.float32(2.0) + np.float32(1.0))
+
+
 # ---------------------------------------------------------------------------
 # CPU: validation before any driver call (on a machine without a GPU a driver call would raise
 # CudaUnavailableError instead)
@@ -358,6 +394,11 @@ def test_pool_kinds_numa_and_default_arguments_are_checked_before_the_driver():
         um.MemoryPool("pinned", exportable=True)
     with pytest.raises(ValueError, match="numa= places a pinned"):
         um.MemoryPool("device", numa=0)
+    for kind in ("device", "pinned"):
+        with pytest.raises(ValueError, match=f"preferred_location= .* a {kind} pool's memory stays where it is made"):
+            um.MemoryPool(kind, preferred_location="cpu")
+    with pytest.raises(TypeError, match="MemoryPool preferred_location: unknown target 'gpu'"):
+        um.MemoryPool("managed", preferred_location="gpu")
     with pytest.raises(ValueError, match="NUMA node number must be >= 0"):
         um.MemoryPool("pinned", numa=-1)
     with pytest.raises(TypeError, match="numa must be an int"):
@@ -367,6 +408,8 @@ def test_pool_kinds_numa_and_default_arguments_are_checked_before_the_driver():
     if numa_nodes() is not None:
         with pytest.raises(ValueError, match="host NUMA node 4096 does not exist"):
             um.MemoryPool("pinned", numa=4096)
+        with pytest.raises(ValueError, match="host NUMA node 4096 does not exist"):
+            um.MemoryPool("managed", preferred_location="cpu:4096")
     with pytest.raises(ValueError, match=r"MemoryPool.default kind must be 'device' or 'managed', got 'pinned'"):
         um.MemoryPool.default("pinned")
     with pytest.raises(ValueError, match="got 3"):

@@ -230,13 +230,14 @@ class _PoolBlock:
 
 
 class _Pool:
-    __slots__ = ("attrs", "destroyed", "free", "kind", "used")
+    __slots__ = ("attrs", "destroyed", "free", "kind", "preferred", "used")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.destroyed = False
         self.free: list[_PoolBlock] = []
         self.used = 0
+        self.preferred = -2  # managed pools: the location code of their allocations' preferred location
         self.attrs: dict[str, int] = {"RELEASE_THRESHOLD": 0, "USED_MEM_HIGH": 0, "RESERVED_MEM_HIGH": 0}
 
 
@@ -1065,14 +1066,25 @@ class SimDriver(_GraphCapture):
                 "cuMemPoolCreate: exportable memory pools are not supported under numba's CUDA simulator "
                 "(NUMBA_ENABLE_CUDASIM=1); they need a real GPU"
             )
-        host = self._host_pool_location(props)
-        if isinstance(host, int):
-            return (host, None)
+        preferred = -2
+        host: dict[str, int] | None = None
+        if managed:
+            # A managed pool's location is its allocations' preferred location (device, host, host NUMA).
+            try:
+                preferred = self._location_code(props.location)
+            except _Error as e:
+                return (e.code, None)
+        else:
+            found = self._host_pool_location(props)
+            if isinstance(found, int):
+                return (found, None)
+            host = found
         with self._lock:
             handle = next(self._handles)
-            self._pools[handle] = _Pool("managed" if managed else "device" if host is None else "pinned")
+            pool = self._pools[handle] = _Pool("managed" if managed else "device" if host is None else "pinned")
+            pool.preferred = preferred
             if host is not None:
-                self._pools[handle].attrs.update(host)
+                pool.attrs.update(host)
         return (_SUCCESS, handle)
 
     def _pool(self, handle: Any) -> _Pool:
@@ -1125,6 +1137,8 @@ class SimDriver(_GraphCapture):
             res = self._allocate(kind, size, 0, _int(handle))
             if res[0] == _SUCCESS:
                 pool.used += size
+                if kind == "managed":
+                    self._memory[res[1]].preferred[:] = pool.preferred
             return res
 
     def cuMemFreeAsync(self, ptr: Any, stream: Any) -> tuple[Any, ...]:
@@ -1792,8 +1806,6 @@ class SimDriver(_GraphCapture):
         kind = getattr(props.location.type, "name", "")
         if not kind.endswith(("HOST", "HOST_NUMA")):
             return None
-        if getattr(props.allocType, "name", "").endswith("MANAGED"):
-            return _INVALID_VALUE
         node = int(props.location.id)
         if kind.endswith("HOST_NUMA") and node not in _host_numa_nodes():
             return _INVALID_VALUE

@@ -185,11 +185,19 @@ class MemoryPool:
         Pinned pools only: the host NUMA node of the memory
         (``CU_MEM_LOCATION_TYPE_HOST_NUMA``; ``info()["numa_nodes"]`` lists
         them); ``None``: the host as a whole (``CU_MEM_LOCATION_TYPE_HOST``).
+    preferred_location : int, str, Location or numba device, optional
+        Managed pools only: the preferred location of every allocation, as
+        the driver records it for the pages (``preferred_location`` of the
+        buffer's hints reads it back): a device, ``"cpu"`` (the host) or
+        ``"cpu:N"`` / ``Host(numa=N)`` (host NUMA node ``N``), as cuda.core's
+        ``ManagedMemoryResourceOptions(preferred_location=...)``.  ``None``:
+        the pool's device.
 
     Raises
     ------
     ValueError, TypeError
-        Bad kind, device, threshold or NUMA node (before any driver call).
+        Bad kind, device, threshold, NUMA node or preferred location (before
+        any driver call).
     UnsupportedError
         Managed pools need cuda-bindings 13, a CUDA 13 driver and
         concurrentManagedAccess on every device; pinned pools need a CUDA 13
@@ -209,6 +217,7 @@ class MemoryPool:
     >>> buf.close()               # queued on s: no synchronisation # doctest: +SKIP
     >>> pool.trim(0)                                               # doctest: +SKIP
     >>> staging = um.PinnedBuffer.empty(1 << 20, pool=um.MemoryPool("pinned"), stream=s)  # doctest: +SKIP
+    >>> host_first = um.MemoryPool("managed", preferred_location="cpu")  # doctest: +SKIP
     """
 
     __slots__ = (
@@ -239,6 +248,7 @@ class MemoryPool:
         *,
         exportable: bool = False,
         numa: int | None = None,
+        preferred_location: Target | Location = None,
     ) -> None:
         resource = _resources.check_kind(kind)
         kind = resource.name
@@ -249,9 +259,10 @@ class MemoryPool:
                 "(the driver supports IPC for device pools only)"
             )
         numa = resource.check_numa(numa)
+        preferred = resource.check_preferred(preferred_location)
         device_id = as_device(device, what="MemoryPool")
         loc = Location.device(device_id)
-        where = resource.pool_location(device_id, numa)
+        where = resource.pool_location(device_id, numa) if preferred is None else preferred
         api = _driver.api()
         drv, c = api.drv, api.c
         missing = resource.pool_support(device_id, numa)
@@ -277,8 +288,9 @@ class MemoryPool:
         with Transaction() as tx:
             tx.append(_driver.call, "cuMemPoolDestroy", handle)
             self.release_threshold = threshold
-            if where.is_host:
-                # A host pool is mapped for no device until access is granted (cuMemPoolCreate).
+            if where.is_host and resource.pool_access_changes:
+                # A host pool is mapped for no device until access is granted (cuMemPoolCreate);
+                # managed memory preferring the host is mapped for every device by the driver.
                 self._grant(loc.id, "rw")
             tx.commit()
         self._finalizer = finalizer(self, _destroy, handle, self._lists, loc.id)
@@ -382,7 +394,10 @@ class MemoryPool:
 
     @property
     def location(self) -> Location:
-        """Where the pool's memory lives: its device, or the host (a host NUMA node) for a pinned pool."""
+        """Where the pool's memory lives: its device, or the host (a host NUMA node) for a pinned pool.
+
+        For a managed pool, the preferred location of its allocations (``preferred_location=``).
+        """
         return self._where
 
     @property
@@ -920,7 +935,7 @@ class MemoryPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"handle={self.handle:#x}"
-        where = f", location={self._where}" if self._where.is_host else ""
+        where = f", location={self._where}" if self._where != Location.device(self.device_id) else ""
         shared = ", shared" if not self._owned else ""
         return f"MemoryPool({self.kind!r}, device={self.device_id}{where}{shared}, {state})"
 

@@ -118,6 +118,15 @@ class MemoryResource:
             f"MemoryPool: numa= places a pinned (host) pool on a host NUMA node; a {self.name} pool has none"
         )
 
+    def check_preferred(self, target: Any) -> Location | None:
+        """A pool's preferred location for its allocations (``None``: none given); checked before any driver call."""
+        if target is None:
+            return None
+        raise ValueError(
+            f"MemoryPool: preferred_location= says where a managed pool's pages prefer to live; "
+            f"a {self.name} pool's memory stays where it is made (got {target!r})"
+        )
+
     def pool_location(self, device_id: int, numa: int | None) -> Location:
         """Where a pool's memory lives (its device, unless the kind lives on the host)."""
         return Location.device(device_id)
@@ -166,6 +175,14 @@ class _Managed(MemoryResource):
     migrates = True
     occupies_device = False  # it may live on the host
     pool_access_changes = False  # the driver maps managed memory for every device itself
+
+    def check_preferred(self, target: Any) -> Location | None:
+        """A device, the host or a host NUMA node, parsed by the one location parser (a missing one: ValueError)."""
+        if target is None:
+            return None
+        from .._driver._location import as_location
+
+        return as_location(target, what="MemoryPool preferred_location")
 
     def pool_support(self, device_id: int, numa: int | None) -> str:
         """Managed pools need cuda-bindings 13, a CUDA 13 driver and concurrentManagedAccess on every device."""
