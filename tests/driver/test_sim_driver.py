@@ -483,3 +483,36 @@ def test_sim_host_pools_give_pinned_memory_at_their_location(drv):
         ok((*drv.cuMemPoolDestroy(pool), None))
     props.location = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
     assert drv.cuMemPoolCreate(props)[0] == 1  # a node this host lacks
+
+
+def test_sim_work_a_finalizer_drives_during_a_wait_runs_once(drv, rng):
+    """A wait picks the next operation; a finalizer run right then (garbage collection, in the same
+    thread: the lock is re-entrant) waits for device work itself and runs that operation first.
+
+    Seen in CI as ``IndexError: pop from empty list`` from eight threads sharing one buffer: the
+    outer wait then ran the operation a second time.  Each operation runs once, in stream order.
+    """
+    n = 256
+    src = ok(drv.cuMemHostAlloc(4 * n, 0))
+    dst = ok(drv.cuMemAlloc(4 * n))
+    data = rng.random(n, dtype=np.float32) + 1
+    host(src, n)[:] = data
+    s = ok(drv.cuStreamCreate(0))
+    ok((*drv.cuMemcpyAsync(dst, src, 4 * n, s), None))
+    ok((*drv.cuMemsetD32Async(dst, 0, n // 2, s), None))
+    choose = drv._rng.choice
+    nested = []
+
+    def choice_with_a_finalizer_first(ready):
+        op = choose(ready)
+        if not nested:  # the finalizer: it synchronises the stream (the operations it needs run now)
+            nested.append(op.what)
+            ok((*drv.cuStreamSynchronize(s), None))
+        return op
+
+    drv._rng.choice = choice_with_a_finalizer_first
+    ok((*drv.cuCtxSynchronize(), None))
+    assert nested, "the wait chose no operation"
+    expected = data.copy()
+    expected[: n // 2] = 0
+    np.testing.assert_array_equal(host(dst, n), expected)

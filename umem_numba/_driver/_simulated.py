@@ -831,7 +831,11 @@ class SimDriver(_GraphCapture):
             if not ready:  # pragma: no cover - every dependency is earlier work, so one is always ready
                 raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
             ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
-            self._run(self._rng.choice(ready))
+            op = self._rng.choice(ready)
+            # A finalizer run by garbage collection since ``ready`` was made (same thread: the
+            # lock is re-entrant) may have waited for device work and run this op already.
+            if self._ready(op):
+                self._run(op)
 
     def _run(self, op: _Op) -> None:
         op.stream.ops.pop(0)
