@@ -516,3 +516,28 @@ def test_sim_work_a_finalizer_drives_during_a_wait_runs_once(drv, rng):
     expected = data.copy()
     expected[: n // 2] = 0
     np.testing.assert_array_equal(host(dst, n), expected)
+
+
+def test_sim_waits_run_with_garbage_collection_off(drv):
+    """A wait's bookkeeping and the work it runs see no garbage collection, which is back on after.
+
+    A finalizer run by the collector in the waiting thread (the lock is re-entrant) could wait
+    for device work itself, between an op leaving its stream and being marked done: CI saw
+    "no runnable work (dependency cycle)" from eight threads sharing one buffer.
+    """
+    import gc
+
+    s = ok(drv.cuStreamCreate(0))
+    seen = []
+    drv._enqueue(s, lambda: seen.append(("run", gc.isenabled())), "records whether the collector is on")
+    choose = drv._rng.choice
+
+    def choice(ready):  # called by the wait's bookkeeping, before the op leaves its stream
+        seen.append(("choice", gc.isenabled()))
+        return choose(ready)
+
+    drv._rng.choice = choice
+    assert gc.isenabled()
+    ok((*drv.cuStreamSynchronize(s), None))
+    assert seen == [("choice", False), ("run", False)]
+    assert gc.isenabled()

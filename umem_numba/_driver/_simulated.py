@@ -814,7 +814,24 @@ class SimDriver(_GraphCapture):
         return not op.done and op.stream.ops[0] is op and all(d.done for d in op.deps)
 
     def _drive(self, targets: list[_Op]) -> None:
-        """Run queued work until every op of ``targets`` has run (lock held)."""
+        """Run queued work until every op of ``targets`` has run (lock held).
+
+        Garbage collection is off meanwhile.  A finalizer it ran here would run in this thread,
+        where the lock is re-entrant: one that waits for device work would drive the queues in the
+        middle of this bookkeeping (CI saw an op taken off its stream and never marked done, and
+        every later op of that stream then waited for it forever).  No garbage collection while
+        simulated work runs, either: a finalizer run by a kernel's threads would call this driver,
+        whose lock this thread holds while it waits for them.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._drive_with_gc_off(targets)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _drive_with_gc_off(self, targets: list[_Op]) -> None:
         while True:
             need = self._needed(targets)
             if not need:
@@ -832,8 +849,8 @@ class SimDriver(_GraphCapture):
                 raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
             ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
             op = self._rng.choice(ready)
-            # A finalizer run by garbage collection since ``ready`` was made (same thread: the
-            # lock is re-entrant) may have waited for device work and run this op already.
+            # Only if it is still next: a weakref callback run since ``ready`` was made (same
+            # thread, re-entrant lock) may have waited for device work and run it already.
             if self._ready(op):
                 self._run(op)
 
@@ -845,18 +862,12 @@ class SimDriver(_GraphCapture):
         run, op.run = op.run, None  # the tail of a stream and an event keep the op: not its arguments
         if self.keep_trace:
             self.trace.append((op.stream.sid, op.what))
-        if run is not None:
-            # No garbage collection while simulated work runs: a finalizer run by a kernel's
-            # threads would call this driver, whose lock this thread holds while it waits for them.
-            collecting = gc.isenabled()
-            gc.disable()
+        if run is not None:  # garbage collection is off (see _drive)
             self._running = True
             try:
                 run()
             finally:
                 self._running = False
-                if collecting:
-                    gc.enable()
 
     def _drain(self) -> None:
         self._drive(list(self._pending))
