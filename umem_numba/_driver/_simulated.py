@@ -340,7 +340,8 @@ class _GraphCapture:
     """The simulated driver's stream capture and graphs (mixed into :class:`SimDriver`)."""
 
     _lock: threading.RLock
-    _handles: Iterator[int]
+    _register: Callable[[dict[int, Any], Callable[[int], Any]], tuple[Any, ...]]
+    _unregister: Callable[[dict[int, Any], Any, int], tuple[Any, ...]]
 
     def _init_capture(self) -> None:
         self._captures: dict[_Stream, _Capture] = {}
@@ -417,9 +418,8 @@ class _GraphCapture:
             del self._captures[s]
             if cap.invalidated:
                 return (_CAPTURE_INVALIDATED, None)
-            graph = next(self._handles)
-            self._graphs[graph] = _Graph([(n.what, n.run) for n in cap.nodes if n.run is not None])
-        return (_SUCCESS, graph)
+            graph = _Graph([(n.what, n.run) for n in cap.nodes if n.run is not None])
+            return self._register(self._graphs, lambda _: graph)
 
     def cuStreamIsCapturing(self, handle: Any) -> tuple[Any, ...]:
         status = self._real.CUstreamCaptureStatus  # type: ignore[attr-defined]
@@ -452,21 +452,20 @@ class _GraphCapture:
 
     def cuGraphDestroy(self, graph: Any) -> tuple[Any, ...]:
         with self._lock:
-            return (_SUCCESS,) if self._graphs.pop(_int(graph), None) is not None else (_INVALID_VALUE,)
+            return self._unregister(self._graphs, graph, _INVALID_VALUE)
 
     def cuGraphInstantiate(self, graph: Any, flags: Any = 0) -> tuple[Any, ...]:
         with self._lock:
             g = self._graphs.get(_int(graph))
             if g is None:
                 return (_INVALID_VALUE, None)
-            handle = next(self._handles)
-            self._execs[handle] = _Graph(list(g.nodes))  # independent of later changes to the graph
-        return (_SUCCESS, handle)
+            # A copy of the nodes: later changes to the graph do not reach what was instantiated.
+            return self._register(self._execs, lambda _: _Graph(list(g.nodes)))
 
     def cuGraphExecDestroy(self, graph_exec: Any) -> tuple[Any, ...]:
         with self._lock:
             # A launch in flight still runs: its operations are queued already.
-            return (_SUCCESS,) if self._execs.pop(_int(graph_exec), None) is not None else (_INVALID_VALUE,)
+            return self._unregister(self._execs, graph_exec, _INVALID_VALUE)
 
     def cuGraphLaunch(self, graph_exec: Any, handle: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -771,6 +770,17 @@ class SimDriver(_GraphCapture):
 
     def _all_streams(self) -> list[_Stream]:
         return [self._legacy, *self._per_thread.values(), *self._streams.values()]
+
+    def _register(self, table: dict[int, Any], make: Callable[[int], Any]) -> tuple[Any, ...]:
+        """A new handle for ``make(handle)`` in ``table`` (lock held): the driver's ``(CUDA_SUCCESS, handle)``."""
+        handle = next(self._handles)
+        table[handle] = make(handle)
+        return (_SUCCESS, handle)
+
+    @staticmethod
+    def _unregister(table: dict[int, Any], handle: Any, missing: int) -> tuple[Any, ...]:
+        """Forget ``handle`` (lock held); ``missing`` is the driver's error for one it never gave out."""
+        return (_SUCCESS,) if table.pop(_int(handle), None) is not None else (missing,)
 
     def _enqueue(self, handle: Any, run: Callable[[], None] | None, what: str, deps: list[_Op] | None = None) -> _Op:
         """Queue ``run`` on a stream (handle or :class:`_Stream`), after its earlier work and implicit orderings."""
@@ -1094,13 +1104,12 @@ class SimDriver(_GraphCapture):
             if isinstance(found, int):
                 return (found, None)
             host = found
+        pool = _Pool("managed" if managed else "device" if host is None else "pinned")
+        pool.preferred = preferred
+        if host is not None:
+            pool.attrs.update(host)
         with self._lock:
-            handle = next(self._handles)
-            pool = self._pools[handle] = _Pool("managed" if managed else "device" if host is None else "pinned")
-            pool.preferred = preferred
-            if host is not None:
-                pool.attrs.update(host)
-        return (_SUCCESS, handle)
+            return self._register(self._pools, lambda _: pool)
 
     def _pool(self, handle: Any) -> _Pool:
         pool = self._pools.get(_int(handle))
@@ -1286,10 +1295,11 @@ class SimDriver(_GraphCapture):
         return self.cuStreamCreateWithPriority(flags, 0)
 
     def cuStreamCreateWithPriority(self, flags: Any, priority: Any) -> tuple[Any, ...]:
+        blocking = not (_int(flags) & 1)
         with self._lock:
-            handle = next(self._handles)
-            self._streams[handle] = _Stream(handle, next(self._ids), "created", not (_int(flags) & 1), _int(priority))
-        return (_SUCCESS, handle)
+            return self._register(
+                self._streams, lambda h: _Stream(h, next(self._ids), "created", blocking, _int(priority))
+            )
 
     def cuStreamDestroy(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -1383,13 +1393,11 @@ class SimDriver(_GraphCapture):
 
     def cuEventCreate(self, flags: Any) -> tuple[Any, ...]:
         with self._lock:
-            handle = next(self._handles)
-            self._events[handle] = _Event(_int(flags))
-        return (_SUCCESS, handle)
+            return self._register(self._events, lambda _: _Event(_int(flags)))
 
     def cuEventDestroy(self, event: Any) -> tuple[Any, ...]:
         with self._lock:
-            return (_SUCCESS,) if self._events.pop(_int(event), None) is not None else (_INVALID_HANDLE,)
+            return self._unregister(self._events, event, _INVALID_HANDLE)
 
     def cuEventRecord(self, event: Any, handle: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -1710,9 +1718,7 @@ class SimDriver(_GraphCapture):
         fd = os.memfd_create("umem-sim-vmm", os.MFD_CLOEXEC)
         os.ftruncate(fd, n)
         with self._lock:
-            handle = next(self._handles)
-            self._physical[handle] = (fd, n, bool(int(prop.requestedHandleTypes)))
-        return (_SUCCESS, handle)
+            return self._register(self._physical, lambda _: (fd, n, bool(int(prop.requestedHandleTypes))))
 
     def cuMemRelease(self, handle: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -1738,9 +1744,7 @@ class SimDriver(_GraphCapture):
         except OSError:
             return (_INVALID_VALUE, None)
         with self._lock:
-            handle = next(self._handles)
-            self._physical[handle] = (mine, n, True)
-        return (_SUCCESS, handle)
+            return self._register(self._physical, lambda _: (mine, n, True))
 
     def cuMemMap(self, ptr: Any, size: Any, offset: Any, handle: Any, flags: Any) -> tuple[Any, ...]:
         p, n, off = _int(ptr), _int(size), _int(offset)
