@@ -34,14 +34,20 @@ def drv() -> SimDriver:
     return SimDriver(seed_value=1234)
 
 
-def test_sim_queued_copy_is_not_visible_before_a_sync(drv, rng):
-    n = 1024
+def _queued_upload(drv: SimDriver, rng, n: int):
+    """Fresh random data in pinned memory, copied to device memory on a new stream (queued, not run)."""
     src = ok(drv.cuMemHostAlloc(4 * n, 0))
     dst = ok(drv.cuMemAlloc(4 * n))
     data = rng.random(n, dtype=np.float32) + 1
     host(src, n)[:] = data
     s = ok(drv.cuStreamCreate(0))
     ok((*drv.cuMemcpyAsync(dst, src, 4 * n, s), None))
+    return src, dst, data, s
+
+
+def test_sim_queued_copy_is_not_visible_before_a_sync(drv, rng):
+    n = 1024
+    src, dst, data, s = _queued_upload(drv, rng, n)
     assert not host(dst, n).any(), "the copy ran at the call: device work must wait until it is needed"
     host(src, n)[:] = 0  # a host write lands at once: the late copy sees it
     ok((*drv.cuStreamSynchronize(s), None))
@@ -493,12 +499,7 @@ def test_sim_work_a_finalizer_drives_during_a_wait_runs_once(drv, rng):
     outer wait then ran the operation a second time.  Each operation runs once, in stream order.
     """
     n = 256
-    src = ok(drv.cuMemHostAlloc(4 * n, 0))
-    dst = ok(drv.cuMemAlloc(4 * n))
-    data = rng.random(n, dtype=np.float32) + 1
-    host(src, n)[:] = data
-    s = ok(drv.cuStreamCreate(0))
-    ok((*drv.cuMemcpyAsync(dst, src, 4 * n, s), None))
+    _, dst, data, s = _queued_upload(drv, rng, n)
     ok((*drv.cuMemsetD32Async(dst, 0, n // 2, s), None))
     choose = drv._rng.choice
     nested = []
