@@ -1,0 +1,126 @@
+"""Issue #27 item 10: a process that mixes lends, escapes and launches with PyTorch and CuPy exits with status 0.
+
+On an H100 (driver 580) a process that lent a ``ManagedBuffer`` to a PyTorch stream
+(``torch.cuda._sleep`` + ``fill_`` inside ``with buf.lend(torch_stream)``) and did other interop
+work (an escaped pool ``DeviceBuffer`` closed and dropped while PyTorch reads it; a CuPy lend
+and ``um.jit`` launches on CuPy and PyTorch stream objects) exited with status -11 (SIGSEGV at
+exit, no Python frame) in some combinations and not others; each operation alone exited 0, and
+so did a process with CuPy, PyTorch and numba but no umem_numba.
+
+Each combination runs in fresh interpreters (several trials: the crash depends on timing),
+with umem_numba imported before and after the other libraries (their exit handlers then run
+after, or before, umem_numba's).  GPU only: numba's simulator has no PyTorch or CuPy device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support.helpers import TESTS_DIR
+
+TRIALS = 3
+
+_IMPORTS = {
+    "umem-first": "import umem_numba as um\nimport torch\nimport cupy\n",
+    "umem-last": "import torch\nimport cupy\nimport umem_numba as um\n",
+}
+
+_PRELUDE = """
+import gc, sys
+import numpy as np
+from numba import cuda
+{imports}
+assert torch.cuda.is_available()
+N = 1 << 20
+rng = np.random.default_rng()
+cycles = 50_000_000  # torch.cuda._sleep: tens of milliseconds of device time
+
+
+@um.jit
+def scale(a, factor):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] *= factor
+"""
+
+_STEPS = {
+    "torch_lend": """
+lent = um.ManagedBuffer.zeros(N, np.float32)
+torch_stream = torch.cuda.Stream()
+with lent.lend(torch_stream) as view, torch.cuda.stream(torch_stream):
+    t_view = torch.as_tensor(view, device="cuda")
+    torch.cuda._sleep(cycles)
+    t_view.fill_(3.0)
+assert float(lent.host[N - 1]) == 3.0
+with lent.lend(torch_stream) as view, torch.cuda.stream(torch_stream):
+    t_dl = torch.from_dlpack(view)
+    torch.cuda._sleep(cycles)
+    t_dl.fill_(4.0)
+assert float(lent.host[0]) == 4.0
+""",
+    "torch_escaped_pool": """
+pool = um.MemoryPool("device")
+escaped = um.DeviceBuffer.from_array(rng.random(N).astype(np.float32), pool=pool)
+t_esc = torch.as_tensor(escaped, device="cuda")
+torch.cuda._sleep(cycles)
+total = t_esc.sum()  # queued behind the sleep
+escaped.close()
+del escaped, t_esc
+gc.collect()
+float(total.item())
+again = um.DeviceBuffer.zeros(N, pool=pool)  # the pool hands memory out again
+""",
+    "cupy_lend_jit": """
+c_buf = um.ManagedBuffer.from_array(np.ones(N, np.float32))
+c_stream = cupy.cuda.Stream(non_blocking=True)
+with c_buf.lend(c_stream) as view, c_stream:
+    cupy.asarray(view)[...] *= 2
+scale[N // 256, 256, c_stream](c_buf, 3.0)  # a CuPy stream object
+t_stream = torch.cuda.Stream()
+scale[N // 256, 256, t_stream](c_buf, 0.5)  # a PyTorch stream object
+assert float(c_buf.host[7]) == 3.0
+""",
+}
+
+
+def _combinations():
+    names = sorted(_STEPS)
+    for r in range(1, len(names) + 1):
+        yield from itertools.combinations(names, r)
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    return subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        cwd=TESTS_DIR,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.real_gpu("PyTorch and CuPy on a CUDA device (numba's simulator gives them none)")
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("order", sorted(_IMPORTS))
+@pytest.mark.parametrize("steps", ["+".join(c) for c in _combinations()])
+def test_interop_process_exits_cleanly(steps, order):
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    code = _PRELUDE.format(imports=_IMPORTS[order])
+    code += "".join(_STEPS[s] for s in steps.split("+"))
+    code += '\nprint("DONE", flush=True)\n'
+    for trial in range(TRIALS):
+        proc = _run(code)
+        report = f"trial {trial}: exit status {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        assert "DONE" in proc.stdout, report
+        assert proc.returncode == 0, report
