@@ -100,6 +100,7 @@ def test_a_readonly_lend_orders_later_writes_after_the_consumers_reads(protocol,
                 seen = _consumer_array(view, protocol, s2)
                 copy[GRID, BLOCK, s2](seen, out, SLEEP_MS)  # the consumer reads buf (out is its own)
             fill[GRID, BLOCK, s3](buf, SEVEN, 0)  # a toolkit write after the block
+            cuda.synchronize()  # everything queued runs, in whatever order the streams allow
             got = out.host.copy()
             wrong = int((got != values).sum())
             assert not wrong, f"trial {trial}: the consumer read {wrong} of {N} elements after the later write"
