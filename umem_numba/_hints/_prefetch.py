@@ -180,6 +180,7 @@ def _discard(obj: Any, target: Target | None, stream: StreamLike, start: Any, st
     span = managed_span(obj, lo, hi, what)
     if loc is not None:
         loc = as_location(loc, require_concurrent=True, what=what)
+    refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids (and which invalidates it)
     device = stream_device(handle)
     _require_discard(what)
     uses = _discard_uses((span,))
