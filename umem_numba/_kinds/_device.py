@@ -73,7 +73,9 @@ class DeviceBuffer(Buffer):
             alloc = pool.allocation(nbytes, stream, "device", "DeviceBuffer.empty")  # parses the stream
         else:
             handle = stream_handle(stream, what="DeviceBuffer.empty")  # a bad stream before any driver call
-            alloc = default_pool("device", _driver.ensure_context()).allocation(nbytes, handle, "device")
+            device_id = _driver.ensure_context()
+            refuse_capture(handle, "DeviceBuffer.empty")  # before the default pool is looked up
+            alloc = default_pool("device", device_id).allocation(nbytes, handle, "device", "DeviceBuffer.empty")
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         return buf

@@ -177,7 +177,7 @@ class PinnedBuffer(Buffer):
                 "(devices reach it through the pool's access grants, MemoryPool.set_access)"
             )
         handle = stream_handle(stream, what="PinnedBuffer.empty")
-        alloc = pool.allocation(nbytes, handle, "pinned")
+        alloc = pool.allocation(nbytes, handle, "pinned", "PinnedBuffer.empty")
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         buf._flags = flags

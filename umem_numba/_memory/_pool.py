@@ -114,7 +114,7 @@ from . import _events, _resources, _stats
 from ._free_lists import KEEP_ALL, FreeLists, synchronize_for_reuse
 from ._lifetime import Allocation, Memory, Transaction, finalizer
 from ._stats import PoolStats
-from ._tracker import Tracker
+from ._tracker import Tracker, refuse_capture
 
 
 def _no_owner() -> None:
@@ -830,6 +830,9 @@ class MemoryPool:
         owner = ref()
         if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
             handle, key, _ = self._resolve(stream, what)
+        # Before anything reaches the stream (cuStreamGetId, a reuse's cuStreamWaitEvent, the
+        # allocation itself), whatever the size: a refused allocation leaves the capture intact.
+        self._refuse_capture(handle, what or f"allocating from a {kind} pool")
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
         size = (nbytes + _ROUND_UP) & _ROUND_MASK
@@ -870,6 +873,16 @@ class MemoryPool:
             # copies on other streams wait for this event.
             tracker.add(handle, _events.record(handle, dev))  # the allocation is the first write
         return alloc
+
+    def _refuse_capture(self, handle: int, what: str) -> None:
+        """:func:`refuse_capture` for an allocation stream (handle 0: the legacy stream of the pool's device)."""
+        try:
+            refuse_capture(handle, what)
+        except CudaError:
+            if handle != 0:
+                raise
+            with _driver.device_context(self.device_id):  # no context current in this thread
+                refuse_capture(handle, what)
 
     def _order_reuse(self, tracker: Tracker, stream: int, key: int) -> None:
         """A free-list entry taken on ``stream``: the stream waits for the old buffer's work on other streams.
