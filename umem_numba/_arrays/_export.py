@@ -295,7 +295,7 @@ class DeviceExports(DLPackExport):
         ----------
         stream : numba, CuPy or PyTorch stream, int or None
             Where the other library works (``None``/``0``: the legacy default
-            stream).
+            stream, which the view's ``__cuda_array_interface__`` names ``1``).
         readonly : bool
             The library only reads: the buffer stays readable concurrently
             by other streams.
@@ -414,6 +414,10 @@ def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     return np.asarray(holder)
 
 
+#: The legacy default stream in the CUDA Array Interface (v3) and in DLPack.
+_CAI_LEGACY_STREAM = 1
+
+
 class LentView(DLPackExport):
     """What :meth:`Buffer.lend` yields: the buffer's device memory for one stream, inside the block.
 
@@ -447,9 +451,14 @@ class LentView(DLPackExport):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """CUDA Array Interface v3 naming the lending stream (consumers order themselves after it)."""
+        """CUDA Array Interface v3 naming the lending stream (consumers order themselves after it).
+
+        A view lent on the legacy default stream (``lend(None)`` / ``lend(0)``) names it ``1``,
+        as CAI v3 spells the legacy stream: ``None`` there means "no synchronisation needed"
+        and ``0`` is not allowed.
+        """
         buf = self._live()
-        return buf._interface(self._alloc, self._stream or None)
+        return buf._interface(self._alloc, self._stream or _CAI_LEGACY_STREAM)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """As :meth:`Buffer.__dlpack_device__`."""
