@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .. import _driver
-from .._driver._location import stream_handle
+from .._driver._location import _MAX_HANDLE, stream_handle
 from .._errors import BufferClosedError, UnsupportedError
 from .._memory import _events
 from .._memory._lifetime import Allocation, finalizer
 from .._memory._tracker import DeviceUse, _launching
 from . import _dlpack, _layout
+
+#: The legacy default stream in the CUDA Array Interface (v3) and in DLPack.
+_CAI_LEGACY_STREAM = 1
 
 
 def array_interface(
@@ -111,9 +114,11 @@ class DLPackExport:
         Parameters
         ----------
         stream : int or None
-            The consumer's stream.  For a buffer it waits, on the device, for
-            toolkit work on the buffer (``None``: the legacy default stream;
-            ``-1``: no ordering), and the buffer then escapes, as with
+            The consumer's stream, as DLPack defines it for CUDA: ``None`` or
+            ``1`` the legacy default stream, ``2`` the per-thread default
+            stream, ``-1`` no ordering, any other positive int a stream
+            handle (``0`` is refused: DLPack forbids it).  For a buffer it waits, on the device, for
+            toolkit work on the buffer, and the buffer then escapes, as with
             ``__cuda_array_interface__``: use ``lend`` for bounded work.  For
             a lent view, a consumer stream other than the lending one waits
             for the lending stream's work so far, and nothing escapes.
@@ -124,16 +129,53 @@ class DLPackExport:
         copy : bool, optional
             ``True`` is refused (umem_numba exports without copying).
 
+        Raises
+        ------
+        TypeError, ValueError
+            ``stream`` is not one of the above (checked before any driver call).
+
         Returns
         -------
         PyCapsule
             Named ``"dltensor"``; the memory stays allocated until the
             consumer releases it, even across ``close()``.
         """
-        return self._dlpack_capsule(stream, dl_device, copy)
+        return self._dlpack_capsule(dlpack_stream(stream), dl_device, copy)
 
-    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+    def _dlpack_capsule(self, stream: int | None, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+        """The capsule, for a consumer on ``stream`` (a handle; ``None``: no ordering wanted)."""
         raise NotImplementedError
+
+
+def dlpack_stream(stream: Any) -> int | None:
+    """The consumer's stream handle of a ``__dlpack__(stream=...)`` call, checked before any driver call.
+
+    DLPack's rules for CUDA: ``None`` is the legacy default stream (handle 1),
+    1 the legacy stream, 2 the per-thread default stream, -1 "no
+    synchronisation" (returned as ``None``), any other positive integer a
+    stream handle; 0 is forbidden (it would be ambiguous).
+    """
+    if stream is None:
+        return _CAI_LEGACY_STREAM
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)):
+        raise TypeError(
+            f"__dlpack__: stream={stream!r} is not a stream: DLPack's stream argument is an int "
+            f"(a CUDA stream handle, 1, 2 or -1) or None, got {type(stream).__name__}"
+        )
+    value = int(stream)
+    if value == -1:
+        return None
+    if value == 0:
+        raise ValueError(
+            "__dlpack__: stream=0 is not allowed for CUDA (DLPack: it would be ambiguous); pass 1 or None "
+            "for the legacy default stream, 2 for the per-thread default stream, -1 for no synchronisation"
+        )
+    if value < 0 or value >= _MAX_HANDLE:
+        raise ValueError(
+            f"__dlpack__: stream={value} is not a CUDA stream handle (a positive integer below 2**64), "
+            "nor -1 (no synchronisation)"
+        )
+    return value
 
 
 class DeviceExports(DLPackExport):
@@ -331,17 +373,15 @@ class DeviceExports(DLPackExport):
             return (_dlpack.KDL_CUDA, alloc.device_id)
         return (_dlpack.KDL_CUDA_HOST if self._device_accessible else _dlpack.KDL_CPU, 0)
 
-    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+    def _dlpack_capsule(self, stream: int | None, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
         """``__dlpack__`` of the buffer: the consumer's stream waits for toolkit work, then the buffer escapes."""
         device = self._dlpack_request(dl_device, copy)
         alloc = self._live()
-        if stream is not None and not isinstance(stream, int):
-            raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
         if device[0] == _dlpack.KDL_CPU:
             arr = self._host_array("__dlpack__")
             return _dlpack.make_capsule(arr.ctypes.data, self._shape, self._strides, self._dtype, device, arr, _nothing)
-        consumer = _driver.consts().stream_legacy if stream is None else stream
-        if consumer != -1:
+        consumer = stream
+        if consumer is not None:
             with _driver.device_context(alloc.device_id):
                 waits, _ = alloc.tracker.begin_use(_driver.stream_key(consumer), True, "__dlpack__")
                 try:
@@ -414,10 +454,6 @@ def _interface_array(iface: dict[str, Any], owner: Any) -> np.ndarray:
     return np.asarray(holder)
 
 
-#: The legacy default stream in the CUDA Array Interface (v3) and in DLPack.
-_CAI_LEGACY_STREAM = 1
-
-
 class LentView(DLPackExport):
     """What :meth:`Buffer.lend` yields: the buffer's device memory for one stream, inside the block.
 
@@ -464,15 +500,15 @@ class LentView(DLPackExport):
         """As :meth:`Buffer.__dlpack_device__`."""
         return self._live().__dlpack_device__()
 
-    def _dlpack_capsule(self, stream: Any, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
+    def _dlpack_capsule(self, stream: int | None, dl_device: tuple[int, int] | None, copy: bool | None) -> Any:
         """``__dlpack__`` of a lent view: a consumer on another stream waits for the lending stream's work."""
         buf = self._live()
         device = buf._dlpack_request(dl_device, copy)
         alloc = self._alloc
-        if stream is not None and stream not in (-1, self._stream) and isinstance(stream, int):
+        lending = self._stream or _CAI_LEGACY_STREAM  # 0 and 1 both name the legacy stream
+        if stream is not None and stream != lending:
             # The consumer works on another stream: make it wait for the lending stream's work so far.
             with _driver.device_context(alloc.device_id):
-                handle = _driver.consts().stream_legacy if stream is None else stream
                 event = _events.record(self._stream, alloc.device_id)
-                _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="__dlpack__ of a lent view")
+                _driver.call("cuStreamWaitEvent", stream, event.handle, 0, detail="__dlpack__ of a lent view")
         return buf._device_capsule(alloc, device)
