@@ -11,8 +11,10 @@ whole or partial *columns*.
 Bounds work like a Python slice without the wrap-around: ``0 <= start < stop
 <= size``; a negative bound is an :class:`IndexError`, never "from the end",
 and an empty range is a :class:`ValueError` (there is nothing to advise or
-prefetch).  Views must be contiguous (C or F); a view's range counts from the
-view's first element.
+prefetch), except the whole of a zero-size buffer, which a prefetch or a
+discard leaves alone (as every operation on a zero-size buffer does nothing).
+Views must be contiguous (C or F); a view's range counts from the view's
+first element.
 """
 
 from __future__ import annotations
@@ -48,8 +50,15 @@ def _index(value: Any, name: str, what: str) -> int:
     return as_int(value, f"{what}: {name}", "an integer element index")
 
 
-def check_range(start: Any, stop: Any, size: int, what: str) -> tuple[int, int]:
-    """Validate ``[start, stop)`` against ``size`` elements (``None`` = that end)."""
+def check_range(start: Any, stop: Any, size: int, what: str, *, whole_may_be_empty: bool = False) -> tuple[int, int]:
+    """Validate ``[start, stop)`` against ``size`` elements (``None`` = that end).
+
+    ``whole_may_be_empty``: the whole of a zero-size buffer (no bound given)
+    is ``(0, 0)``, for the operations that do nothing on one (prefetch,
+    discard); a range the caller named must not be empty.
+    """
+    if whole_may_be_empty and start is None and stop is None and size == 0:
+        return 0, 0
     lo = 0 if start is None else _index(start, "start", what)
     hi = size if stop is None else _index(stop, "stop", what)
     if lo < 0 or hi < 0:

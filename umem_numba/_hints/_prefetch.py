@@ -58,7 +58,7 @@ def _uses(spans: Iterable[ManagedSpan]) -> list[tuple[Tracker, bool]]:
 
 
 def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tuple[ManagedSpan, Location]:
-    lo, hi = check_range(start, stop, element_count(obj, what), what)
+    lo, hi = check_range(start, stop, element_count(obj, what), what, whole_may_be_empty=True)
     loc = as_location(target, check=False, what=what)
     return managed_span(obj, lo, hi, what), as_location(loc, require_concurrent=True, what=what)
 
@@ -89,6 +89,8 @@ def prefetch(
     what = "prefetch" if whole else f"prefetch_range({start}, {stop})"
     handle = stream_handle(stream, what=what)
     span, loc = _prepare(obj, target, start, stop, what)
+    if not span.nbytes:  # a zero-size buffer: nothing to move (its arguments were checked)
+        return
     refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids
     device = stream_device(handle)
     as_location(device, require_concurrent=True, what=f"{what} (device of the stream)")
@@ -175,14 +177,16 @@ def _issue_discards(prepared: list[tuple[ManagedSpan, Location | None]], handle:
 
 def _discard(obj: Any, target: Target | None, stream: StreamLike, start: Any, stop: Any, what: str) -> None:
     handle = stream_handle(stream, what=what)
-    lo, hi = check_range(start, stop, element_count(obj, what), what)
+    lo, hi = check_range(start, stop, element_count(obj, what), what, whole_may_be_empty=True)
     loc = None if target is None else as_location(target, check=False, what=what)
     span = managed_span(obj, lo, hi, what)
     if loc is not None:
         loc = as_location(loc, require_concurrent=True, what=what)
+    _require_discard(what)
+    if not span.nbytes:  # a zero-size buffer: nothing to discard (its arguments were checked)
+        return
     refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids (and which invalidates it)
     device = stream_device(handle)
-    _require_discard(what)
     uses = _discard_uses((span,))
     with _driver.device_context(device), DeviceUse(uses, handle, what), _batch_stream(handle, device) as h:
         _issue_discards([(span, loc)], h, what)
@@ -358,7 +362,7 @@ class PrefetchPlan:
 
     def _add(self, obj: Any, start: Any, stop: Any, target: Target | None, op: str, name: str) -> PrefetchPlan:
         what = f"{name} (entry {len(self._entries)})"
-        lo, hi = check_range(start, stop, element_count(obj, what), what)
+        lo, hi = check_range(start, stop, element_count(obj, what), what, whole_may_be_empty=True)
         loc = None if op == _DISCARD else as_location(target, check=False, what=what)
         managed_span(obj, lo, hi, what)  # asks the driver whether a foreign array is managed
         if loc is not None:
@@ -408,7 +412,9 @@ class PrefetchPlan:
             if e.stop > size:  # a foreign array shrank since it was added
                 raise IndexError(f"{what}: out of bounds for {size} element(s)")
             loc = None if e.target is None else as_location(e.target, require_concurrent=True, what=what)
-            prepared.append((managed_span(e.obj, e.start, e.stop, what), loc, e.op))
+            span = managed_span(e.obj, e.start, e.stop, what)
+            if span.nbytes:  # a zero-size buffer's entry issues nothing
+                prepared.append((span, loc, e.op))
         if not prepared:
             return
         refuse_capture(handle, "PrefetchPlan.execute")  # before cuStreamGetDevice, which a capture forbids
