@@ -55,6 +55,10 @@ forces the driver path, ``True`` the internal staging slots, and a
 is the copy's own memory: a copy that finds its slots still read (or
 written) by an earlier copy's DMA waits for that DMA, whatever the coherence
 policy (``"off"``, ``"warn"`` and ``"raise"`` are about the user's buffers).
+Copies through one staging area take turns, the internal area's and a user's
+PinnedBuffer's alike: two threads that pass the same PinnedBuffer as
+``staging`` are serialised (the second copy starts once the first one's host
+side is done), never mixed.
 
 ``UMEM_NUMBA_COPY_THREADS`` sets the number of copier threads, an integer
 from 1 to :data:`MAX_COPY_THREADS` (default: half the CPUs, at most 8).  It
@@ -70,6 +74,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -551,15 +556,35 @@ def _pinned_side(obj: Any) -> Side | None:
     return side if side is not None and side.resource is not None and side.resource.stages_copies else None
 
 
+#: One lock per user staging area (by its allocation: views of one PinnedBuffer share it).
+_user_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_user_locks_guard = threading.Lock()
+
+
+def _user_lock(staging: Any) -> threading.Lock:
+    """The lock that makes copies through the user's staging PinnedBuffer take turns."""
+    alloc = staging._live()
+    with _user_locks_guard:
+        lock = _user_locks.get(alloc)
+        if lock is None:
+            lock = _user_locks[alloc] = threading.Lock()
+        return lock
+
+
 def _staging_area(staging: Any, device_id: int, threads: int) -> tuple[Side, threading.Lock | None, int, int]:
-    """``(area, lock, slot count, slot bytes)``: the user's PinnedBuffer, or the device's internal area."""
+    """``(area, lock, slot count, slot bytes)``: the user's PinnedBuffer, or the device's internal area.
+
+    Either comes with its lock: copies through one staging area (the internal
+    one, or one PinnedBuffer given by several threads) take turns, since each
+    uses every slot.
+    """
     user = _pinned_side(staging)
     if user is not None:
         if not user.contiguous:
             raise ValueError("the staging PinnedBuffer must be C-contiguous")
         if user.nbytes < 2:
             raise ValueError(f"the staging PinnedBuffer is too small ({user.nbytes} bytes)")
-        return (user, None, *_user_slots(user.nbytes, threads))
+        return (user, _user_lock(staging), *_user_slots(user.nbytes, threads))
     st = _Staging.get(device_id, threads)
     return st.side, st.lock, st.count, st.size
 
