@@ -14,6 +14,7 @@ run (the join's limit is a hang detector, not a timing bound).
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -85,14 +86,22 @@ def test_host_access_inside_its_own_lend_block_raises(op, policy, rng):
     buf.close()
 
 
+def _consumer_array(view):
+    """A plain numba array over the lent memory, made from the view's CUDA Array Interface (as a consumer does)."""
+    iface = dict(view.__cuda_array_interface__)
+    iface["stream"] = None  # ordered already: the consumer works on the lending stream
+    return cuda.as_cuda_array(SimpleNamespace(__cuda_array_interface__=iface))
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_another_thread_waits_for_the_lend_block_and_sees_its_work(rng):
     """Thread-affinity: a host access from another thread during the block waits for the block's end."""
-    fill = um.coherent(sleeping.fill)
+    copy = um.coherent(sleeping.copy)
     buf = um.ManagedBuffer.zeros(N, np.float32)
+    values = random_array(rng, N, np.float32)
+    src = um.ManagedBuffer.from_array(values)  # a tracked argument: the simulated driver queues the launch
     s = cuda.stream()
-    value = float(rng.integers(1, 1000))
     entered, reading = threading.Event(), threading.Event()
     box: dict = {}
 
@@ -106,10 +115,10 @@ def test_another_thread_waits_for_the_lend_block_and_sees_its_work(rng):
     with buf.lend(s) as view:
         entered.set()
         reading.wait()
-        lent = cuda.as_cuda_array(view)
-        fill[1, N, s](lent, value, 1)  # the lent work, on the lending stream
+        copy[1, N, s](src, _consumer_array(view), 1)  # the lent work, on the lending stream
     t.join(HANG)
     assert not t.is_alive(), "the other thread's host access never returned"
-    assert (box["seen"] == value).all(), "the other thread's host access did not wait for the lent work"
-    assert (buf.host == value).all()
+    np.testing.assert_array_equal(box["seen"], values, err_msg="the other thread did not wait for the lent work")
+    np.testing.assert_array_equal(buf.host, values)
     buf.close()
+    src.close()
