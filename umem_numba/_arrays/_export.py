@@ -359,10 +359,14 @@ class DeviceExports(DLPackExport):
         if not self._device_accessible:
             raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device")
         view = LentView(self, alloc, handle)
-        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, not readonly)], handle, "lend"):
+        tracker = alloc.tracker
+        with _driver.device_context(alloc.device_id), DeviceUse([(tracker, not readonly)], handle, "lend"):
+            # Host access to the buffer on this thread inside the block raises (it would wait for the block).
+            lender = tracker.lend_entered()
             try:
                 yield view
             finally:
+                tracker.lend_left(lender)
                 view._retire()
 
     # -- DLPack ------------------------------------------------------------------------

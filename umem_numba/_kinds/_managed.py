@@ -325,7 +325,7 @@ class ManagedBuffer(Buffer):
         launch) raises :class:`~umem_numba.CoherenceError` before launching.
         """
         alloc = self._live()
-        alloc.tracker.hold("host hold")
+        alloc.tracker.hold("on_host (host hold)")
         try:
             yield self._host_array("host hold")
         finally:

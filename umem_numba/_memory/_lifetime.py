@@ -299,6 +299,9 @@ class Allocation:
         """
         if self.closed:
             return
+        # Inside its own lend block the lent work is not recorded yet: neither a wait for it
+        # (which would never end) nor a free (which would not come after it) can be right.
+        self.tracker.refuse_inside_own_lend(f"closing {self.kind} buffer")
         memory = self.memory
         if memory is not None and memory.stream_ordered:
             self._mark_closed()

@@ -160,6 +160,7 @@ class Tracker:
     __slots__ = (
         "_blocked",
         "_idle",
+        "_lenders",
         "_lock",
         "_records",
         "_unknown_gen",
@@ -200,6 +201,8 @@ class Tracker:
         self.holds = 0
         #: Why new device use is refused right now (closing, resizing), or None.
         self._blocked: str | None = None
+        #: Threads inside a ``lend`` block of this allocation (ident -> open blocks), or None.
+        self._lenders: dict[int, int] | None = None
         self.policy: str | None = None
         self.device_id = device_id
         self.concurrent = concurrent
@@ -408,8 +411,54 @@ class Tracker:
             return
         self.settle(what, self.effective_policy())
 
-    def _snapshot(self) -> tuple[list[_events.Event], set[int], int, bool]:
-        """Wait for in-flight registrations, then copy what is pending (lock held by the caller)."""
+    # -- lend blocks ---------------------------------------------------------------------
+    def lend_entered(self) -> int:
+        """A ``lend`` block of this allocation starts on the calling thread; returns the thread's ident.
+
+        Call it after the block's registration (:class:`DeviceUse`) began.
+        """
+        ident = threading.get_ident()
+        with self._lock:
+            lenders = self._lenders
+            if lenders is None:
+                lenders = self._lenders = {}
+            lenders[ident] = lenders.get(ident, 0) + 1
+        return ident
+
+    def lend_left(self, ident: int) -> None:
+        """The ``lend`` block that :meth:`lend_entered` returned ``ident`` for has ended."""
+        with self._lock:
+            lenders = self._lenders
+            assert lenders is not None
+            if lenders[ident] == 1:
+                del lenders[ident]
+            else:
+                lenders[ident] -= 1
+
+    def refuse_inside_own_lend(self, what: str) -> None:
+        """Raise :class:`CoherenceError` if the calling thread is inside a ``lend`` block of this allocation.
+
+        Waiting for the lent work there would wait for the block's own
+        registration, which ends only when the block does: it would never
+        return.  Another thread may wait: the block ends without it.
+        """
+        lenders = self._lenders
+        if lenders and threading.get_ident() in lenders:
+            raise CoherenceError(
+                f"{what}: this buffer is lent (inside `with buf.lend(...)`) by this thread, and its lent "
+                "work is recorded only when the block ends: leave the lend block first"
+            )
+
+    def _snapshot(self, what: str = "waiting for device work") -> tuple[list[_events.Event], set[int], int, bool]:
+        """Wait for in-flight registrations, then copy what is pending (lock held by the caller).
+
+        Raises
+        ------
+        CoherenceError
+            The calling thread's own ``lend`` block is among them (it would wait for itself).
+        """
+        if self.inflight:
+            self.refuse_inside_own_lend(what)
         while self.inflight:
             if self._idle is None:
                 self._idle = threading.Condition(self._lock)
@@ -441,7 +490,7 @@ class Tracker:
         if policy == "off" and not always_wait:
             return
         with self._lock:
-            events, unknown, gen, escaped = self._snapshot()
+            events, unknown, gen, escaped = self._snapshot(what)
         busy = [e for e in events if not e.done()]
         extra = self._no_concurrent_wait()
         if not busy and not unknown and not escaped and extra is None:
@@ -488,7 +537,7 @@ class Tracker:
     def wait_all(self, what: str) -> None:
         """Wait for everything that may use the memory, whatever the policy (before it is freed)."""
         with self._lock:
-            events, unknown, gen, escaped = self._snapshot()
+            events, unknown, gen, escaped = self._snapshot(what)
         self._wait(events, events, unknown, gen, escaped, None, what)
 
     def hold(self, what: str) -> None:
