@@ -330,8 +330,12 @@ class DeviceExports(DLPackExport):
         buffer that conflicts; inside the block the yielded view gives CuPy,
         PyTorch or numba the memory (``__cuda_array_interface__`` naming the
         stream, and ``__dlpack__``) without the buffer escaping; on exit one
-        event is recorded on ``stream``, and host access later waits for
-        exactly that work.
+        event is recorded on ``stream`` and one on each stream a DLPack
+        consumer named, and host access later waits for exactly that work.
+        A consumer that names no stream (one that read the CUDA Array
+        Interface, or passed DLPack's ``stream=-1``) may work on any stream:
+        the buffer then counts as used by a launch umem_numba did not see
+        (the next host access synchronises the device).
 
         Parameters
         ----------
@@ -351,7 +355,7 @@ class DeviceExports(DLPackExport):
         --------
         >>> s = cupy.cuda.Stream(non_blocking=True)                   # doctest: +SKIP
         >>> with buf.lend(s) as view, s:                              # doctest: +SKIP
-        ...     cupy.asarray(view)[...] *= 2
+        ...     cupy.from_dlpack(view)[...] *= 2
         >>> buf.host                                                  # doctest: +SKIP
         """
         handle = stream_handle(stream, what="lend")
@@ -368,6 +372,9 @@ class DeviceExports(DLPackExport):
             finally:
                 tracker.lend_left(lender)
                 view._retire()
+                # Before the block's own registration ends: host access on other threads, and
+                # a pool's reuse of the memory, then wait for the consumers' work too.
+                view._record_consumers(tracker, not readonly)
 
     # -- DLPack ------------------------------------------------------------------------
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -467,15 +474,40 @@ class LentView(DLPackExport):
     :class:`~umem_numba.BufferClosedError`.
     """
 
-    __slots__ = ("_alloc", "_buffer", "_stream")
+    __slots__ = ("_alloc", "_buffer", "_consumers", "_stream", "_unseen")
 
     def __init__(self, buffer: DeviceExports, alloc: Allocation, stream: int) -> None:
         self._buffer: DeviceExports | None = buffer
         self._alloc = alloc
         self._stream = stream
+        #: Streams DLPack consumers named, other than the lending stream (handles, in order).
+        self._consumers: dict[int, None] = {}
+        #: A consumer whose stream cannot be known took the view (CUDA Array Interface, DLPack's -1).
+        self._unseen = False
 
     def _retire(self) -> None:
         self._buffer = None
+
+    def _record_consumers(self, tracker: Any, write: bool) -> None:
+        """At the block's end: file the consumers' work, as far as it can be known, under ``tracker``.
+
+        A stream a DLPack consumer named gets an event, filed like the lending
+        stream's.  A consumer that named no stream (the CUDA Array Interface
+        says which stream to order after, not which one the consumer works
+        on; DLPack's ``stream=-1``) may work on any stream of the device:
+        the memory is then treated as used by a launch umem_numba did not
+        see (host access synchronises the device; a pool holds the memory
+        until a synchronise).  When unsure, it writes.
+        """
+        alloc = self._alloc
+        events = []
+        unseen = self._unseen
+        for handle in self._consumers:
+            try:
+                events.append(_events.record(handle, alloc.device_id))
+            except Exception:
+                unseen = True  # the work may be queued there: cover it the other way
+        tracker.file_lent_work(events, write, alloc.device_id if unseen else None)
 
     def _live(self) -> DeviceExports:
         buf = self._buffer
@@ -498,6 +530,7 @@ class LentView(DLPackExport):
         and ``0`` is not allowed.
         """
         buf = self._live()
+        self._unseen = True  # the consumer's own stream is not said: see _record_consumers
         return buf._interface(self._alloc, self._stream or _CAI_LEGACY_STREAM)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -510,7 +543,10 @@ class LentView(DLPackExport):
         device = buf._dlpack_request(dl_device, copy)
         alloc = self._alloc
         lending = self._stream or _CAI_LEGACY_STREAM  # 0 and 1 both name the legacy stream
-        if stream is not None and stream != lending:
+        if stream is None:
+            self._unseen = True  # -1: the consumer orders itself, on a stream it does not name
+        elif stream != lending:
+            self._consumers[stream] = None  # recorded when the block ends
             # The consumer works on another stream: make it wait for the lending stream's work so far.
             with _driver.device_context(alloc.device_id):
                 event = _events.record(self._stream, alloc.device_id)

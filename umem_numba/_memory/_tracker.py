@@ -425,6 +425,23 @@ class Tracker:
             lenders[ident] = lenders.get(ident, 0) + 1
         return ident
 
+    def file_lent_work(self, events: list[_events.Event], write: bool, unseen_device: int | None) -> None:
+        """File the work of a lend's consumers (events on their streams; a device where it is unseen).
+
+        Nothing is superseded: the consumers were ordered after the lending
+        stream, not necessarily after other work filed meanwhile.
+        """
+        if not events and unseen_device is None:
+            return
+        with self._lock:
+            table = self.writes if write else self.reads
+            for event in events:
+                table[id(event)] = event
+                self._records += 1
+            if unseen_device is not None:
+                self.unknown_devices.add(unseen_device)
+                self._unknown_gen += 1
+
     def lend_left(self, ident: int) -> None:
         """The ``lend`` block that :meth:`lend_entered` returned ``ident`` for has ended."""
         with self._lock:
