@@ -188,8 +188,27 @@ def _discard(obj: Any, target: Target | None, stream: StreamLike, start: Any, st
     refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids (and which invalidates it)
     device = stream_device(handle)
     uses = _discard_uses((span,))
-    with _driver.device_context(device), DeviceUse(uses, handle, what), _batch_stream(handle, device) as h:
-        _issue_discards([(span, loc)], h, what)
+    with _driver.device_context(device):
+        _settle_before_discard((span,), handle, what)
+        with DeviceUse(uses, handle, what), _batch_stream(handle, device) as h:
+            _issue_discards([(span, loc)], h, what)
+
+
+def _settle_before_discard(spans: Iterable[ManagedSpan], handle: int, what: str) -> None:
+    """Wait on the host for the work recorded on the discarded memory, and for the discard's stream.
+
+    On an H100 (driver 580) a discard queued behind a pending writer (made to
+    wait for it on the device, ``cuStreamWaitEvent``) lost the write that
+    came after it on its stream: the driver does not order the discard as
+    stream work.  So it is issued only once nothing recorded on the memory,
+    and nothing on its stream, is still running, whatever the coherence
+    policy (as for internal memory): the discard then comes after every
+    earlier use and before every later one.  Call it in the stream's context.
+    """
+    for span in spans:
+        if span.tracker is not None:
+            span.tracker.wait_all(what)
+    _driver.call("cuStreamSynchronize", handle, detail=f"{what}: the discard's stream first finishes its work")
 
 
 def _discard_uses(spans: Iterable[ManagedSpan]) -> list[tuple[Tracker, bool]]:
@@ -423,6 +442,10 @@ class PrefetchPlan:
         if any(op != _PREFETCH for _, _, op in prepared):
             _require_discard("PrefetchPlan.execute")
         uses = [(s.tracker, op != _PREFETCH) for s, _, op in prepared if s.tracker is not None]
+        with _driver.device_context(device):
+            discarded = [s for s, _, op in prepared if op != _PREFETCH]
+            if discarded:
+                _settle_before_discard(discarded, handle, "PrefetchPlan.execute")
         with _driver.device_context(device), DeviceUse(uses, handle, "PrefetchPlan.execute"):
             for op, run in _runs(prepared):
                 if op != _PREFETCH:
