@@ -124,3 +124,58 @@ def test_interop_process_exits_cleanly(steps, order):
         report = f"trial {trial}: exit status {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         assert "DONE" in proc.stdout, report
         assert proc.returncode == 0, report
+
+
+# ---------------------------------------------------------------------------
+# The two exit paths the fix hardens, without a GPU (the crash itself needs one, above)
+
+
+def test_exit_hook_runs_before_handlers_of_libraries_imported_later():
+    """A library imported after umem_numba registers its exit handler later, so it ran before
+    umem_numba's hook, with the guard off: umem_numba memory it dropped there was freed while
+    it tore down.  Once its objects reach umem_numba (here: a foreign stream object), umem_numba's
+    hook runs first."""
+    proc = _run(
+        """
+        import atexit
+        from umem_numba import _driver
+        from umem_numba._driver._location import stream_handle
+
+        def later_library_exit():  # registered after umem_numba: runs before its hook, unless moved
+            print("guard on in the other library's exit handler:", _driver.shutting_down(), flush=True)
+
+        atexit.register(later_library_exit)
+
+        class ForeignStream:  # a CuPy / PyTorch stream object, as umem_numba sees one
+            __cuda_stream__ = (0, 12345)
+
+        assert stream_handle(ForeignStream(), what="test") == 12345
+        print("DONE", flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["DONE", "guard on in the other library's exit handler: True"], proc.stdout
+
+
+def test_dlpack_deleters_are_cleared_at_exit():
+    """A consumer that frees its tensor after the interpreter finalized must find no deleter to call
+    (DLPack allows NULL): the ctypes deleter needs an interpreter that is gone."""
+    proc = _run(
+        """
+        import ctypes
+        import numpy as np
+        from umem_numba import _driver
+        from umem_numba._arrays import _dlpack
+
+        a = np.arange(10.0)
+        cpu = (_dlpack.KDL_CPU, 0)
+        capsule = _dlpack.make_capsule(a.ctypes.data, a.shape, a.strides, a.dtype, cpu, a, lambda: None)
+        (entry,) = _dlpack._live.values()
+        assert bool(entry[0].deleter)
+        _driver._at_exit()  # umem_numba's exit hook, as atexit runs it
+        print("deleter after the exit hook:", bool(entry[0].deleter), flush=True)
+        print("DONE", flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["deleter after the exit hook: False", "DONE"], proc.stdout
