@@ -13,7 +13,9 @@ tensors live), and the consumer then calls the deleter.  So the C callbacks
 and the table of live exports are kept alive for the life of the process
 (one leaked reference each), the callbacks bind what they use early, and once
 the process exits (:func:`umem_numba._driver.shutting_down`) they release
-nothing: the driver reclaims the memory.
+nothing: the driver reclaims the memory.  umem_numba's exit hook also clears
+the deleter of every live export (DLPack allows NULL): a consumer that frees
+its tensor after the interpreter has finalized calls nothing.
 """
 
 from __future__ import annotations
@@ -125,6 +127,25 @@ def _capsule_destructor_py(
 
 
 _capsule_destructor = _CAPSULE_DESTRUCTOR(_capsule_destructor_py)
+
+
+def _disarm_deleters(_table: dict[int, tuple[Any, ...]] = _live, _lock: Any = _live_lock) -> None:
+    """At exit: clear the deleter of every live export, so that no consumer calls back into Python.
+
+    A consumer's tensor may be freed after the interpreter has finalized (from
+    a C++ destructor, or from one of the consumer's own threads): a call of
+    the ctypes deleter then needs an interpreter that is gone, and the process
+    dies with SIGSEGV and no Python frame.  DLPack lets the deleter be NULL
+    (nothing to clean up), and at exit there is nothing to clean up: the
+    driver reclaims the memory.
+    """
+    null = _DELETER()
+    with _lock:
+        for entry in _table.values():
+            entry[0].deleter = null
+
+
+_driver.on_exit(_disarm_deleters)
 
 # Never freed, even by module teardown: consumers hold pointers to the C thunks
 # (the deleter, the capsule destructor) and into the structures the table keeps,

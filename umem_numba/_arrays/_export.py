@@ -216,6 +216,8 @@ class DeviceExports(DLPackExport):
     def _device_export(self, escape: bool = True) -> Allocation:
         alloc = self._device_alloc()
         alloc.tracker.on_device_export(escape)
+        if escape:
+            _driver.exit_hook_first()  # the other library exits after umem_numba's hook
         return alloc
 
     def _launch_arg(self) -> tuple[Allocation, Any, tuple[int, ...]]:
@@ -360,6 +362,7 @@ class DeviceExports(DLPackExport):
         """
         handle = stream_handle(stream, what="lend")
         alloc = self._live()
+        _driver.exit_hook_first()  # the consumer's library exits after umem_numba's hook
         if not self._device_accessible:
             raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device")
         view = LentView(self, alloc, handle)

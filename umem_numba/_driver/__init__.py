@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -332,15 +332,56 @@ def shutting_down(_is_finalizing: Any = sys.is_finalizing) -> bool:
     return _exiting is not False or _is_finalizing()
 
 
+#: Run by :func:`_at_exit` once :func:`shutting_down` is True (see :func:`on_exit`).
+_exit_callbacks: list[Callable[[], None]] = []
+
+
+def on_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in umem_numba's exit hook, after the guard is on (it must not call the driver)."""
+    _exit_callbacks.append(callback)
+
+
 def _at_exit() -> None:
     """umem_numba's exit hook: let queued device work finish, then :func:`shutting_down` is True for good."""
     global _exiting
+    if _exiting:
+        return  # registered again (exit_hook_first): it ran already
     try:
         _settle_devices()
     except Exception:  # a sticky error, a driver already going: nothing to do about it at exit
         pass
     finally:
         _exiting = True
+        for callback in _exit_callbacks:
+            try:
+                callback()
+            except Exception:  # at exit: nothing to report to
+                pass
+
+
+_hook_modules = 0
+
+
+def exit_hook_first() -> None:
+    """Make umem_numba's exit hook run before the exit handlers of libraries imported since it was registered.
+
+    ``atexit`` runs the handler registered last first.  PyTorch, CuPy or JAX
+    imported after umem_numba register theirs later, so they ran before
+    umem_numba's hook, while :func:`shutting_down` was still False: a
+    umem_numba buffer they dropped then was freed, with the driver calls that
+    takes, while they tore their own state down.  Called where another
+    library's objects reach umem_numba (lends, exports, foreign streams);
+    cheap when no module was imported since the last call.  ``weakref``'s
+    exit handler stays registered before it (it was first), so every
+    finalizer run at exit still sees the guard.
+    """
+    global _hook_modules
+    count = len(sys.modules)
+    if count == _hook_modules or _exiting:
+        return
+    _hook_modules = count
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
 
 
 def _settle_devices() -> None:

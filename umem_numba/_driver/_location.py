@@ -372,11 +372,14 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
     if known is not None and known[0]() is stream:
         return known[1]
     handle = _parse_stream(stream, what)
+    owned = owns_stream(stream)
+    if not owned:
+        _driver.exit_hook_first()  # another library's stream: that library exits after umem_numba's hook
     try:
         ref = weakref.ref(stream)
     except TypeError:  # no weak references (a numpy integer): nothing to remember
         return handle
-    if owns_stream(stream):
+    if owned:
         _driver.note_owned_stream(handle, stream)  # its id can be kept while it lives
     if len(_handles) >= _HANDLES_KEPT:
         _handles.clear()
