@@ -27,9 +27,6 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER): numba's simulator has no memory managers": (
         "tests/interop/test_emm.py::",
     ),
-    "streams that run side by side in wall-clock time (the simulated driver runs one operation at a time)": (
-        "tests/coherence/test_coherence_streams.py::test_readers_on_two_streams_overlap",
-    ),
     "numba's memory-manager plugin (NUMBA_CUDA_MEMORY_MANAGER), which numba's simulator does not have": (
         "tests/memory/test_fastpath_pool.py::test_plugin_",
         "tests/memory/test_fastpath_exit.py::test_process_exits_cleanly_leaving[plugin_arrays]",

@@ -134,16 +134,22 @@ def copier_threads(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("threads", [1, 3])
-def test_staged_copies_back_to_back_reuse_the_slots_safely(threads, copier_threads, rng, monkeypatch):
-    """Host to device returns with its DMA still pending: the next staged copy must not refill a slot early."""
+def test_staged_copies_back_to_back_reuse_the_slots_safely(kernels, threads, copier_threads, rng, monkeypatch):
+    """Host to device returns with its DMA still pending: the next staged copy must not refill a slot early.
+
+    A kernel sleeps ~50 ms on the stream first, so every DMA of the four copies is still queued
+    when the next copy wants the slots.
+    """
     from umem_numba._arrays import _copy
 
+    sleep, _, _ = kernels
     copier_threads(threads)
     monkeypatch.setattr(_copy, "CHUNK_BYTES", (1 << 16) + 4)  # many chunks, slots not page multiples
     n = 3 * (1 << 18) + 5
     sources = [random_array(rng, n, np.float32) for _ in range(4)]
     bufs = [um.DeviceBuffer.empty(n, np.float32) for _ in sources]
     s = cuda.stream()
+    sleep[1, 1, s](50)  # the DMAs queue behind it
     for buf, src in zip(bufs, sources, strict=True):
         buf.copy_from_host(src, stream=s, staging=True)  # each reuses the slots the previous one still reads
     for buf, src in zip(bufs, sources, strict=True):
@@ -153,22 +159,31 @@ def test_staged_copies_back_to_back_reuse_the_slots_safely(threads, copier_threa
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-def test_staged_copies_from_threads_share_the_slots(copier_threads, rng):
-    """Eight threads, each on its own stream, copy through the one staging area at once."""
+def test_staged_copies_from_threads_share_the_slots(kernels, copier_threads, rng):
+    """Eight threads, each on its own stream, copy through the one staging area at once.
+
+    Each upload queues behind a kernel sleeping ~20 ms on the thread's stream, and each round
+    copies fresh data: a slot refilled before its DMA ran shows as another thread's or round's data.
+    """
     import threading
 
+    sleep, _, _ = kernels
     copier_threads(4)
-    data = [random_array(rng, (1 << 21) + 17, np.float32) for _ in range(8)]
-    bufs = [um.ManagedBuffer.empty(d.shape, np.float32) for d in data]
+    n = (1 << 21) + 17
+    seeds = rng.integers(1 << 31, size=8)
+    bufs = [um.ManagedBuffer.empty(n, np.float32) for _ in seeds]
     errors: list[BaseException] = []
 
     def worker(i):
         try:
+            r = np.random.default_rng(int(seeds[i]))
             s = cuda.stream()
-            for _ in range(3):
-                bufs[i].copy_from_host(data[i], stream=s, staging=True)
+            for k in range(3):
+                data = random_array(r, n, np.float32)
+                sleep[1, 1, s](20)  # the upload's DMA queues behind it
+                bufs[i].copy_from_host(data, stream=s, staging=True)
                 back = bufs[i].copy_to_host(stream=s, staging=True)
-                np.testing.assert_array_equal(back, data[i])
+                np.testing.assert_array_equal(back, data, err_msg=f"thread {i}, round {k}")
         except BaseException as exc:
             errors.append(exc)
 

@@ -8,7 +8,6 @@ race is real); with "sync" it always sees the kernel's values.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -42,21 +41,42 @@ def k():
     return sleep_then_copy, um.coherent(sleep_then_copy), scale
 
 
+@pytest.fixture(scope="module")
+def copy_twice():
+    """``copy_twice(dst, witness, src, sleeps)``: sleeps, then writes ``src`` into both ``dst`` and ``witness``."""
+
+    @cuda.jit
+    def sleep_then_copy_twice(dst, witness, src, sleeps):
+        for _ in range(sleeps):
+            cuda.nanosleep(1_000_000)
+        i = cuda.grid(1)
+        if i < dst.shape[0]:
+            dst[i] = src[i]
+            witness[i] = src[i]
+
+    return um.coherent(sleep_then_copy_twice)
+
+
 def _sentinel(buf):
     buf.host[:] = -1.0
+
+
+def _unwaited(buf) -> np.ndarray:
+    """The memory as it is now: no wait for device work (policy "off"), a copy taken at once."""
+    with um.coherence_policy("off"):
+        return buf.host.copy()
 
 
 def test_the_race_is_real_without_checks(k, rng):
     _raw, coh, _ = k
 
-    src = cuda.to_device(random_array(rng, N, np.float64))
+    values = random_array(rng, N, np.float64)
+    src = cuda.to_device(values)
     dst = um.managed_empty(N, np.float64)
     _sentinel(dst)
     coh[1, N](dst, src, 50)
-    with um.coherence_policy("off"):
-        stale = dst.host.copy()
-    assert (stale == -1.0).all()  # the kernel had not written yet
-    np.testing.assert_array_equal(dst.host, src.copy_to_host())  # "sync" waits
+    assert (_unwaited(dst) == -1.0).all()  # the kernel had not written yet
+    np.testing.assert_array_equal(dst.host, values)  # "sync" waits (compared with host data: no sync here)
 
 
 def test_sync_policy_200_trials(k, rng):
@@ -66,35 +86,33 @@ def test_sync_policy_200_trials(k, rng):
     srcs = cuda.to_device(rows)
     dst = um.managed_empty(N, np.float64)
     stream = cuda.stream()
-    t0 = time.perf_counter()
     for t in range(200):
         _sentinel(dst)
         coh[1, N, stream](dst, srcs[t], 50)
-        np.testing.assert_array_equal(dst.host, rows[t])
-    # each trial really waited for a ~50 ms kernel
-    assert time.perf_counter() - t0 > 200 * 0.03
+        # the kernel sleeps ~50 ms before it writes: only a wait shows this trial's row
+        np.testing.assert_array_equal(dst.host, rows[t], err_msg=f"trial {t}")
 
 
 def test_raise_policy_names_the_stream(k, rng):
     _, coh, _ = k
 
-    src = cuda.to_device(random_array(rng, N, np.float64))
+    first, second = random_array(rng, N, np.float64), random_array(rng, N, np.float64)
     dst = um.managed_empty(N, np.float64)
     stream = cuda.stream()
-    coh[1, N, stream](dst, src, 50)
+    coh[1, N, stream](dst, cuda.to_device(first), 50)
     with um.coherence_policy("raise"):
         with pytest.raises(um.CoherenceError, match=f"{int(stream.handle):#x}"):
             dst.host
         assert dst.busy
         dst.synchronize()
-        np.testing.assert_array_equal(dst.host, src.copy_to_host())  # no error once done
+        np.testing.assert_array_equal(dst.host, first)  # no error once done (and synchronize waited)
     # per-buffer policy wins over the global default
-    coh[1, N, stream](dst, src, 30)
+    coh[1, N, stream](dst, cuda.to_device(second), 30)
     dst.coherence_policy = "raise"
     with pytest.raises(um.CoherenceError):
         np.asarray(dst)
     dst.coherence_policy = None
-    np.testing.assert_array_equal(np.asarray(dst), src.copy_to_host())
+    np.testing.assert_array_equal(np.asarray(dst), second)  # "sync" again: waited for the second kernel
 
 
 def test_warn_policy(k, rng):
@@ -130,14 +148,15 @@ def test_launch_function_and_jit_decorator(rng):
 def test_raw_numba_launch_is_noticed(k, rng):
     raw, _, _ = k
 
-    src = cuda.to_device(random_array(rng, N, np.float64))
+    values = random_array(rng, N, np.float64)
+    src = cuda.to_device(values)
     dst = um.managed_empty(N, np.float64)
     _sentinel(dst)
     raw[1, N, cuda.stream()](dst, src, 50)  # bypasses the toolkit
     assert dst._coherence_tracker.unknown
     with um.coherence_policy("raise"), pytest.raises(um.CoherenceError, match="outside umem_numba"):
         dst.host
-    np.testing.assert_array_equal(dst.host, src.copy_to_host())  # "sync": whole context waited
+    np.testing.assert_array_equal(dst.host, values)  # "sync": whole context waited (host data: no sync here)
     assert not dst._coherence_tracker.unknown
 
 
@@ -159,34 +178,43 @@ def test_precision_unrelated_work_is_not_waited_for(k, rng):
     _, coh, scale = k
 
     slow_stream, fast_stream = cuda.stream(), cuda.stream()
-    src = cuda.to_device(random_array(rng, N, np.float64))
+    b_data = random_array(rng, N, np.float64)
+    src = cuda.to_device(b_data)
     b = um.managed_empty(N, np.float64)
+    _sentinel(b)
     a_data = random_array(rng, N, np.float32)
     a = um.managed_from(a_data)
     coh[1, N, slow_stream](b, src, 400)  # ~400 ms on B
-    t0 = time.perf_counter()
     um.launch(scale, 1, N, a, 3.0, stream=fast_stream)
     np.testing.assert_array_equal(a.host, a_data * 3)
-    waited = time.perf_counter() - t0
+    # A's host access waited for A's kernel only: B's kernel, still asleep, has not written yet
+    assert (_unwaited(b) == -1.0).all(), "host access to A waited for B's kernel"
     assert b.busy, "B's kernel should still be running"
-    assert waited < 0.2, f"host access to A waited {waited:.3f}s: it must not wait for B"
-    np.testing.assert_array_equal(b.host, src.copy_to_host())
+    np.testing.assert_array_equal(b.host, b_data)
 
 
-def test_close_waits_for_pending_work(k, rng):
+def test_close_waits_for_pending_work(k, copy_twice, rng):
+    """close() waits for the kernels still using the memory, then frees it.
+
+    A VMMBuffer: its release (cuMemUnmap, cuMemRelease) does not wait for the device by itself,
+    unlike cuMemFree of managed memory, so only close()'s own wait keeps the kernel off freed memory.
+    """
     _, coh, _ = k
 
     src = cuda.to_device(random_array(rng, N, np.float64))
-    dst = um.managed_empty(N, np.float64)
+    dst = um.VMMBuffer.empty(N, np.float64)
     coh[1, N](dst, src, 50)
     with um.coherence_policy("raise"), pytest.raises(um.CoherenceError):
         dst.close()
     assert not dst.closed  # a refused close leaves the buffer usable
-    coh[1, N](dst, src, 50)
-    t0 = time.perf_counter()
-    dst.close()  # "sync": waits, then frees
-    assert time.perf_counter() - t0 > 0.02
+    values = random_array(rng, N, np.float64)
+    witness = um.managed_empty(N, np.float64)
+    _sentinel(witness)
+    copy_twice[1, N](dst, witness, cuda.to_device(values), 50)  # writes dst and witness after ~50 ms
+    dst.close()  # "sync": waits for the kernel, then frees
     assert dst.closed
+    # the kernel had finished when close() returned: it wrote the witness too
+    np.testing.assert_array_equal(_unwaited(witness), values, err_msg="close() freed dst under a running kernel")
 
 
 def test_device_without_concurrent_access_waits_for_whole_device(k, rng):
@@ -194,22 +222,25 @@ def test_device_without_concurrent_access_waits_for_whole_device(k, rng):
     _, coh, scale = k
 
     other = um.managed_empty(N, np.float64)
-    src = cuda.to_device(random_array(rng, N, np.float64))
-    mine = um.managed_from(random_array(rng, N, np.float32))
+    _sentinel(other)
+    values = random_array(rng, N, np.float64)
+    mine_data = random_array(rng, N, np.float32)
+    mine = um.managed_from(mine_data)
     mine._coherence_tracker.concurrent = False
-    coh[1, N, cuda.stream()](other, src, 200)
-    t0 = time.perf_counter()
+    coh[1, N, cuda.stream()](other, cuda.to_device(values), 200)
     mine.host
-    assert time.perf_counter() - t0 > 0.1  # waited for the unrelated kernel
+    # waited for the unrelated kernel: it has written `other`
+    np.testing.assert_array_equal(_unwaited(other), values, err_msg="host access did not wait for the device")
     # attached to one stream, it waits for that stream only
     s1, s2 = cuda.stream(), cuda.stream()
     mine.attach(s1)
     assert mine.attached_to == int(s1.handle)
-    coh[1, N, s2](other, src, 300)
-    t0 = time.perf_counter()
+    _sentinel(other)
+    coh[1, N, s2](other, cuda.to_device(random_array(rng, N, np.float64)), 300)
     um.launch(scale, 1, N, mine, 2.0, stream=s1)
-    mine.host
-    assert time.perf_counter() - t0 < 0.2
+    np.testing.assert_array_equal(mine.host, mine_data * 2)
+    # the kernel on s2, still asleep, was not waited for
+    assert (_unwaited(other) == -1.0).all(), "host access waited for another stream than the attached one"
     assert other.busy
     mine.attach("global", stream=s1)
     assert mine.attached_to == "global"

@@ -9,8 +9,6 @@ in between), on the legacy default stream and on a non-blocking stream.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from numba import cuda
@@ -37,6 +35,31 @@ def sleep_write():
             dst[i] = src[i]
 
     return kernel
+
+
+@pytest.fixture(scope="module")
+def sleep_only():
+    @cuda.jit
+    def kernel(sleeps):
+        for _ in range(sleeps):
+            cuda.nanosleep(1_000_000)
+
+    return kernel
+
+
+def _raw_upload(dst_ptr: int, source, stream_handle: int) -> None:
+    """Another library's stream work on the memory: ``cuMemcpyHtoDAsync`` from page-locked ``source``.
+
+    Queued on the stream (the simulated driver runs it late, as a GPU may: a plain numba kernel
+    runs at the call there).
+    """
+    _driver.call("cuMemcpyHtoDAsync", dst_ptr, source.ptr, source.nbytes, stream_handle)
+
+
+def _unwaited(buf) -> np.ndarray:
+    """The memory as it is now: no wait for device work (policy "off"), a copy taken at once."""
+    with um.coherence_policy("off"):
+        return buf.host.copy()
 
 
 class _NonBlocking:
@@ -71,23 +94,33 @@ def _trials(rng, buf, run_foreign, *, later_use: bool) -> None:
         np.testing.assert_array_equal(buf.host, values)
 
 
+@pytest.mark.parametrize("writer", ["kernel", "driver-copy"])
 @pytest.mark.parametrize("later_use", [False, True], ids=["first-use", "later-use"])
-def test_numba_device_array_view(sleep_write, rng, stream_handle, later_use):
+def test_numba_device_array_view(sleep_write, sleep_only, rng, stream_handle, later_use, writer):
+    """The view escapes: host access then synchronises.  ``writer``: a plain numba kernel through the
+    view, or a sleeping plain kernel and then a copy queued by the driver into the view's address."""
     buf = um.managed_zeros(N, np.float64)
     view = cuda.as_cuda_array(buf)
     stream = cuda.external_stream(stream_handle) if stream_handle else cuda.default_stream()
+    sources = []  # page-locked sources stay until the trials end (their copies may be queued)
 
     def run(values):
-        src = cuda.to_device(values, stream=stream)
-        sleep_write[N // 128, 128, stream](view, src, SLEEP_MS)
+        if writer == "kernel":
+            src = cuda.to_device(values, stream=stream)
+            sleep_write[N // 128, 128, stream](view, src, SLEEP_MS)
+            return
+        sources.append(um.PinnedBuffer.from_array(values))
+        sleep_only[1, 1, stream](SLEEP_MS)
+        _raw_upload(view.__cuda_array_interface__["data"][0], sources[-1], stream_handle)
 
     _trials(rng, buf, run, later_use=later_use)
 
 
-@pytest.mark.parametrize("later_use", [False, True], ids=["first-use", "later-use"])
-def test_cupy_array(rng, stream_handle, later_use):
-    cupy = pytest.importorskip("cupy")
-    kernel = cupy.RawKernel(
+def _cupy_sleep_write():
+    """CuPy's ``sleep_write(dst, src, n, sleeps)``: sleeps ``sleeps`` ms on the device, then copies."""
+    import cupy
+
+    return cupy.RawKernel(
         r"""
     extern "C" __global__ void sleep_write(double* dst, const double* src, int n, int sleeps) {
         for (int s = 0; s < sleeps; ++s) __nanosleep(1000000);
@@ -96,6 +129,12 @@ def test_cupy_array(rng, stream_handle, later_use):
     }""",
         "sleep_write",
     )
+
+
+@pytest.mark.parametrize("later_use", [False, True], ids=["first-use", "later-use"])
+def test_cupy_array(rng, stream_handle, later_use):
+    cupy = pytest.importorskip("cupy")
+    kernel = _cupy_sleep_write()
     buf = um.managed_zeros(N, np.float64)
     stream = cupy.cuda.ExternalStream(stream_handle)
     with stream:
@@ -153,28 +192,40 @@ def test_cupy_from_dlpack(rng):
     np.testing.assert_array_equal(buf.host, values)
 
 
-def test_lend_waits_for_exactly_the_lent_work(sleep_write, rng):
-    """Host access after a lend block waits for that stream's work, not for unrelated work elsewhere."""
-    cupy = pytest.importorskip("cupy")
+@pytest.mark.parametrize("consumer", ["cupy", "driver-copy"])
+def test_lend_waits_for_exactly_the_lent_work(sleep_write, sleep_only, rng, consumer):
+    """Host access after a lend block waits for that stream's work, not for unrelated work elsewhere.
+
+    The lent stream sleeps ~20 ms before the consumer writes (CuPy's kernel, or a copy queued by
+    the driver); a tracked ~400 ms kernel writes another buffer on another stream.  The host sees
+    the lent work's values, and the other buffer still unwritten (read with no wait).
+    """
+    cupy = pytest.importorskip("cupy") if consumer == "cupy" else None
     buf = um.managed_zeros(N, np.float64)
     other = um.managed_zeros(N, np.float64)
+    buf.host[:] = -1.0
+    other.host[:] = -1.0
     busy, lent = _NonBlocking(), _NonBlocking()
     try:
         values = random_array(rng, N, np.float64)
-        with buf.lend(lent.handle) as view, cupy.cuda.ExternalStream(lent.handle):
-            src = cupy.asarray(values)
-            cupy.asarray(view)[...] = src
+        # a ~400 ms tracked kernel on another buffer, another stream: not to be waited for
+        slow = random_array(rng, N, np.float64)
+        um.coherent(sleep_write)[N // 128, 128, cuda.external_stream(busy.handle)](other, cuda.to_device(slow), 400)
+        source = um.PinnedBuffer.from_array(values)
+        with buf.lend(lent.handle) as view:
+            if cupy is not None:
+                with cupy.cuda.ExternalStream(lent.handle):
+                    src = cupy.asarray(values)
+                    _cupy_sleep_write()((N // 128,), (128,), (cupy.asarray(view), src, np.int32(N), np.int32(SLEEP_MS)))
+            else:
+                sleep_only[1, 1, cuda.external_stream(lent.handle)](SLEEP_MS)
+                _raw_upload(view.__cuda_array_interface__["data"][0], source, lent.handle)
         assert not buf._coherence_tracker.escaped
-        # a 400 ms kernel on another buffer, another stream: not waited for
-        slow_src = cuda.to_device(np.zeros(N))
-        sleep_write[N // 128, 128, cuda.external_stream(busy.handle)](other, slow_src, 400)
-        t0 = time.perf_counter()
-        got = buf.host.copy()
-        waited = time.perf_counter() - t0
-        np.testing.assert_array_equal(got, values)
-        assert waited < 0.2, f"host access waited {waited:.3f} s: it waited for unrelated work"
+        np.testing.assert_array_equal(buf.host, values, err_msg="host access did not wait for the lent work")
+        assert (_unwaited(other) == -1.0).all(), "host access to the lent buffer waited for unrelated work"
         with pytest.raises(um.BufferClosedError, match=r"after its `with buf.lend"):
             view.__cuda_array_interface__
+        np.testing.assert_array_equal(other.host, slow)
     finally:
         busy.close()
         lent.close()

@@ -8,10 +8,12 @@ kernel) runs in a subprocess.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -59,10 +61,11 @@ def _run_threads(targets, timeout=300) -> None:
         raise errors[0]
 
 
-def test_eight_threads_share_one_buffer(kernels):
+def test_eight_threads_share_one_buffer(kernels, rng):
     """Launches, host reads and holds on one managed buffer from 8 threads."""
     buf = um.managed_zeros((ROWS, N), np.float64)
     holds = {"taken": 0}
+    holder_values = rng.random(20) + 2.0  # the holder's row: fresh values, unlike the launchers'
 
     def launcher(row: int):
         def run():
@@ -81,12 +84,24 @@ def test_eight_threads_share_one_buffer(kernels):
         return run
 
     def holder():
-        for _ in range(20):
+        stream = cuda.stream()
+        mine = ROWS - 1  # no launcher writes this row
+        for k, value in enumerate(holder_values):
+            while True:
+                try:
+                    kernels[N // 128, 128, stream](buf[mine], float(value), 5)  # writes after ~5 ms
+                    break
+                except um.CoherenceError:  # cannot happen (only this thread holds), but as the launchers
+                    continue
             with buf.on_host() as a:
+                # the hold waited for the kernels launched before it: this thread's, and the launchers'
+                assert (a[mine] == value).all(), f"hold {k}: the host saw row {mine} before the kernel wrote it"
                 snapshot = a.copy()
                 holds["taken"] += 1
+                time.sleep(0.02)  # a launcher's kernel not waited for (~5 ms) would write meanwhile
                 # while held, no launch may start: the memory does not change under the host
-                assert (a == snapshot).all()
+                changed = int((a != snapshot).sum())
+                assert not changed, f"hold {k}: {changed} elements changed under the host"
 
     _run_threads([launcher(r) for r in range(ROWS - 1)] + [holder])
     assert holds["taken"] == 20
@@ -94,14 +109,19 @@ def test_eight_threads_share_one_buffer(kernels):
         assert (buf[row].host == row * 100 + 14).all()
 
 
-def _subprocess(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _subprocess(code: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **env),
     )
 
 
 _PRELUDE = """
-    import threading, numpy as np
+    import os, threading, numpy as np
     from numba import cuda
     import umem_numba as um
 
@@ -122,37 +142,56 @@ _PRELUDE = """
 """
 
 
-def test_close_racing_launches_and_host_views():
-    """8 threads launch, read and take host views while one closes: no use after free, no hang."""
+def test_close_racing_launches_and_host_views(rng):
+    """8 threads launch, read and take host views while one closes: no use after free, no hang.
+
+    Each worker writes its own part of the buffer with fresh values: a host view taken after its
+    launch holds that launch's value at once, and at the end its last launch's value.
+    """
     proc = _subprocess(
         _PRELUDE
         + """
+    rng = np.random.default_rng(int(os.environ["SEED"]))
+    WORKERS, PART = 7, (1 << 20) // 8
     for trial in range(10):
         buf = um.managed_zeros(1 << 20, np.float64)
-        views, errors, go = [], [], threading.Event()
-        def worker():
+        views, errors, go, viewed = [[] for _ in range(WORKERS)], [], threading.Event(), threading.Semaphore(0)
+        launched = [None] * WORKERS
+        values = rng.random((WORKERS, 20)) + 1.0  # fresh and never 0.0
+        def worker(w):
             go.wait()
             s = cuda.stream()
-            for _ in range(20):
+            for j in range(20):
                 try:
-                    sleep_fill[256, 128, s](buf, 1.0, 3)
-                    views.append(buf.host)
+                    part = buf[w * PART:(w + 1) * PART]  # only this worker writes it
+                    sleep_fill_all[32, 128, s](part, values[w, j], 3)
+                    launched[w] = j
+                    view = part.host  # waits for that kernel: its value, at once
+                    if not (view[:16] == values[w, j]).all():
+                        errors.append(AssertionError(f"worker {w}, launch {j}: read {view[:3]}, not {values[w, j]}"))
+                    views[w].append(view)
+                    viewed.release()
                 except (um.BufferClosedError, um.CoherenceError):
                     pass
                 except Exception as exc:
                     errors.append(exc)
-        ts = [threading.Thread(target=worker) for _ in range(7)]
+        ts = [threading.Thread(target=worker, args=(w,)) for w in range(WORKERS)]
         for t in ts: t.start()
         go.set()
+        for _ in range(3):  # close while the workers are under way, not before they start
+            viewed.acquire(timeout=30)
         buf.close()
         for t in ts: t.join(60)
         assert not any(t.is_alive() for t in ts), "hang"
         assert not errors, errors
-        for v in views:  # every host view is still mapped and holds what the kernels wrote
-            assert (v[:16] == 1.0).all() or (v[:16] == 0.0).all()
+        assert sum(map(len, views)) >= 3, "close() came before the launches it should race"
+        for w in range(WORKERS):  # every host view is still mapped and holds the worker's last launch
+            for view in views[w]:  # (close() waited for it; the launches it refused wrote nothing)
+                assert (view == values[w, launched[w]]).all(), (w, launched[w], view[:3])
         cuda.synchronize()
     print("OK", um.stats()["managed"].live_count)
-    """
+    """,
+        SEED=str(int(rng.integers(1 << 31))),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("OK")

@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import umem_numba as um
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -96,10 +94,6 @@ def test_bad_arguments_exit_2_with_a_message(script, args, message):
     assert message in proc.stderr
 
 
-def _has_vmm() -> bool:
-    return hasattr(um, "VMMBuffer")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "memory, dtype",
@@ -112,8 +106,6 @@ def _has_vmm() -> bool:
     ],
 )
 def test_heat2d_end_to_end(tmp_path, memory, dtype):
-    if memory == "vmm" and not _has_vmm():
-        pytest.skip("umem_numba.VMMBuffer is not exported in this build")
     out = tmp_path / "plate.png"
     proc = _run(
         "heat2d.py",

@@ -156,27 +156,45 @@ def test_pytorch(rng, kind):
         _close(src, dst)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_jax_through_dlpack(rng, kind):
+def _jax_cuda_plugin_installed() -> bool:
+    """Whether JAX's CUDA plugin is installed (``jax[cuda12]`` / ``jax[cuda13]``)."""
+    import importlib.util
+    import pkgutil
+
+    if any(importlib.util.find_spec(f"jax_cuda{v}_plugin") is not None for v in (12, 13)):
+        return True
+    try:
+        import jax_plugins
+    except ImportError:
+        return False
+    return any(m.name.startswith("xla_cuda") for m in pkgutil.iter_modules(jax_plugins.__path__))
+
+
+def _jax_gpus():
+    """``(jax, its GPUs)``; skips only where JAX or its CUDA plugin is not installed: a JAX error fails."""
     jax = pytest.importorskip("jax", reason="JAX is not installed")
-    if not hasattr(um.ManagedBuffer, "__dlpack__"):
-        pytest.skip("buffers have no __dlpack__ yet")
     try:
         gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    if not gpus:
-        pytest.skip("this JAX build has no GPU backend")
+    except RuntimeError as exc:
+        if _jax_cuda_plugin_installed():
+            raise  # the plugin is there and JAX cannot use the GPU: a failure, not a skip
+        pytest.skip(f"JAX is installed without its CUDA plugin: {exc}")
+    assert gpus, "JAX's GPU backend lists no device"
+    return jax, gpus
+
+
+# JAX imports only kDLCUDA memory (docs/interop.md): a mapped pinned buffer is kDLCUDAHost, so
+# the import runs for the kinds JAX takes, and the mapped pinned buffer is tested the other way
+# (test_jax_array_into_a_mapped_pinned_buffer) instead of a test that would skip everywhere.
+@pytest.mark.parametrize("kind", ["managed", "vmm"])
+def test_jax_through_dlpack(rng, kind):
+    jax, gpus = _jax_gpus()
     import jax.numpy as jnp
 
     host, src, dst = _pair(kind, rng)
     a, b = float(rng.uniform(1, 3)), float(rng.uniform(-1, 1))
     try:
-        device_type = dst.__dlpack_device__()[0]
-        if int(device_type) != 2:  # kDLCUDA
-            pytest.skip(
-                f"JAX imports only kDLCUDA (2) memory; a {kind} buffer is DLPack device type {int(device_type)}"
-            )
+        assert dst.__dlpack_device__() == (2, dst.device_id)  # kDLCUDA: what JAX imports
         # umem_numba writes, JAX reads through DLPack.
         _launch_affine(src, dst, a, b)
         x = jax.dlpack.from_dlpack(dst)
@@ -191,5 +209,24 @@ def test_jax_through_dlpack(rng, kind):
         _launch_affine(cuda.as_cuda_array(y), dst, 1.0, -1.0)  # through JAX's CUDA Array Interface
         _assert_close(dst.copy_to_host(), _expected(fresh * np.float32(4), 1.0, -1.0))
         del x, y  # JAX's views of the memory go before the buffers are closed
+    finally:
+        _close(src, dst)
+
+
+def test_jax_array_into_a_mapped_pinned_buffer(rng):
+    """A mapped pinned buffer is DLPack kDLCUDAHost (which JAX does not import); a kernel launched
+    through umem_numba reads a JAX array (CUDA Array Interface) into it, and the host reads the result."""
+    jax, gpus = _jax_gpus()
+    import jax.numpy as jnp
+
+    host, src, dst = _pair("pinned-mapped", rng)
+    try:
+        assert dst.__dlpack_device__() == (3, 0)  # kDLCUDAHost
+        fresh = (rng.random(host.shape) - 0.5).astype(np.float32)
+        y = jax.device_put(jnp.asarray(fresh), gpus[0]) * 4
+        y.block_until_ready()
+        _launch_affine(cuda.as_cuda_array(y), dst, 1.0, -1.0)
+        _assert_close(dst.host, _expected(fresh * np.float32(4), 1.0, -1.0))  # .host waits for the kernel
+        del y
     finally:
         _close(src, dst)

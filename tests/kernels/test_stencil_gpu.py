@@ -23,17 +23,6 @@ MEMORY = ["device", "managed", "managed-prefetch", "managed-advice", "vmm"]
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 
 
-def _vmm_class():
-    cls = getattr(um, "VMMBuffer", None)
-    if cls is None:
-        try:  # exported from umem_numba once the VMM work lands; the module may already be there
-            from umem_numba._vmm._buffer import VMMBuffer
-        except ImportError:
-            pytest.skip("umem_numba.VMMBuffer is not available in this build")
-        cls = VMMBuffer
-    return cls
-
-
 def _pair(memory: str, u0: np.ndarray):
     """Two buffers of ``u0``'s shape in ``memory`` (the first holding ``u0``) and a reader."""
 
@@ -41,8 +30,7 @@ def _pair(memory: str, u0: np.ndarray):
     if memory == "device":
         return cuda.to_device(u0), cuda.device_array(u0.shape, u0.dtype), lambda x: x.copy_to_host()
     if memory == "vmm":
-        vmm = _vmm_class()
-        a, b = vmm.empty(u0.shape, u0.dtype), vmm.empty(u0.shape, u0.dtype)
+        a, b = um.VMMBuffer.empty(u0.shape, u0.dtype), um.VMMBuffer.empty(u0.shape, u0.dtype)
         a.copy_from_host(u0)
         return a, b, lambda x: x.copy_to_host()
     a, b = um.ManagedBuffer.from_array(u0), um.ManagedBuffer.empty(u0.shape, u0.dtype)

@@ -367,6 +367,7 @@ def test_ipc_setting_is_read_from_the_environment(monkeypatch):
     refuses anything else with a message naming the variable."""
     from umem_numba._interop import _emm
 
+    at_import = _emm._env_ipc()  # this process's own setting, as the class read it at import
     monkeypatch.delenv("UMEM_NUMBA_EMM_IPC", raising=False)
     assert _emm._env_ipc() is False
     for on in ("1", "true", "YES", "on"):
@@ -378,7 +379,7 @@ def test_ipc_setting_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("UMEM_NUMBA_EMM_IPC", "maybe")
     with pytest.raises(ValueError, match="UMEM_NUMBA_EMM_IPC must be"):
         _emm._env_ipc()
-    assert _emm.UmemNumbaMemoryManager.exportable in (True, False)
+    assert _emm.UmemNumbaMemoryManager.exportable is at_import
 
 
 def _fake_pool(monkeypatch):
@@ -549,6 +550,8 @@ def test_remembered_stream_id_dies_with_its_stream(rng):
             np.testing.assert_array_equal(out.copy_to_host(), data, err_msg=f"trial {trial}")
             pool.free(ptr2, s2)
         print(f"handles reused in {reused} of {ORDERING_TRIALS} trials")
+        # Only a reused handle can mislead a pool that keys its lists by handle: the case of this test.
+        assert reused, f"no new stream got the destroyed stream's handle in {ORDERING_TRIALS} trials"
     finally:
         cuda.synchronize()
         pool.close()
@@ -776,6 +779,8 @@ def test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader(how, rng)
             b.close()
             del s2
         print(f"handles reused in {reused} of {ORDERING_TRIALS} trials")
+        # Only a reused handle can mislead a pool that keys its lists by handle: the case of this test.
+        assert reused, f"no new stream got the destroyed stream's handle in {ORDERING_TRIALS} trials"
     finally:
         cuda.synchronize()
         pool.close()

@@ -10,10 +10,11 @@ import gc
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import random_array
+from support.helpers import ORDERING_TRIALS, random_array
 
 import umem_numba as um
 from umem_numba import _driver
+from umem_numba._driver import _sim
 
 MiB = 1 << 20
 
@@ -164,25 +165,29 @@ def test_no_leak_after_100k_cycles(kind, device_memory):
 
 
 @pytest.mark.gpu
-def test_stream_ordered_free_then_reuse_on_another_stream(kernels):
-
+@pytest.mark.timeout(120)
+def test_stream_ordered_free_then_reuse_on_another_stream(kernels, rng):
+    """A closed buffer's block goes at once (no host wait) to a buffer on another stream, whose
+    kernel runs after the old buffer's sleeping kernel (fresh values, ORDERING_TRIALS trials)."""
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
     s1, s2 = cuda.stream(), cuda.stream()
-    n = 1 << 18
-    a = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
-    sleep_then_fill[n // 256, 256, s1](a, 1.0, 100)  # writes a after ~100 ms
-    done = cuda.event()
-    done.record(s1)
-    a_ptr = a.ptr
-    a.close()  # queued on s1 after the kernel: no host wait
-    assert not done.query(), "close() waited for the kernel on the host"
-    b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)
-    sleep_then_fill[n // 256, 256, s2](b, 2.0, 0)
-    cuda.synchronize()  # both kernels are over: an unordered reuse would show 1.0 in b
-    np.testing.assert_array_equal(b.copy_to_host(), np.full(n, 2.0, np.float32))
-    print("reused a's memory:", b.ptr == a_ptr)
-    b.close()
+    n = 1 << 12 if _sim.active() else 1 << 18  # the simulator runs each CUDA thread in Python
+    for trial in range(ORDERING_TRIALS):
+        old, new = (float(v) for v in rng.random(2) + 0.5)
+        a = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
+        sleep_then_fill[n // 256, 256, s1](a, old, 40)  # writes a after ~40 ms
+        done = cuda.event()
+        done.record(s1)
+        a_ptr = a.ptr
+        a.close()  # queued on s1 after the kernel: no host wait
+        assert not done.query(), f"trial {trial}: close() waited for the kernel on the host"
+        b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)
+        assert b.ptr == a_ptr, f"trial {trial}: the closed block was not reused"
+        sleep_then_fill[n // 256, 256, s2](b, new, 0)
+        cuda.synchronize()  # both kernels are over: an unordered reuse would show `old` in b
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(n, new, np.float32), err_msg=f"trial {trial}")
+        b.close()
     pool.close()
 
 
@@ -361,21 +366,27 @@ def test_threads_share_one_pool_and_its_free_lists(kernels, rng):
 
 
 @pytest.mark.gpu
-def test_free_waits_for_work_on_every_stream(kernels):
-
+@pytest.mark.timeout(120)
+def test_free_waits_for_work_on_every_stream(kernels, rng):
+    """A buffer allocated on s1 and last written on s2: its block, taken again on s1, is written
+    only after the s2 kernel (fresh values, ORDERING_TRIALS trials)."""
     _, sleep_then_fill = kernels
     pool = um.MemoryPool("device")
     s1, s2 = cuda.stream(), cuda.stream()
-    n = 1 << 16
-    a = um.DeviceBuffer.zeros(n, np.float32, pool=pool, stream=s1)
-    s1.synchronize()  # the allocation is complete: another stream may use it
-    sleep_then_fill[n // 256, 256, s2](a, 5.0, 100)  # recorded on s2
-    a.close()  # on s2, the stream of the last recorded work, with no host wait
-    b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
-    sleep_then_fill[n // 256, 256, s1](b, 7.0, 0)
-    cuda.synchronize()
-    np.testing.assert_array_equal(b.copy_to_host(), np.full(n, 7.0, np.float32))
-    b.close()
+    n = 1 << 12 if _sim.active() else 1 << 16  # the simulator runs each CUDA thread in Python
+    for trial in range(ORDERING_TRIALS):
+        old, new = (float(v) for v in rng.random(2) + 0.5)
+        a = um.DeviceBuffer.zeros(n, np.float32, pool=pool, stream=s1)
+        s1.synchronize()  # the allocation is complete: another stream may use it
+        sleep_then_fill[n // 256, 256, s2](a, old, 40)  # recorded on s2
+        a_ptr = a.ptr
+        a.close()  # with no host wait
+        b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
+        assert b.ptr == a_ptr, f"trial {trial}: the closed block was not reused"
+        sleep_then_fill[n // 256, 256, s1](b, new, 0)
+        cuda.synchronize()
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(n, new, np.float32), err_msg=f"trial {trial}")
+        b.close()
     pool.close()
 
 
