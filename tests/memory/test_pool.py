@@ -520,6 +520,7 @@ def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkey
     ordered: list[int] = []
     monkeypatch.setattr(um.MemoryPool, "_order_reuse", lambda self, tracker, stream, key: ordered.append(key))
     monkeypatch.setattr(um.MemoryPool, "_stream_key", lambda self, handle: handle + 100)  # ids differ from handles
+    monkeypatch.setattr(um.MemoryPool, "_refuse_capture", lambda self, handle, what: None)  # no driver: no capture
     tracker = Tracker(0)
     tracker.add(7, SimpleNamespace(stream=7, key=107, device_id=0, handle=None))  # the block's last work, on 7
     memory = _pool._PoolMemory(pool, "device", 0x10000, MiB, MiB)
