@@ -593,7 +593,9 @@ class MemoryPool:
         self._raw_sizes[ptr] = (size, handle, key, thread)
         return ptr
 
-    def _resolve(self, stream: StreamLike, what: str = "") -> tuple[int, int | None, dict[int, list[int]] | None]:
+    def _resolve(
+        self, stream: StreamLike, what: str = "", refuse_capture: str | None = None
+    ) -> tuple[int, int | None, dict[int, list[int]] | None]:
         """``(handle, key, raw free lists)`` of a stream-like value (None: only the driver can tell the key).
 
         The key (``cuStreamGetId``) is known without a driver call for handle
@@ -613,13 +615,17 @@ class MemoryPool:
         stream per context or thread), raw handles and foreign streams are
         never remembered: their key is asked of the driver when it is needed
         (:meth:`_stream_key`; a live numba stream's raw handle gets its kept id).
+
+        ``refuse_capture`` (words for the message): refuse a capturing stream
+        as soon as the handle is known, before any other driver call
+        (``cuStreamGetId`` is refused inside a capture, and invalidates it).
         """
-        if type(stream) is int and 0 <= stream < _MAX_HANDLE:
-            handle = stream
-            if handle > 2:  # a raw handle: its key is looked up when needed (_stream_key keeps a live numba stream's)
-                return handle, None, None
-        else:
-            handle = stream_handle(stream, what=what)
+        raw = type(stream) is int and 0 <= stream < _MAX_HANDLE
+        handle = stream if raw else stream_handle(stream, what=what)
+        if refuse_capture is not None:
+            self._refuse_capture(handle, refuse_capture)
+        if handle > 2 and raw:
+            return handle, None, None  # a raw handle: its key is looked up when needed (_stream_key keeps a live one's)
         if handle == 0:  # the legacy stream of the pool's device, the same in every thread
             key = self._legacy_key
             if key is None:  # looked up when a free list needs it (see _stream_key)
@@ -826,13 +832,15 @@ class MemoryPool:
         free list of its size when one is there (no driver call), else from
         the driver's pool.
         """
+        # Before anything reaches the stream (cuStreamGetId, a reuse's cuStreamWaitEvent, the
+        # allocation itself), whatever the size: a refused allocation leaves the capture intact.
+        refusal = what or f"allocating from a {kind} pool"
         ref, handle, key, _ = self._last  # the last live numba stream (see _resolve), inline as in allocate()
         owner = ref()
         if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
-            handle, key, _ = self._resolve(stream, what)
-        # Before anything reaches the stream (cuStreamGetId, a reuse's cuStreamWaitEvent, the
-        # allocation itself), whatever the size: a refused allocation leaves the capture intact.
-        self._refuse_capture(handle, what or f"allocating from a {kind} pool")
+            handle, key, _ = self._resolve(stream, what, refusal)
+        else:
+            self._refuse_capture(handle, refusal)
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
         size = (nbytes + _ROUND_UP) & _ROUND_MASK
