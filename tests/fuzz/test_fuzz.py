@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
-from support.fuzz_machine import FAMILIES, machine_for
+from support.fuzz_machine import CLOCK, FAMILIES, machine_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fuzz]
 
@@ -73,11 +73,15 @@ def run_family(families: frozenset[str], label: str) -> None:
         seed = seeds[i] if i < len(seeds) else seeds[-1] + (i - len(seeds) + 1)
         i += 1
         started = time.monotonic()
+        CLOCK.clear()
         try:
             run_state_machine_as_test(hypothesis_seed(seed)(lambda: machine()), settings=fuzz_settings())
         except BaseException as exc:
+            now = time.monotonic()
+            found = CLOCK.get("failed", now) - started
             exc.add_note(
-                f"fuzzer family {label!r}, seed {seed}, failed after {time.monotonic() - started:.1f} s; replay with:\n"
+                f"fuzzer family {label!r}, seed {seed}: first failure after {found:.1f} s, shrunk in "
+                f"{now - started - found:.1f} s; replay with:\n"
                 f"  UMEM_FUZZ_SEED={seed} NUMBA_ENABLE_CUDASIM=1 python -m pytest -x -q -p no:cacheprovider "
                 f'"tests/fuzz/test_fuzz.py::test_fuzz[{label}]"'
             )
