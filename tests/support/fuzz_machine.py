@@ -89,8 +89,11 @@ STAGING_ROUNDS = 24
 #: Errors a documented refusal may raise (never a raw CudaError: that names a driver call the docs do not promise).
 REFUSALS = (um.CoherenceError, um.UnsupportedError)
 
-STREAMS = ("s1", "s2", "s3", "legacy", "per-thread")
-NUMBA_STREAMS = ("s1", "s2", "s3")
+#: numba streams (blocking: ordered with the legacy stream), non-blocking streams as CuPy/PyTorch make
+#: them (numba's external_stream over cuStreamCreate(CU_STREAM_NON_BLOCKING)), the two default streams.
+STREAMS = ("s1", "s2", "nb1", "nb2", "legacy", "per-thread")
+NUMBA_STREAMS = ("s1", "s2")
+NON_BLOCKING = ("nb1", "nb2")
 KINDS = ("managed", "device", "pinned-mapped", "pinned-pool", "vmm")
 #: Kinds whose memory the host can read through ``.host``.
 HOST_KINDS = frozenset({"managed", "pinned-mapped", "pinned-pool"})
@@ -407,9 +410,22 @@ def unaccounted_events() -> int | None:
 # -- the machine ------------------------------------------------------------------------------
 
 
+#: The rules of each family but ``core``, by method name (filled by :func:`family`).
+FAMILY_RULES: dict[str, list[str]] = {}
+#: How many times more often a machine picks the rules of the families it enables than a core rule.
+FAMILY_WEIGHT = 4
+#: Host reads (the checks) are picked this many times as often as another core rule.
+READ_WEIGHT = 3
+
+
 def family(name: str) -> Callable[[Any], Any]:
-    """A rule of ``name``'s family: chosen only by machines that enable it."""
-    return precondition(lambda self: name in self.families)
+    """A rule of ``name``'s family: chosen only by machines that enable it (and then more often)."""
+
+    def mark(f: Any) -> Any:
+        FAMILY_RULES.setdefault(name, []).append(f.__name__)
+        return precondition(lambda self: name in self.families)(f)
+
+    return mark
 
 
 class UmemMachine(RuleBasedStateMachine):
@@ -423,12 +439,17 @@ class UmemMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.families = frozenset({"core", *self.ENABLED})
+        if _sim.active():
+            # Work an earlier failed program left queued runs now, not inside this one.
+            _driver.api().drv.drain_quietly()
         # The previous program's teardown left everything settled and collected.
         self.baseline_stats = {k: v.live_count for k, v in um.stats().items() if hasattr(v, "live_count")}
         self.baseline_free = um.mem_info()[0]
         self.baseline_cached = _pool_cached()
         self.baseline_allocations = driver_allocations()
         self.streams: dict[str, Any] = {name: cuda.stream() for name in NUMBA_STREAMS}
+        for name in NON_BLOCKING:
+            self.streams[name] = cuda.external_stream(um.driver_call("cuStreamCreate", 1, detail="fuzz"))
         self.streams["legacy"] = cuda.default_stream()
         self.streams["per-thread"] = cuda.per_thread_default_stream()
         self.pools: dict[str, um.MemoryPool] = {}
@@ -672,7 +693,7 @@ class UmemMachine(RuleBasedStateMachine):
                 dm[region] = sm[region]
                 dk[region] = sk[region]
 
-    @precondition(lambda self: "plain" in self.families)
+    @family("plain")
     @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS))
     def plain_launch(self, view: View, value: int, stream: str) -> None:
         """numba's own launch of a plain @cuda.jit kernel (umem_numba sees only the argument's export)."""
@@ -810,7 +831,7 @@ class UmemMachine(RuleBasedStateMachine):
             dst.known()[...] = src.known()
 
     # -- hints ------------------------------------------------------------------------------------
-    @precondition(lambda self: "hints" in self.families)
+    @family("hints")
     @rule(
         view=buffers,
         op=st.sampled_from(("prefetch", "discard", "discard_prefetch", "advise", "policy")),
@@ -848,14 +869,14 @@ class UmemMachine(RuleBasedStateMachine):
                     h.clear()
 
     # -- lending and exports ------------------------------------------------------------------------
-    @precondition(lambda self: "lend" in self.families)
+    @family("lend")
     @rule(
         view=buffers,
         lend_stream=st.sampled_from((*STREAMS, "None")),
         consumer_stream=st.sampled_from(STREAMS),
         protocol=st.sampled_from(("dlpack", "cai", "cai-lent-stream")),
         value=st.integers(1, 1000),
-        close_after=st.booleans(),
+        close_after=st.sampled_from((False, False, True)),
     )
     def lend_to_consumer(
         self, view: View, lend_stream: str, consumer_stream: str, protocol: str, value: int, close_after: bool
@@ -900,7 +921,7 @@ class UmemMachine(RuleBasedStateMachine):
                 view.alloc.buf.close()
                 view.alloc.closed = True
 
-    @precondition(lambda self: "export" in self.families)
+    @family("export")
     @rule(
         view=buffers,
         consumer_stream=st.sampled_from(STREAMS),
@@ -933,7 +954,7 @@ class UmemMachine(RuleBasedStateMachine):
             view.known()[...] = True
 
     # -- host access inside a lend (item 4 of issue 27) --------------------------------------------
-    @precondition(lambda self: "reentry" in self.families)
+    @family("reentry")
     @rule(
         view=buffers,
         lend_stream=st.sampled_from(STREAMS),
@@ -969,7 +990,7 @@ class UmemMachine(RuleBasedStateMachine):
             view.alloc.closed = True
 
     # -- two threads through one user staging buffer (item 3) -----------------------------------------
-    @precondition(lambda self: "staging" in self.families)
+    @family("staging")
     @rule(
         target=buffers,
         n=st.integers(64, 512),
@@ -1034,10 +1055,10 @@ class UmemMachine(RuleBasedStateMachine):
         return multiple(*views)
 
     # -- graph capture (item 6) ------------------------------------------------------------------------
-    @precondition(lambda self: "capture" in self.families)
+    @family("capture")
     @rule(
         data=st.data(),
-        stream=st.sampled_from(NUMBA_STREAMS),
+        stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
         op=st.sampled_from(
             (
                 "empty",
@@ -1124,7 +1145,7 @@ class UmemMachine(RuleBasedStateMachine):
         return []
 
     # -- threads ---------------------------------------------------------------------------------------
-    @precondition(lambda self: "threads" in self.families)
+    @family("threads")
     @rule(
         view=buffers,
         thread=st.sampled_from(("fuzz-a", "fuzz-b")),
@@ -1162,7 +1183,7 @@ class UmemMachine(RuleBasedStateMachine):
                 view.known()[...] = True
 
     # -- VMM --------------------------------------------------------------------------------------------
-    @precondition(lambda self: "vmm" in self.families)
+    @family("vmm")
     @rule(view=buffers, length=st.integers(0, 40), how=st.sampled_from(("grow", "shrink", "resize")))
     def vmm_resize(self, view: View, length: int, how: str) -> None:
         """VMMBuffer.grow / shrink / resize: the address and the kept contents stay."""
@@ -1183,7 +1204,7 @@ class UmemMachine(RuleBasedStateMachine):
             view.alloc.model, view.alloc.known = model, known
 
     # -- probes: bad arguments the docs promise a clear error for ------------------------------------------
-    @precondition(lambda self: "probes" in self.families)
+    @family("probes")
     @rule(
         view=buffers,
         probe=st.sampled_from(
@@ -1226,36 +1247,64 @@ class UmemMachine(RuleBasedStateMachine):
         raise AssertionError(f"{what} was accepted; the DLPack protocol has no such stream value for CUDA")
 
     # -- end of a program ------------------------------------------------------------------------------
+    def drain(self) -> list[BaseException]:
+        """Run all queued device work (the simulated driver's queues; a device synchronise on a GPU)."""
+        for name in (*NUMBA_STREAMS, *NON_BLOCKING):
+            try:
+                self.streams[name].synchronize()
+            except Exception as exc:
+                return [exc]
+        if _sim.active():
+            return _driver.api().drv.drain_quietly()
+        cuda.synchronize()
+        return []
+
     def teardown(self) -> None:
-        """Read every live allocation once more, close everything, and check nothing leaked."""
+        """Read every live allocation once more, then settle all work, close everything, check nothing leaked.
+
+        After a failed step it only cleans up (quietly), so that the next program starts clean.
+        """
         errors: list[str] = []
+        escaped = sum(a.escaped for a in self.allocs)
         try:
-            with watchdog("teardown"):
+            with watchdog("teardown"), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if self.failed:
+                    self.drain()
                 for a in self.allocs:
-                    if a.closed:
+                    if a.closed or self.failed:
                         continue
-                    view = a.views[0]
-                    if not self.failed:
-                        try:
-                            got = np.array(a.buf.host) if a.kind in HOST_KINDS else a.buf.copy_to_host()
-                            check_equal(got, view, f"final read of {a.name}")
-                        except AssertionError as exc:
-                            errors.append(str(exc))
-                    a.buf.close()
-                    a.closed = True
+                    try:
+                        got = np.array(a.buf.host) if a.kind in HOST_KINDS else a.buf.copy_to_host()
+                        check_equal(got, a.views[0], f"final read of {a.name}")
+                    except AssertionError as exc:
+                        errors.append(str(exc))
+                left = self.drain()
+                if left:
+                    errors.append(f"device work failed when it ran at the end: {left[0]!r}")
+                for a in self.allocs:
+                    if not a.closed:
+                        a.buf.close()
+                        a.closed = True
                 for stg in self.stagings:
                     stg.close()
                 for p in self.pools.values():
                     p.close()
-                drv = _driver.api().drv
-                for name in NUMBA_STREAMS:
-                    self.streams[name].synchronize()
-                cuda.synchronize()
-                left = drv.drain_quietly() if _sim.active() else []
+                left = self.drain()
                 if left:
-                    errors.append(f"device work failed when it ran at the end: {left[0]!r}")
+                    errors.append(f"device work failed when it ran after closing everything: {left[0]!r}")
+                for name in NON_BLOCKING:
+                    um.driver_call("cuStreamDestroy", self.handle(name), detail="fuzz")
+            errors += [
+                f"at the end: {w.category.__name__}: {w.message}"
+                for w in caught
+                if issubclass(w.category, RuntimeWarning) and "umem_numba" in str(w.message)
+            ]
+        except Exception as exc:
+            if not self.failed:
+                raise
+            del exc
         finally:
-            escaped = sum(a.escaped for a in self.allocs)
             self.streams.clear()
             self.allocs.clear()
             self.stagings.clear()
@@ -1341,4 +1390,13 @@ def machine_for(families: frozenset[str]) -> type[UmemMachine]:
         raise ValueError(f"unknown fuzzer families {sorted(unknown)}; known: {sorted(FAMILIES)}")
     name = "Fuzz_" + "_".join(sorted(families)) if families else "Fuzz_core"
     warm_up()
-    return type(name, (UmemMachine,), {"ENABLED": frozenset(families)})
+    attrs: dict[str, Any] = {"ENABLED": frozenset(families)}
+    # Hypothesis picks among the rules uniformly: aliases of a rule make it likelier (they share its
+    # name, so the program prints the same, and its on/off switch per program).
+    for fam in families:
+        for rule_name in FAMILY_RULES.get(fam, ()):
+            for i in range(FAMILY_WEIGHT - 1):
+                attrs[f"{rule_name}_{i}"] = getattr(UmemMachine, rule_name)
+    for i in range(READ_WEIGHT - 1):
+        attrs[f"host_read_{i}"] = UmemMachine.host_read
+    return type(name, (UmemMachine,), attrs)
