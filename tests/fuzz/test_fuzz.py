@@ -26,12 +26,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
-from support.fuzz_machine import CLOCK, FAMILIES, machine_for
+from support.fuzz_machine import CLOCK, FAMILIES, UmemMachine, machine_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fuzz]
 
 #: The fixed seeds CI runs, per family test.
-CI_SEEDS = (0, 1)
+CI_SEEDS = (0, 1, 2, 3)
 
 
 def _int_env(name: str, default: int) -> int:
@@ -39,8 +39,8 @@ def _int_env(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-EXAMPLES = _int_env("UMEM_FUZZ_EXAMPLES", 8)
-STEPS = _int_env("UMEM_FUZZ_STEPS", 25)
+EXAMPLES = _int_env("UMEM_FUZZ_EXAMPLES", 15)
+STEPS = _int_env("UMEM_FUZZ_STEPS", 30)
 SECONDS = float(os.environ.get("UMEM_FUZZ_SECONDS", "0") or 0)
 
 
@@ -74,8 +74,12 @@ def run_family(families: frozenset[str], label: str) -> None:
         i += 1
         started = time.monotonic()
         CLOCK.clear()
+
+        def factory() -> UmemMachine:
+            return machine()
+
         try:
-            run_state_machine_as_test(hypothesis_seed(seed)(lambda: machine()), settings=fuzz_settings())
+            run_state_machine_as_test(hypothesis_seed(seed)(factory), settings=fuzz_settings())
         except BaseException as exc:
             now = time.monotonic()
             found = CLOCK.get("failed", now) - started

@@ -31,6 +31,7 @@ names, so a failure points at one area (see tests/fuzz/test_fuzz.py and docs/con
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import os
@@ -48,10 +49,10 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
 from numba import cuda
-from support.fuzz_consumers import Capsule, memset_elements, stream_wait_stream
-from support.helpers import worker_thread
 
 import umem_numba as um
+from support.fuzz_consumers import Capsule, memset_elements, stream_wait_stream
+from support.helpers import worker_thread
 from umem_numba import _driver, _sim
 
 #: Rule families: ``core`` is always on; each other one is what a failure of that family's test is about.
@@ -109,7 +110,7 @@ def _first_failure() -> None:
     CLOCK.setdefault("failed", time.monotonic())
 
 
-class StepHang(AssertionError):
+class StepHungError(AssertionError):
     """A fuzzer step did not finish within ``UMEM_FUZZ_STEP_TIMEOUT`` seconds."""
 
 
@@ -119,7 +120,7 @@ class UnexpectedError(AssertionError):
 
 @contextlib.contextmanager
 def watchdog(what: str, seconds: float = STEP_TIMEOUT) -> Iterator[None]:
-    """Interrupt the main thread with :class:`StepHang` if the block runs longer than ``seconds``.
+    """Interrupt the main thread with :class:`StepHungError` if the block runs longer than ``seconds``.
 
     Python's lock and condition waits are interruptible by signals on POSIX, so a step
     stuck in a wait gets the exception at the wait, with its stack.  Off the main thread
@@ -130,7 +131,7 @@ def watchdog(what: str, seconds: float = STEP_TIMEOUT) -> Iterator[None]:
         return
 
     def fire(signum: int, frame: Any) -> None:
-        raise StepHang(f"step {what} hung: not finished after {seconds:g} s (UMEM_FUZZ_STEP_TIMEOUT)")
+        raise StepHungError(f"step {what} hung: not finished after {seconds:g} s (UMEM_FUZZ_STEP_TIMEOUT)")
 
     previous = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -142,13 +143,15 @@ def watchdog(what: str, seconds: float = STEP_TIMEOUT) -> Iterator[None]:
 
 
 def in_worker(name: str, fn: Callable[[], Any], what: str) -> Any:
-    """Run ``fn`` on the named worker thread and return its result; a hang is a :class:`StepHang`."""
+    """Run ``fn`` on the named worker thread and return its result; a hang is a :class:`StepHungError`."""
     future = worker_thread(name).submit(fn)
     try:
         return future.result(timeout=STEP_TIMEOUT)
-    except TimeoutError:
+    except concurrent.futures.TimeoutError:
         stacks = "".join(traceback.format_stack(_thread_frame(name))) if _thread_frame(name) else ""
-        raise StepHang(f"step {what} on thread {name} hung: not finished after {STEP_TIMEOUT:g} s\n{stacks}") from None
+        raise StepHungError(
+            f"step {what} on thread {name} hung: not finished after {STEP_TIMEOUT:g} s\n{stacks}"
+        ) from None
 
 
 def _thread_frame(name: str) -> Any:
@@ -510,11 +513,11 @@ class UmemMachine(RuleBasedStateMachine):
                     raise AssertionError(f"{what}: {w.category.__name__}: {w.message}")
         except um.BufferClosedError:
             if closed or um.BufferClosedError in allowed:
-                raise _Refused() from None
+                raise _RefusedError() from None
             raise
         except allowed:
-            raise _Refused() from None
-        except (StepHang, AssertionError):
+            raise _RefusedError() from None
+        except (StepHungError, AssertionError):
             self.failed = True
             _first_failure()
             raise
@@ -1040,8 +1043,8 @@ class UmemMachine(RuleBasedStateMachine):
                     for f in futures:
                         try:
                             f.result(timeout=STEP_TIMEOUT)
-                        except TimeoutError:
-                            raise StepHang(f"{what}: hung") from None
+                        except concurrent.futures.TimeoutError:
+                            raise StepHungError(f"{what}: hung") from None
                     if direction == "from_host":
                         for v, vals in zip(views, (a_vals, b_vals), strict=True):
                             v.model()[...] = vals
@@ -1172,7 +1175,8 @@ class UmemMachine(RuleBasedStateMachine):
                 view.alloc.buf.close()
             return None
 
-        with self.run(what, view):
+        # close() of a closed buffer does nothing (as on the main thread): no BufferClosedError expected.
+        with self.run(what, *(() if op == "close" else (view,))):
             got = in_worker(thread, job, what)
             if op == "read":
                 check_equal(got, view, what)
@@ -1218,9 +1222,9 @@ class UmemMachine(RuleBasedStateMachine):
             return
         if probe.startswith("lend-"):
             arg = None if probe == "lend-None" else 0
-            with self.step(f"with {view.label}.lend({arg!r}) as v: v.__cuda_array_interface__", view):
-                with view.buf.lend(arg) as lent:
-                    named = lent.__cuda_array_interface__["stream"]
+            what = f"with {view.label}.lend({arg!r}) as v: v.__cuda_array_interface__"
+            with self.step(what, view), view.buf.lend(arg) as lent:
+                named = lent.__cuda_array_interface__["stream"]
             assert named is not None, (
                 f"{view.label}.lend({arg!r}): the lent view's __cuda_array_interface__ has stream None, which "
                 "means 'no synchronisation needed' in CAI v3, but the work must be ordered on the legacy stream"
@@ -1282,6 +1286,16 @@ class UmemMachine(RuleBasedStateMachine):
                 left = self.drain()
                 if left:
                     errors.append(f"device work failed when it ran at the end: {left[0]!r}")
+                # Again once all device work has run: work a read did not wait for (and did not need
+                # to, the model says) must not change the contents afterwards (a lost write).
+                for a in self.allocs:
+                    if a.closed or self.failed or errors:
+                        continue
+                    try:
+                        got = np.array(a.buf.host) if a.kind in HOST_KINDS else a.buf.copy_to_host()
+                        check_equal(got, a.views[0], f"read of {a.name} after all device work ran")
+                    except AssertionError as exc:
+                        errors.append(str(exc))
                 for a in self.allocs:
                     if not a.closed:
                         a.buf.close()
@@ -1344,10 +1358,12 @@ class UmemMachine(RuleBasedStateMachine):
         if self.baseline_free - free > max(cached, 0) and not escaped:
             now = driver_allocations()
             extra = {hex(b): v for b, v in now.items() if b not in self.baseline_allocations}
-            raise AssertionError(f"device memory not given back: {self.baseline_free - free} bytes; allocations: {extra}")
+            raise AssertionError(
+                f"device memory not given back: {self.baseline_free - free} bytes; allocations: {extra}"
+            )
 
 
-class _Refused(Exception):
+class _RefusedError(Exception):
     """A step was refused with a documented error: the rule stops there, the model is unchanged."""
 
 
@@ -1361,7 +1377,7 @@ class _Attempt:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
         try:
             self._cm.__exit__(et, ev, tb)
-        except _Refused:
+        except _RefusedError:
             return True
         return False
 
