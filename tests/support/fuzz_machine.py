@@ -86,7 +86,9 @@ STEP_TIMEOUT = _env_float("UMEM_FUZZ_STEP_TIMEOUT", 10.0)
 SLEEP_NS = 2_000_000
 DTYPE = np.dtype(np.int32)
 #: Concurrent copies per shared-staging step.
-STAGING_ROUNDS = 24
+STAGING_ROUNDS = 32
+#: In the simulated driver's refusals of what it does not simulate (never umem_numba's own words).
+SIMULATOR_REFUSAL = "under numba's CUDA simulator"
 #: Errors a documented refusal may raise (never a raw CudaError: that names a driver call the docs do not promise).
 REFUSALS = (um.CoherenceError, um.UnsupportedError)
 
@@ -461,6 +463,8 @@ class UmemMachine(RuleBasedStateMachine):
         self.counter = 0
         #: A step failed: the teardown only cleans up (its own checks would report the same defect again).
         self.failed = False
+        #: The shared-staging step ran in this program (once per program: it is the slowest step).
+        self.staged = False
 
     # -- helpers -----------------------------------------------------------------------------
     def stream(self, name: str) -> Any:
@@ -515,7 +519,15 @@ class UmemMachine(RuleBasedStateMachine):
             if closed or um.BufferClosedError in allowed:
                 raise _RefusedError() from None
             raise
-        except allowed:
+        except allowed as exc:
+            if isinstance(exc, um.UnsupportedError) and SIMULATOR_REFUSAL in str(exc):
+                # The simulated driver refusing a call it cannot simulate (inside a capture: a call
+                # the capture would have recorded on a GPU) is not umem_numba's documented refusal.
+                self.failed = True
+                _first_failure()
+                raise UnexpectedError(
+                    f"{what}: a driver call reached the simulated driver, which refused it: {exc}"
+                ) from exc
             raise _RefusedError() from None
         except (StepHungError, AssertionError):
             self.failed = True
@@ -994,6 +1006,7 @@ class UmemMachine(RuleBasedStateMachine):
 
     # -- two threads through one user staging buffer (item 3) -----------------------------------------
     @family("staging")
+    @precondition(lambda self: not self.staged)
     @rule(
         target=buffers,
         n=st.integers(64, 512),
@@ -1007,10 +1020,11 @@ class UmemMachine(RuleBasedStateMachine):
 
         The interpreter switches threads every microsecond meanwhile, so that the two copies'
         chunks interleave (a missing lock on the user's staging area then mixes them in about
-        one round in ten on the simulator: the rounds make a mix all but certain at the first
-        such step, so that Hypothesis can shrink the program).
+        one round in ten on the simulator: the rounds make a mix all but certain at the one such
+        step of a program, so that Hypothesis can shrink the program).
         """
         rounds = STAGING_ROUNDS
+        self.staged = True
         cls = um.DeviceBuffer if kind == "device" else um.ManagedBuffer
         stg = um.PinnedBuffer.empty(staging_bytes, np.uint8)
         self.stagings.append(stg)
@@ -1093,6 +1107,8 @@ class UmemMachine(RuleBasedStateMachine):
             if not live:
                 return multiple()
             view = data.draw(st.sampled_from(live), label="view")
+        for pool_kind in ("managed", "device", "pinned"):
+            self.pool(pool_kind)  # made before the capture: creating a pool in one is the user's error
         um.driver_call("cuStreamBeginCapture", h, mode, detail="fuzz: the user's capture")
         try:
             with self.run(what, *([view] if view else []), allowed=REFUSALS):
