@@ -86,7 +86,7 @@ STEP_TIMEOUT = _env_float("UMEM_FUZZ_STEP_TIMEOUT", 10.0)
 SLEEP_NS = 2_000_000
 DTYPE = np.dtype(np.int32)
 #: Concurrent copies per shared-staging step.
-STAGING_ROUNDS = 32
+STAGING_ROUNDS = 100
 #: In the simulated driver's refusals of what it does not simulate (never umem_numba's own words).
 SIMULATOR_REFUSAL = "under numba's CUDA simulator"
 #: Errors a documented refusal may raise (never a raw CudaError: that names a driver call the docs do not promise).
@@ -1009,7 +1009,7 @@ class UmemMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.staged)
     @rule(
         target=buffers,
-        n=st.integers(64, 512),
+        n=st.integers(64, 128),
         seed=st.integers(0, 2**16),
         direction=st.sampled_from(("from_host", "to_host")),
         kind=st.sampled_from(("device", "managed")),
@@ -1020,7 +1020,7 @@ class UmemMachine(RuleBasedStateMachine):
 
         The interpreter switches threads every microsecond meanwhile, so that the two copies'
         chunks interleave (a missing lock on the user's staging area then mixes them in about
-        one round in ten on the simulator: the rounds make a mix all but certain at the one such
+        one round in twelve on the simulator: the rounds make a mix all but certain at the one such
         step of a program, so that Hypothesis can shrink the program).
         """
         rounds = STAGING_ROUNDS
