@@ -1,0 +1,1434 @@
+"""The stateful fuzzer: random programs over umem_numba's public API, checked against a numpy model.
+
+:class:`UmemMachine` is a Hypothesis ``RuleBasedStateMachine``.  Its state is a set of live
+buffers of every kind (managed, device, mapped pinned, pinned from a pool, VMM; from pools and
+not; views: slices, steps, F order, ``.T``), numba streams, the legacy and per-thread default
+streams, managed/device/pinned pools and a few worker threads.  Its rules are the public
+operations: um.jit kernels that read and write (fill, add, copy, sleep-then-fill) on random
+streams, plain ``@cuda.jit`` launches, the copies, prefetch/discard/advice, lending to a foreign
+consumer on a third stream, DLPack and CUDA Array Interface exports, pools, VMM grow and shrink,
+host reads and writes, ``close`` at any point, and graph capture.
+
+The model is **program order**: umem_numba promises that host code and later device work see
+every earlier operation's effect, whatever the streams, so each allocation has one numpy array
+that every operation updates at the call, plus a mask of the elements whose value is known
+(a discard makes its range indeterminate; an ``empty`` buffer starts unknown).  Views index the
+model array of their allocation exactly as they index the buffer.  Every host read (``.host``,
+``np.asarray``, ``copy_to_host``, ``on_host``...) must equal the model where it is known.
+
+Other invariants, per step: no step hangs (a watchdog interrupts it after
+``UMEM_FUZZ_STEP_TIMEOUT`` seconds and fails with the step's stack); an error is one the docs
+promise for that step (``BufferClosedError`` after ``close``, ``CoherenceError`` /
+``UnsupportedError`` for work refused in a capture, ...), never a raw ``CudaError``,
+``SimulatedFault`` or anything else; a capture the user began stays valid
+(``cuStreamEndCapture`` gives a graph).  At the end of each program every buffer and pool is
+closed and umem_numba's live counters, the driver's memory and its events are back to where
+they were.
+
+Rules belong to *families* (:data:`FAMILIES`); a machine enables ``core`` plus the families it
+names, so a failure points at one area (see tests/fuzz/test_fuzz.py and docs/contributing.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, precondition, rule
+from numba import cuda
+
+import umem_numba as um
+from support.fuzz_consumers import Capsule, memset_elements, stream_wait_stream
+from support.helpers import worker_thread
+from umem_numba import _driver, _sim
+
+#: Rule families: ``core`` is always on; each other one is what a failure of that family's test is about.
+FAMILIES: dict[str, str] = {
+    "core": "buffers of every kind and views; um.jit fill/add/copy/sleep-then-fill on random streams; host reads "
+    "and writes; copy_from_host/copy_to_host/um.copy (DMA, staged, PinnedBuffer destinations); pools; close",
+    "hints": "prefetch, discard, discard_prefetch, advice and migration policies (managed memory)",
+    "lend": "buf.lend(s) with a foreign consumer (DLPack stream=, CUDA Array Interface) on a third stream",
+    "export": "buffer-level DLPack (stream=) and CUDA Array Interface exports to a consumer on its own stream "
+    "(the buffer escapes)",
+    "reentry": "host access, synchronize, on_host and close inside `with buf.lend(s):` on the same thread",
+    "staging": "two threads copying through one user PinnedBuffer given as staging=",
+    "capture": "operations on a stream that is capturing a CUDA graph: they work or are refused, and the "
+    "capture stays valid",
+    "threads": "the same operations from worker threads (their per-thread default streams)",
+    "vmm": "VMMBuffer grow and shrink",
+    "plain": "plain @cuda.jit launches (numba's own launch) on random streams",
+    "probes": "bad arguments the docs promise a clear error for (DLPack stream values, lend(None) interfaces, "
+    "zero-size prefetch/discard)",
+}
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+#: Seconds one step may take before it counts as a hang.
+STEP_TIMEOUT = _env_float("UMEM_FUZZ_STEP_TIMEOUT", 10.0)
+#: Device sleep of the sleeping writer, in nanoseconds (the simulator sleeps this long in wall-clock time).
+SLEEP_NS = 2_000_000
+DTYPE = np.dtype(np.int32)
+#: Concurrent copies per shared-staging step.
+STAGING_ROUNDS = 100
+#: In the simulated driver's refusals of what it does not simulate (never umem_numba's own words).
+SIMULATOR_REFUSAL = "under numba's CUDA simulator"
+#: Errors a documented refusal may raise (never a raw CudaError: that names a driver call the docs do not promise).
+REFUSALS = (um.CoherenceError, um.UnsupportedError)
+
+#: numba streams (blocking: ordered with the legacy stream), non-blocking streams as CuPy/PyTorch make
+#: them (numba's external_stream over cuStreamCreate(CU_STREAM_NON_BLOCKING)), the two default streams.
+STREAMS = ("s1", "s2", "nb1", "nb2", "legacy", "per-thread")
+NUMBA_STREAMS = ("s1", "s2")
+NON_BLOCKING = ("nb1", "nb2")
+KINDS = ("managed", "device", "pinned-mapped", "pinned-pool", "vmm")
+#: Kinds whose memory the host can read through ``.host``.
+HOST_KINDS = frozenset({"managed", "pinned-mapped", "pinned-pool"})
+#: Kinds a kernel can use.
+DEVICE_KINDS = frozenset({"managed", "device", "pinned-mapped", "vmm"})
+
+
+#: When the current search started and when its first failing step failed (time.monotonic()).
+CLOCK: dict[str, float] = {}
+
+
+def _first_failure() -> None:
+    CLOCK.setdefault("failed", time.monotonic())
+
+
+class StepHungError(AssertionError):
+    """A fuzzer step did not finish within ``UMEM_FUZZ_STEP_TIMEOUT`` seconds."""
+
+
+class UnexpectedError(AssertionError):
+    """A step raised what the docs do not promise for it."""
+
+
+@contextlib.contextmanager
+def watchdog(what: str, seconds: float = STEP_TIMEOUT) -> Iterator[None]:
+    """Interrupt the main thread with :class:`StepHungError` if the block runs longer than ``seconds``.
+
+    Python's lock and condition waits are interruptible by signals on POSIX, so a step
+    stuck in a wait gets the exception at the wait, with its stack.  Off the main thread
+    (or where there is no SIGALRM) nothing is armed: worker-thread steps use join timeouts.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise StepHungError(f"step {what} hung: not finished after {seconds:g} s (UMEM_FUZZ_STEP_TIMEOUT)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def in_worker(name: str, fn: Callable[[], Any], what: str) -> Any:
+    """Run ``fn`` on the named worker thread and return its result; a hang is a :class:`StepHungError`."""
+    future = worker_thread(name).submit(fn)
+    try:
+        return future.result(timeout=STEP_TIMEOUT)
+    except concurrent.futures.TimeoutError:
+        stacks = "".join(traceback.format_stack(_thread_frame(name))) if _thread_frame(name) else ""
+        raise StepHungError(
+            f"step {what} on thread {name} hung: not finished after {STEP_TIMEOUT:g} s\n{stacks}"
+        ) from None
+
+
+def _thread_frame(name: str) -> Any:
+    for t in threading.enumerate():
+        if t.name.startswith(f"umem-{name}"):
+            return sys._current_frames().get(t.ident or 0)
+    return None
+
+
+# -- kernels (compiled on first use) ---------------------------------------------------------
+
+
+class _Kernels:
+    def __init__(self) -> None:
+        self._k: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        k = self._k.get(name)
+        if k is None:
+            k = self._k[name] = _make_kernel(name)
+        return k
+
+
+def _make_kernel(name: str) -> Any:
+    if name == "fill1":
+
+        def fill1(a, v):
+            i = cuda.grid(1)
+            if i < a.shape[0]:
+                a[i] = v
+
+        return um.jit(fill1)
+    if name == "fill2":
+
+        def fill2(a, v):
+            i, j = cuda.grid(2)
+            if i < a.shape[0] and j < a.shape[1]:
+                a[i, j] = v
+
+        return um.jit(fill2)
+    if name == "sleepfill1":
+
+        def sleepfill1(a, v, ns):
+            cuda.nanosleep(ns)
+            i = cuda.grid(1)
+            if i < a.shape[0]:
+                a[i] = v
+
+        return um.jit(sleepfill1)
+    if name == "sleepfill2":
+
+        def sleepfill2(a, v, ns):
+            cuda.nanosleep(ns)
+            i, j = cuda.grid(2)
+            if i < a.shape[0] and j < a.shape[1]:
+                a[i, j] = v
+
+        return um.jit(sleepfill2)
+    if name == "add1":
+
+        def add1(dst, src, n):
+            i = cuda.grid(1)
+            if i < n:
+                dst[i] += src[i]
+
+        return um.jit(add1)
+    if name == "add2":
+
+        def add2(dst, src, n, m):
+            i, j = cuda.grid(2)
+            if i < n and j < m:
+                dst[i, j] += src[i, j]
+
+        return um.jit(add2)
+    if name == "copy1":
+
+        def copy1(dst, src, n):
+            i = cuda.grid(1)
+            if i < n:
+                dst[i] = src[i]
+
+        return um.jit(copy1)
+    if name == "copy2":
+
+        def copy2(dst, src, n, m):
+            i, j = cuda.grid(2)
+            if i < n and j < m:
+                dst[i, j] = src[i, j]
+
+        return um.jit(copy2)
+    if name == "plainfill1":
+
+        def plainfill1(a, v):
+            i = cuda.grid(1)
+            if i < a.shape[0]:
+                a[i] = v
+
+        return cuda.jit(plainfill1)
+    if name == "plainfill2":
+
+        def plainfill2(a, v):
+            i, j = cuda.grid(2)
+            if i < a.shape[0] and j < a.shape[1]:
+                a[i, j] = v
+
+        return cuda.jit(plainfill2)
+    raise KeyError(name)
+
+
+KERNELS = _Kernels()
+
+
+def launch_config(shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """``(grid, block)`` covering ``shape`` (1-D or 2-D)."""
+    if len(shape) == 1:
+        return max(1, -(-shape[0] // 32)), 32
+    return (max(1, -(-shape[0] // 8)), max(1, -(-shape[1] // 8))), (8, 8)
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Alloc:
+    """One allocation (an owner buffer) and its model."""
+
+    name: str
+    kind: str
+    buf: Any
+    model: np.ndarray
+    known: np.ndarray
+    pool: str | None
+    closed: bool = False
+    #: A foreign library (DLPack/CAI outside a launch or lend) holds it: close() leaves the memory to it.
+    escaped: bool = False
+    views: list[View] = field(default_factory=list)
+
+
+class View:
+    """A buffer (the owner or a view of it) and how it indexes its allocation's model.
+
+    Not a dataclass: Hypothesis prints a step's arguments with ``repr``, which is the label.
+    """
+
+    def __init__(self, alloc: Alloc, buf: Any, ops: tuple[Any, ...], label: str) -> None:
+        self.alloc, self.buf, self.ops, self.label = alloc, buf, ops, label
+
+    def __repr__(self) -> str:
+        return self.label
+
+    def model(self) -> np.ndarray:
+        return apply_ops(self.alloc.model, self.ops)
+
+    def known(self) -> np.ndarray:
+        return apply_ops(self.alloc.known, self.ops)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.model().shape
+
+    @property
+    def closed(self) -> bool:
+        return self.alloc.closed
+
+    @property
+    def kind(self) -> str:
+        return self.alloc.kind
+
+    def contiguous(self) -> bool:
+        m = self.model()
+        return bool(m.flags.c_contiguous or m.flags.f_contiguous)
+
+
+def apply_ops(a: Any, ops: tuple[Any, ...]) -> Any:
+    """Apply view operations (an index, or ``"T"``) to a numpy array or a buffer alike."""
+    for op in ops:
+        a = a.T if op == "T" else a[op]
+    return a
+
+
+def fmt_index(key: Any) -> str:
+    if not isinstance(key, tuple):
+        key = (key,)
+    parts = []
+    for k in key:
+        if isinstance(k, slice):
+            parts.append(
+                f"{'' if k.start is None else k.start}:{'' if k.stop is None else k.stop}"
+                + ("" if k.step in (None, 1) else f":{k.step}")
+            )
+        else:
+            parts.append(str(k))
+    return "[" + ", ".join(parts) + "]"
+
+
+def overlaps(a: View, b: View) -> bool:
+    """Whether two views share elements (the same allocation, overlapping element sets)."""
+    return a.alloc is b.alloc and bool(np.shares_memory(a.model(), b.model()))
+
+
+def values_for(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Fresh random int32 data (never zero, so that a lost write shows) drawn from ``seed``."""
+    return np.random.default_rng(seed).integers(1, 1000, size=shape).astype(DTYPE)
+
+
+def check_equal(actual: np.ndarray, view: View, what: str) -> None:
+    expected, known = view.model(), view.known()
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, the model says {expected.shape}"
+    bad = known & (actual != expected)
+    if bad.any():
+        where = np.argwhere(bad)[:5]
+        details = ", ".join(
+            f"[{', '.join(map(str, w))}] = {actual[tuple(w)]} (expected {expected[tuple(w)]})" for w in where
+        )
+        raise AssertionError(
+            f"{what} of {view.label} ({view.kind}) differs from the model at {int(bad.sum())} of "
+            f"{int(known.sum())} known elements: {details}"
+        )
+
+
+def driver_event_count() -> int | None:
+    """Events the (simulated) driver holds now, if it says; None where it does not."""
+    drv = _driver.api().drv
+    table = getattr(drv, "_events", None)
+    return len(table) if isinstance(table, dict) else None
+
+
+def _pool_cached() -> int:
+    pools = um.stats()["pool"]
+    return int(getattr(pools, "cached", 0))
+
+
+def driver_allocations() -> dict[int, tuple[str, int]]:
+    """The simulated driver's allocations ``{base: (kind, bytes)}`` where it says (diagnostics only)."""
+    table = getattr(_driver.api().drv, "_memory", None)
+    if not isinstance(table, dict):
+        return {}
+    return {base: (getattr(m, "kind", "?"), getattr(m, "size", -1)) for base, m in list(table.items())}
+
+
+def unaccounted_events() -> int | None:
+    """Driver events neither in umem_numba's event pool nor held by a live pooled event: leaked handles.
+
+    Live events (recorded work a tracker still refers to, an internal staging area's last
+    use) are accounted for; a handle that is in neither place was lost.
+    """
+    total = driver_event_count()
+    if total is None:
+        return None
+    from umem_numba._memory import _events
+
+    gc.collect()  # the only collection of a program: finalizers of escaped buffers and events run here
+    pooled = sum(len(v) for v in _events._free.values())
+    live = sum(1 for o in gc.get_objects() if isinstance(o, _events.Event))
+    return total - pooled - live
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+#: The rules of each family but ``core``, by method name (filled by :func:`family`).
+FAMILY_RULES: dict[str, list[str]] = {}
+#: How many times more often a machine picks the rules of the families it enables than a core rule.
+FAMILY_WEIGHT = 4
+#: Host reads (the checks) are picked this many times as often as another core rule.
+READ_WEIGHT = 3
+
+
+def family(name: str) -> Callable[[Any], Any]:
+    """A rule of ``name``'s family: chosen only by machines that enable it (and then more often)."""
+
+    def mark(f: Any) -> Any:
+        FAMILY_RULES.setdefault(name, []).append(f.__name__)
+        return precondition(lambda self: name in self.families)(f)
+
+    return mark
+
+
+class UmemMachine(RuleBasedStateMachine):
+    """Random programs over umem_numba's public API, checked against program order (module docstring)."""
+
+    #: Families this machine enables (besides ``core``); subclasses set it.
+    ENABLED: ClassVar[frozenset[str]] = frozenset(FAMILIES)
+
+    buffers = Bundle("buffers")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.families = frozenset({"core", *self.ENABLED})
+        if _sim.active():
+            # Work an earlier failed program left queued runs now, not inside this one.
+            _driver.api().drv.drain_quietly()
+        # The previous program's teardown left everything settled and collected.
+        self.baseline_stats = {k: v.live_count for k, v in um.stats().items() if hasattr(v, "live_count")}
+        self.baseline_free = um.mem_info()[0]
+        self.baseline_cached = _pool_cached()
+        self.baseline_allocations = driver_allocations()
+        self.streams: dict[str, Any] = {name: cuda.stream() for name in NUMBA_STREAMS}
+        for name in NON_BLOCKING:
+            self.streams[name] = cuda.external_stream(um.driver_call("cuStreamCreate", 1, detail="fuzz"))
+        self.streams["legacy"] = cuda.default_stream()
+        self.streams["per-thread"] = cuda.per_thread_default_stream()
+        self.pools: dict[str, um.MemoryPool] = {}
+        self.allocs: list[Alloc] = []
+        self.stagings: list[Any] = []
+        self.counter = 0
+        #: A step failed: the teardown only cleans up (its own checks would report the same defect again).
+        self.failed = False
+        #: The shared-staging step ran in this program (once per program: it is the slowest step).
+        self.staged = False
+
+    # -- helpers -----------------------------------------------------------------------------
+    def stream(self, name: str) -> Any:
+        return self.streams[name]
+
+    def handle(self, name: str) -> int:
+        """The raw handle of a stream: what a foreign library would pass (the legacy stream as 0)."""
+        return um.stream_handle(self.streams[name])
+
+    def dlpack_stream(self, name: str) -> int:
+        """The DLPack ``stream=`` value of a stream: 1 legacy, 2 per-thread, else the handle."""
+        return {"legacy": 1, "per-thread": 2}.get(name, self.handle(name))
+
+    def pool(self, kind: str) -> um.MemoryPool:
+        p = self.pools.get(kind)
+        if p is None:
+            p = self.pools[kind] = um.MemoryPool(kind)
+        return p
+
+    def new_name(self, prefix: str = "b") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def register(self, kind: str, buf: Any, known: bool, pool: str | None, values: np.ndarray | None = None) -> View:
+        name = self.new_name()
+        shape, order = buf.shape, ("F" if buf.is_f_contiguous and not buf.is_c_contiguous else "C")
+        model = np.zeros(shape, DTYPE, order=order) if values is None else np.array(values, DTYPE, order=order)
+        alloc = Alloc(name, kind, buf, model, np.full(shape, known, bool, order=order), pool)
+        self.allocs.append(alloc)
+        view = View(alloc, buf, (), name)
+        alloc.views.append(view)
+        return view
+
+    @contextlib.contextmanager
+    def step(self, what: str, *views: View, allowed: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        """Run a step under the watchdog; a closed operand must raise BufferClosedError, other errors fail.
+
+        ``allowed`` are errors the docs promise for this step; raising one is fine (the
+        step's model update, after the ``yield``, does not happen then).
+        """
+        closed = any(v.closed for v in views)
+        try:
+            with watchdog(what), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                yield
+            for w in caught:
+                if issubclass(w.category, RuntimeWarning) and "umem_numba" in str(w.message):
+                    # umem_numba reports a failed release as a warning (a finalizer must not raise):
+                    # device work still used memory that was freed under it.
+                    raise AssertionError(f"{what}: {w.category.__name__}: {w.message}")
+        except um.BufferClosedError:
+            if closed or um.BufferClosedError in allowed:
+                raise _RefusedError() from None
+            raise
+        except allowed as exc:
+            if isinstance(exc, um.UnsupportedError) and SIMULATOR_REFUSAL in str(exc):
+                # The simulated driver refusing a call it cannot simulate (inside a capture: a call
+                # the capture would have recorded on a GPU) is not umem_numba's documented refusal.
+                self.failed = True
+                _first_failure()
+                raise UnexpectedError(
+                    f"{what}: a driver call reached the simulated driver, which refused it: {exc}"
+                ) from exc
+            raise _RefusedError() from None
+        except (StepHungError, AssertionError):
+            self.failed = True
+            _first_failure()
+            raise
+        except Exception as exc:
+            self.failed = True
+            _first_failure()
+            raise UnexpectedError(f"{what}: unexpected {type(exc).__name__}: {exc}") from exc
+        if closed:
+            raise AssertionError(f"{what}: an operand was closed, but no BufferClosedError was raised")
+
+    def run(self, what: str, *views: View, allowed: tuple[type[BaseException], ...] = ()) -> Any:
+        """A decorator-like helper: ``with self.attempt(...)`` that swallows documented refusals."""
+        return _Attempt(self, what, views, allowed)
+
+    def writable_pair(self, data: Any, dst: View, kinds: frozenset[str]) -> View | None:
+        """A view with dst's number of dimensions, not overlapping it, of one of ``kinds`` (drawn)."""
+        candidates = [
+            v
+            for a in self.allocs
+            for v in a.views
+            if v.kind in kinds and len(v.shape) == len(dst.shape) and not overlaps(v, dst)
+        ]
+        if not candidates:
+            return None
+        return data.draw(st.sampled_from(candidates), label="src")
+
+    def attach(self, alloc: Alloc, buf: Any, ops: tuple[Any, ...], label: str) -> View:
+        view = View(alloc, buf, ops, label)
+        alloc.views.append(view)
+        return view
+
+    def mark_discarded(self, view: View) -> None:
+        # The driver rounds a discard to whole pages: the whole allocation (tiny here) may be garbage.
+        view.alloc.known[...] = False
+        if view.alloc.pool is not None and not _sim.active():
+            for a in self.allocs:  # on a GPU, pool neighbours can share the discarded pages
+                if a.pool == view.alloc.pool:
+                    a.known[...] = False
+
+    # -- set-up --------------------------------------------------------------------------------
+    @initialize(sim_seed=st.integers(0, 2**32 - 1))
+    def reseed(self, sim_seed: int) -> None:
+        """The simulated driver's order of stream work, drawn with the program (so a replay is exact)."""
+        if _sim.active():
+            _driver.api().drv.reseed(sim_seed)
+
+    # -- buffers ---------------------------------------------------------------------------------
+    @rule(
+        target=buffers,
+        kind=st.sampled_from(KINDS),
+        shape=st.one_of(
+            st.tuples(st.integers(0, 24)),
+            st.tuples(st.integers(1, 6), st.integers(1, 6)),
+        ),
+        order=st.sampled_from("CF"),
+        init=st.sampled_from(("empty", "zeros", "from_array")),
+        pooled=st.booleans(),
+        stream=st.sampled_from(STREAMS),
+        seed=st.integers(0, 2**16),
+    )
+    def new_buffer(
+        self, kind: str, shape: tuple[int, ...], order: str, init: str, pooled: bool, stream: str, seed: int
+    ) -> Any:
+        values = values_for(seed, shape)
+        s = self.stream(stream)
+        pool = None
+        kw: dict[str, Any] = {}
+        if kind == "managed":
+            cls: Any = um.ManagedBuffer
+            if pooled:
+                pool = "managed"
+                kw = {"pool": self.pool("managed"), "stream": s}
+            elif init != "zeros":
+                kw = {"stream": s}
+        elif kind == "device":
+            cls = um.DeviceBuffer
+            kw = {"stream": s}
+            if pooled:
+                pool = "device"
+                kw["pool"] = self.pool("device")
+        elif kind == "pinned-mapped":
+            cls = um.PinnedBuffer
+            kw = {"flags": um.HostAllocFlags.DEVICEMAP}
+        elif kind == "pinned-pool":
+            cls = um.PinnedBuffer
+            pool = "pinned"
+            kw = {"pool": self.pool("pinned"), "stream": s}
+        else:
+            cls = um.VMMBuffer
+            if init == "zeros":
+                kw = {"stream": s}
+        with self.step(f"{cls.__name__}.{init}({shape}, order={order!r}, pool={pool})"):
+            if init == "from_array":
+                src = np.asfortranarray(values) if order == "F" else values
+                buf = cls.from_array(src, **kw)
+            else:
+                buf = getattr(cls, init)(shape, DTYPE, order=order, **kw)
+        view = self.register(kind, buf, init != "empty", pool, values if init == "from_array" else None)
+        return view
+
+    @precondition(lambda self: any(not a.closed for a in self.allocs))
+    @rule(target=buffers, src=buffers, data=st.data())
+    def take_view(self, src: View, data: Any) -> Any:
+        """A slice (with steps), an integer index, or ``.T`` of a live view."""
+        if src.closed or src.kind == "vmm":
+            return multiple()  # VMM views retire on shrink: the VMM family keeps whole buffers
+        shape = src.shape
+        how = data.draw(st.sampled_from(("slice", "T", "index")), label="how")
+        if how == "T":
+            if len(shape) < 2:
+                return multiple()
+            key: Any = "T"
+            label = f"{src.label}.T"
+        elif how == "index":
+            if len(shape) < 2 or shape[0] == 0:
+                return multiple()
+            key = data.draw(st.integers(0, shape[0] - 1), label="row")
+            label = f"{src.label}{fmt_index(key)}"
+        else:
+            parts = []
+            for n in shape:
+                start = data.draw(st.integers(0, max(n - 1, 0)), label="start")
+                stop = data.draw(st.integers(start, n), label="stop")
+                step = data.draw(st.sampled_from((1, 1, 2, 3)), label="step")
+                parts.append(slice(start, stop, step))
+            key = tuple(parts)
+            label = f"{src.label}{fmt_index(key)}"
+        with self.step(f"view {label}", src):
+            buf = src.buf.T if key == "T" else src.buf[key]
+        return self.attach(src.alloc, buf, (*src.ops, key), label)
+
+    @rule(view=buffers)
+    def close(self, view: View) -> None:
+        """Close the allocation the view belongs to (the owner), at any point."""
+        alloc = view.alloc
+        with self.run(f"{alloc.name}.close()"):
+            alloc.buf.close()
+        alloc.closed = True
+
+    # -- kernels ------------------------------------------------------------------------------
+    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS), sleep=st.booleans())
+    def kernel_fill(self, view: View, value: int, stream: str, sleep: bool) -> None:
+        """um.jit: fill (optionally after a device sleep, so that a missing wait shows)."""
+        if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
+            return
+        nd = len(view.shape)
+        k = KERNELS.get(f"{'sleep' if sleep else ''}fill{nd}")
+        grid, block = launch_config(view.shape)
+        args = (view.buf, value, SLEEP_NS) if sleep else (view.buf, value)
+        with self.run(f"{k.__name__}[{stream}]({view.label}, {value})", view):
+            k[grid, block, self.stream(stream)](*args)
+            view.model()[...] = value
+            view.known()[...] = True
+
+    @rule(dst=buffers, data=st.data(), stream=st.sampled_from(STREAMS), op=st.sampled_from(("add", "copy")))
+    def kernel_binary(self, dst: View, data: Any, stream: str, op: str) -> None:
+        """um.jit: ``dst += src`` or ``dst = src`` over the overlapping index range of two views."""
+        if dst.kind not in DEVICE_KINDS or len(dst.shape) not in (1, 2):
+            return
+        src = self.writable_pair(data, dst, DEVICE_KINDS)
+        if src is None:
+            return
+        nd = len(dst.shape)
+        region = tuple(slice(0, min(a, b)) for a, b in zip(dst.shape, src.shape, strict=True))
+        sizes = [min(a, b) for a, b in zip(dst.shape, src.shape, strict=True)]
+        k = KERNELS.get(f"{op}{nd}")
+        grid, block = launch_config(tuple(sizes))
+        with self.run(f"{op}{nd}[{stream}]({dst.label}, {src.label})", dst, src):
+            k[grid, block, self.stream(stream)](dst.buf, src.buf, *sizes)
+            dm, sm = dst.model(), src.model()
+            dk, sk = dst.known(), src.known()
+            if op == "add":
+                dm[region] += sm[region]
+                dk[region] &= sk[region]
+            else:
+                dm[region] = sm[region]
+                dk[region] = sk[region]
+
+    @family("plain")
+    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS))
+    def plain_launch(self, view: View, value: int, stream: str) -> None:
+        """numba's own launch of a plain @cuda.jit kernel (umem_numba sees only the argument's export)."""
+        if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
+            return
+        k = KERNELS.get(f"plainfill{len(view.shape)}")
+        grid, block = launch_config(view.shape)
+        with self.run(f"plainfill[{stream}]({view.label}, {value})", view):
+            k[grid, block, self.stream(stream)](view.buf, value)
+            view.model()[...] = value
+            view.known()[...] = True
+
+    # -- host access ----------------------------------------------------------------------------
+    @rule(view=buffers, how=st.sampled_from(("host", "asarray", "copy_to_host", "on_host", "synchronize")))
+    def host_read(self, view: View, how: str) -> None:
+        """Read on the host; the values must equal the model where it is known."""
+        if how in ("host", "asarray", "on_host") and view.kind not in HOST_KINDS:
+            how = "copy_to_host"
+        if how == "on_host" and view.kind != "managed":
+            how = "host"  # on_host() holds are a ManagedBuffer's
+        with self.run(f"{view.label}.{how}", view):
+            if how == "host":
+                got = np.array(view.buf.host)
+            elif how == "asarray":
+                got = np.array(np.asarray(view.buf))
+            elif how == "on_host":
+                with view.buf.on_host() as a:
+                    got = np.array(a)
+            elif how == "synchronize":
+                view.buf.synchronize()
+                return
+            else:
+                got = self.read_any(view)
+            check_equal(got, view, f"{view.label}.{how}")
+
+    def read_any(self, view: View, stream: Any = None, staging: Any = None) -> np.ndarray:
+        """copy_to_host of the view, or of its owner indexed like the view where the view is strided."""
+        if view.contiguous() or view.kind in HOST_KINDS:
+            return view.buf.copy_to_host(stream=stream, staging=staging)
+        return apply_ops(view.alloc.buf.copy_to_host(stream=stream, staging=staging), view.ops)
+
+    @rule(view=buffers, seed=st.integers(0, 2**16), how=st.sampled_from(("host", "on_host")))
+    def host_write(self, view: View, seed: int, how: str) -> None:
+        """Write through ``.host`` / ``on_host()`` (managed and pinned memory)."""
+        if view.kind not in HOST_KINDS:
+            return
+        if how == "on_host" and view.kind != "managed":
+            how = "host"
+        values = values_for(seed, view.shape)
+        with self.run(f"{view.label}.{how}[...] = values", view):
+            if how == "host":
+                view.buf.host[...] = values
+            else:
+                with view.buf.on_host() as a:
+                    a[...] = values
+            view.model()[...] = values
+            view.known()[...] = True
+
+    # -- copies ---------------------------------------------------------------------------------
+    @rule(
+        view=buffers,
+        seed=st.integers(0, 2**16),
+        stream=st.sampled_from(STREAMS),
+        staging=st.sampled_from(("none", "false", "true", "user")),
+    )
+    def copy_from_host(self, view: View, seed: int, stream: str, staging: str) -> None:
+        """``buf.copy_from_host(numpy)`` (DMA, driver or staged path; a user staging PinnedBuffer)."""
+        if not view.contiguous() and view.kind not in HOST_KINDS:
+            return  # refused with a ValueError: documented, and not interesting every time
+        values = values_for(seed, view.shape)
+        stg = self.staging_arg(staging)
+        with self.run(f"{view.label}.copy_from_host(values, stream={stream}, staging={staging})", view):
+            view.buf.copy_from_host(values, stream=self.stream(stream), staging=stg)
+            view.model()[...] = values
+            view.known()[...] = True
+
+    def staging_arg(self, staging: str) -> Any:
+        if staging == "user":
+            if not self.stagings:
+                self.stagings.append(um.PinnedBuffer.empty(64, np.uint8))
+            return self.stagings[0]
+        return {"none": None, "false": False, "true": True}[staging]
+
+    @rule(
+        view=buffers,
+        stream=st.sampled_from(STREAMS),
+        staging=st.sampled_from(("none", "false", "true", "user")),
+        into=st.sampled_from(("new", "numpy", "pinned")),
+    )
+    def copy_to_host(self, view: View, stream: str, staging: str, into: str) -> None:
+        """``buf.copy_to_host()`` into a new array, a given numpy array, or a PinnedBuffer (then read)."""
+        if not view.contiguous() and view.kind not in HOST_KINDS:
+            return
+        stg = self.staging_arg(staging)
+        s = self.stream(stream)
+        with self.run(f"{view.label}.copy_to_host(into={into}, stream={stream}, staging={staging})", view):
+            if into == "new":
+                got = view.buf.copy_to_host(stream=s, staging=stg)
+            elif into == "numpy":
+                got = np.full(view.shape, -7, DTYPE)
+                view.buf.copy_to_host(got, stream=s, staging=stg)
+            else:
+                if not view.contiguous():
+                    return
+                order = "F" if view.model().flags.f_contiguous and not view.model().flags.c_contiguous else "C"
+                out = um.PinnedBuffer.empty(view.shape, DTYPE, order=order)
+                try:
+                    view.buf.copy_to_host(out, stream=s)
+                    got = np.array(out.host)
+                finally:
+                    out.close()
+            check_equal(got, view, f"{view.label}.copy_to_host")
+
+    @rule(dst=buffers, data=st.data(), stream=st.sampled_from(STREAMS))
+    def um_copy(self, dst: View, data: Any, stream: str) -> None:
+        """``um.copy(dst, src)`` between two contiguous views of equal shape and order."""
+        if not dst.contiguous():
+            return
+        dm = dst.model()
+        candidates = [
+            v
+            for a in self.allocs
+            for v in a.views
+            if v.shape == dst.shape
+            and v.contiguous()
+            and not overlaps(v, dst)
+            and (v.model().flags.c_contiguous == dm.flags.c_contiguous or v.model().size <= 1)
+        ]
+        if not candidates:
+            return
+        src = data.draw(st.sampled_from(candidates), label="src")
+        with self.run(f"um.copy({dst.label}, {src.label}, stream={stream})", dst, src):
+            um.copy(dst.buf, src.buf, stream=self.stream(stream))
+            dst.model()[...] = src.model()
+            dst.known()[...] = src.known()
+
+    # -- hints ------------------------------------------------------------------------------------
+    @family("hints")
+    @rule(
+        view=buffers,
+        op=st.sampled_from(("prefetch", "discard", "discard_prefetch", "advise", "policy")),
+        where=st.sampled_from((0, "cpu")),
+        stream=st.sampled_from(STREAMS),
+        advice=st.sampled_from(("read_mostly", "preferred", "accessed_by", "clear")),
+    )
+    def hint(self, view: View, op: str, where: Any, stream: str, advice: str) -> None:
+        """prefetch / discard / discard_prefetch / advice / a migration policy on managed memory."""
+        if view.kind != "managed":
+            return
+        s = self.stream(stream)
+        what = f"{view.label}.{op}({where!r}, stream={stream})" if op != "advise" else f"{view.label}.hints.{advice}"
+        with self.run(what, view):
+            if op == "prefetch":
+                view.buf.prefetch(where, stream=s)
+            elif op == "discard":
+                view.buf.discard(stream=s)
+                self.mark_discarded(view)
+            elif op == "discard_prefetch":
+                view.buf.discard_prefetch(where, stream=s)
+                self.mark_discarded(view)
+            elif op == "policy":
+                policy = um.MigrationPolicy.PREFER_DEVICE(0) if where == 0 else um.MigrationPolicy.READ_MOSTLY
+                view.buf.apply_policy(policy)
+            else:
+                h = view.buf.hints
+                if advice == "read_mostly":
+                    h.set_read_mostly()
+                elif advice == "preferred":
+                    h.set_preferred_location(where)
+                elif advice == "accessed_by":
+                    h.set_accessed_by(0)
+                else:
+                    h.clear()
+
+    # -- lending and exports ------------------------------------------------------------------------
+    @family("lend")
+    @rule(
+        view=buffers,
+        lend_stream=st.sampled_from((*STREAMS, "None")),
+        consumer_stream=st.sampled_from(STREAMS),
+        protocol=st.sampled_from(("dlpack", "cai", "cai-lent-stream")),
+        value=st.integers(1, 1000),
+        close_after=st.sampled_from((False, False, True)),
+    )
+    def lend_to_consumer(
+        self, view: View, lend_stream: str, consumer_stream: str, protocol: str, value: int, close_after: bool
+    ) -> None:
+        """``with buf.lend(s) as v:`` a foreign consumer writes ``value`` into v on its own stream.
+
+        ``dlpack``: ``v.__dlpack__(stream=consumer)``, then memsets on the consumer's stream
+        (the protocol makes that stream wait for the lender's work).  ``cai``: the consumer
+        reads the interface, waits for the stream it names, and writes on its own stream.
+        ``cai-lent-stream``: it writes on the stream the interface names.  After the block,
+        host access and later work must see the write; a pool buffer closed right after the
+        block must not be handed out again before the consumer is done.
+        """
+        if view.kind not in DEVICE_KINDS:
+            return
+        lend_arg = None if lend_stream == "None" else self.stream(lend_stream)
+        what = f"with {view.label}.lend({lend_stream}): {protocol} consumer on {consumer_stream} writes {value}"
+        with self.run(what, view):
+            with view.buf.lend(lend_arg) as lent:
+                if protocol == "dlpack":
+                    cap = Capsule(lent.__dlpack__(stream=self.dlpack_stream(consumer_stream)))
+                    try:
+                        memset_elements(cap.ptr, cap.shape, cap.strides, value, self.handle(consumer_stream))
+                    finally:
+                        cap.release()
+                else:
+                    iface = lent.__cuda_array_interface__
+                    # None would mean "no synchronisation needed" (CAI v3); lend(None) or lend(0)
+                    # saying so is the probes family's concern: here it is taken as the legacy stream.
+                    named = iface["stream"] if iface["stream"] is not None else 0
+                    ptr = iface["data"][0]
+                    strides = iface["strides"] or tuple(s * 4 for s in np.empty(iface["shape"], np.uint8).strides)
+                    if protocol == "cai":
+                        consumer = self.handle(consumer_stream)
+                        stream_wait_stream(consumer, named)
+                    else:
+                        consumer = named
+                    memset_elements(ptr, tuple(iface["shape"]), tuple(strides), value, consumer)
+            view.model()[...] = value
+            view.known()[...] = True
+            if close_after:
+                view.alloc.buf.close()
+                view.alloc.closed = True
+
+    @family("export")
+    @rule(
+        view=buffers,
+        consumer_stream=st.sampled_from(STREAMS),
+        protocol=st.sampled_from(("dlpack", "cai")),
+        value=st.integers(1, 1000),
+    )
+    def export_to_consumer(self, view: View, consumer_stream: str, protocol: str, value: int) -> None:
+        """A buffer handed over for good: ``__dlpack__(stream=consumer)`` or CAI; the buffer escapes.
+
+        The consumer writes on its stream; from then on host access synchronises every device
+        (the docs' promise for escaped buffers), so it must see the write.
+        """
+        if view.kind not in DEVICE_KINDS:
+            return
+        what = f"{view.label}.__{protocol}__ to a consumer on {consumer_stream} writing {value}"
+        with self.run(what, view):
+            handle = self.handle(consumer_stream)
+            if protocol == "dlpack":
+                cap = Capsule(view.buf.__dlpack__(stream=self.dlpack_stream(consumer_stream)))
+                try:
+                    memset_elements(cap.ptr, cap.shape, cap.strides, value, handle)
+                finally:
+                    cap.release()
+            else:
+                iface = view.buf.__cuda_array_interface__
+                strides = iface["strides"] or tuple(s * 4 for s in np.empty(iface["shape"], np.uint8).strides)
+                memset_elements(iface["data"][0], tuple(iface["shape"]), tuple(strides), value, handle)
+            view.alloc.escaped = True
+            view.model()[...] = value
+            view.known()[...] = True
+
+    # -- host access inside a lend (item 4 of issue 27) --------------------------------------------
+    @family("reentry")
+    @rule(
+        view=buffers,
+        lend_stream=st.sampled_from(STREAMS),
+        op=st.sampled_from(("host", "asarray", "synchronize", "on_host", "close")),
+    )
+    def host_access_inside_lend(self, view: View, lend_stream: str, op: str) -> None:
+        """Host access to a buffer inside its own ``lend`` block, same thread: works or raises, never hangs."""
+        if view.kind not in DEVICE_KINDS or (op in ("host", "asarray", "on_host") and view.kind not in HOST_KINDS):
+            return
+        if op == "on_host" and view.kind != "managed":
+            op = "host"
+        what = f"with {view.label}.lend({lend_stream}): {view.label}.{op}"
+        closed = False
+        with self.run(what, view, allowed=(um.CoherenceError, um.UnsupportedError)):
+            with view.buf.lend(self.stream(lend_stream)):
+                if op == "host":
+                    got: Any = np.array(view.buf.host)
+                elif op == "asarray":
+                    got = np.array(np.asarray(view.buf))
+                elif op == "on_host":
+                    with view.buf.on_host() as a:
+                        got = np.array(a)
+                elif op == "synchronize":
+                    view.buf.synchronize()
+                    got = None
+                else:
+                    view.alloc.buf.close()
+                    closed = True
+                    got = None
+            if got is not None:
+                check_equal(got, view, what)
+        if closed:
+            view.alloc.closed = True
+
+    # -- two threads through one user staging buffer (item 3) -----------------------------------------
+    @family("staging")
+    @precondition(lambda self: not self.staged)
+    @rule(
+        target=buffers,
+        n=st.integers(64, 128),
+        seed=st.integers(0, 2**16),
+        direction=st.sampled_from(("from_host", "to_host")),
+        kind=st.sampled_from(("device", "managed")),
+        staging_bytes=st.sampled_from((64, 256)),
+    )
+    def shared_staging(self, n: int, seed: int, direction: str, kind: str, staging_bytes: int) -> Any:
+        """Two threads copy at once through one user PinnedBuffer given as ``staging=``, :data:`STAGING_ROUNDS` times.
+
+        The interpreter switches threads every microsecond meanwhile, so that the two copies'
+        chunks interleave (a missing lock on the user's staging area then mixes them in about
+        one round in twelve on the simulator: the rounds make a mix all but certain at the one such
+        step of a program, so that Hypothesis can shrink the program).
+        """
+        rounds = STAGING_ROUNDS
+        self.staged = True
+        cls = um.DeviceBuffer if kind == "device" else um.ManagedBuffer
+        stg = um.PinnedBuffer.empty(staging_bytes, np.uint8)
+        self.stagings.append(stg)
+        a_vals, b_vals = values_for(seed, (n,)), values_for(seed + 1, (n,))
+        views = []
+        with self.step(f"two {kind} buffers of {n}"):
+            if direction == "from_host":
+                bufs = [cls.empty(n, DTYPE), cls.empty(n, DTYPE)]
+            else:
+                bufs = [cls.from_array(a_vals), cls.from_array(b_vals)]
+        for buf, vals in zip(bufs, (a_vals, b_vals), strict=True):
+            views.append(self.register(kind, buf, direction == "to_host", None, vals))
+        what = f"two threads {direction} {n} int32 each through one {staging_bytes}-byte staging PinnedBuffer"
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            for _ in range(rounds):
+                barrier = threading.Barrier(2)
+                outs = [np.zeros(n, DTYPE), np.zeros(n, DTYPE)]
+
+                def job(i: int, barrier: threading.Barrier = barrier, outs: list[np.ndarray] = outs) -> None:
+                    barrier.wait(timeout=STEP_TIMEOUT)
+                    if direction == "from_host":
+                        bufs[i].copy_from_host((a_vals, b_vals)[i], stream=2, staging=stg)
+                    else:
+                        bufs[i].copy_to_host(outs[i], stream=2, staging=stg)
+
+                with self.step(what):
+                    futures = [worker_thread(f"fuzz-stage-{i}").submit(job, i) for i in range(2)]
+                    for f in futures:
+                        try:
+                            f.result(timeout=STEP_TIMEOUT)
+                        except concurrent.futures.TimeoutError:
+                            raise StepHungError(f"{what}: hung") from None
+                    if direction == "from_host":
+                        for v, vals in zip(views, (a_vals, b_vals), strict=True):
+                            v.model()[...] = vals
+                            v.known()[...] = True
+                            check_equal(self.read_any(v), v, what)
+                    else:
+                        for v, out in zip(views, outs, strict=True):
+                            check_equal(out, v, what)
+        finally:
+            sys.setswitchinterval(switch)
+        return multiple(*views)
+
+    # -- graph capture (item 6) ------------------------------------------------------------------------
+    @family("capture")
+    @rule(
+        data=st.data(),
+        stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
+        op=st.sampled_from(
+            (
+                "empty",
+                "zeros",
+                "from_array",
+                "kernel",
+                "copy_from_host",
+                "copy_to_host",
+                "um_copy",
+                "prefetch",
+                "discard",
+                "lend",
+            )
+        ),
+        kind=st.sampled_from(("managed", "device", "pinned-pool")),
+        pooled=st.booleans(),
+        mode=st.sampled_from((0, 1, 2)),
+    )
+    def capture(self, data: Any, stream: str, op: str, kind: str, pooled: bool, mode: int) -> Any:
+        """An operation on a stream that is capturing a graph: works or is refused, and the capture stays valid."""
+        s = self.stream(stream)
+        h = self.handle(stream)
+        modes = {0: "global", 1: "thread-local", 2: "relaxed"}
+        what = f"in a {modes[mode]} capture of {stream}: {op}"
+        made: list[View] = []
+        view: View | None = None
+        if op in ("kernel", "copy_from_host", "copy_to_host", "um_copy", "prefetch", "discard", "lend"):
+            live = [v for a in self.allocs if not a.closed for v in a.views if v.kind in DEVICE_KINDS]
+            if not live:
+                return multiple()
+            view = data.draw(st.sampled_from(live), label="view")
+        for pool_kind in ("managed", "device", "pinned"):
+            self.pool(pool_kind)  # made before the capture: creating a pool in one is the user's error
+        um.driver_call("cuStreamBeginCapture", h, mode, detail="fuzz: the user's capture")
+        try:
+            with self.run(what, *([view] if view else []), allowed=REFUSALS):
+                made = self._capture_op(op, kind, pooled, s, view)
+        finally:
+            graph = _driver.api().drv.cuStreamEndCapture(h)
+            err, g = graph[0], graph[1] if len(graph) > 1 else None
+            ok = int(err) == 0
+            if ok and g is not None:
+                um.driver_call("cuGraphDestroy", g, detail="fuzz")
+        assert ok, f"{what}: the user's capture was invalidated (cuStreamEndCapture: {err!r})"
+        return multiple(*made)
+
+    def _capture_op(self, op: str, kind: str, pooled: bool, s: Any, view: View | None) -> list[View]:
+        if op in ("empty", "zeros", "from_array"):
+            cls = {"managed": um.ManagedBuffer, "device": um.DeviceBuffer, "pinned-pool": um.PinnedBuffer}[kind]
+            kw: dict[str, Any] = {"stream": s}
+            pool = None
+            if kind == "pinned-pool" or pooled:
+                pool = {"managed": "managed", "device": "device", "pinned-pool": "pinned"}[kind]
+                kw["pool"] = self.pool(pool)
+            vals = values_for(self.counter, (8,))
+            buf = cls.from_array(vals, **kw) if op == "from_array" else getattr(cls, op)(8, DTYPE, **kw)
+            return [self.register(kind, buf, op != "empty", pool, vals if op == "from_array" else None)]
+        assert view is not None
+        if op == "kernel":
+            if len(view.shape) not in (1, 2):
+                return []
+            grid, block = launch_config(view.shape)
+            KERNELS.get(f"fill{len(view.shape)}")[grid, block, s](view.buf, 5)
+            view.model()[...] = 5
+            view.known()[...] = True
+        elif op == "copy_from_host" and view.contiguous():
+            vals = values_for(self.counter, view.shape)
+            view.buf.copy_from_host(vals, stream=s)
+            view.model()[...] = vals
+            view.known()[...] = True
+        elif op == "copy_to_host" and view.contiguous():
+            check_equal(view.buf.copy_to_host(stream=s), view, "copy_to_host in a capture")
+        elif op == "um_copy" and view.contiguous():
+            tmp = np.zeros(view.shape, DTYPE)
+            um.copy(tmp, view.buf, stream=s)
+            check_equal(tmp, view, "um.copy in a capture")
+        elif op in ("prefetch", "discard") and view.kind == "managed":
+            if op == "prefetch":
+                view.buf.prefetch(0, stream=s)
+            else:
+                view.buf.discard(stream=s)
+                self.mark_discarded(view)
+        elif op == "lend":
+            with view.buf.lend(s):
+                pass
+        return []
+
+    # -- threads ---------------------------------------------------------------------------------------
+    @family("threads")
+    @rule(
+        view=buffers,
+        thread=st.sampled_from(("fuzz-a", "fuzz-b")),
+        op=st.sampled_from(("fill", "read", "copy_from_host", "close")),
+        value=st.integers(1, 1000),
+    )
+    def in_thread(self, view: View, thread: str, op: str, value: int) -> None:
+        """An operation on a worker thread (its per-thread default stream), waited for here."""
+        what = f"on thread {thread}: {view.label}.{op}"
+        if op == "fill" and (view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2)):
+            return
+        if op == "copy_from_host" and not view.contiguous() and view.kind not in HOST_KINDS:
+            return
+
+        def job() -> Any:
+            if op == "fill":
+                grid, block = launch_config(view.shape)
+                KERNELS.get(f"fill{len(view.shape)}")[grid, block, cuda.per_thread_default_stream()](view.buf, value)
+            elif op == "read":
+                return self.read_any(view)
+            elif op == "copy_from_host":
+                view.buf.copy_from_host(np.full(view.shape, value, DTYPE), stream=2)
+            else:
+                view.alloc.buf.close()
+            return None
+
+        # close() of a closed buffer does nothing (as on the main thread): no BufferClosedError expected.
+        with self.run(what, *(() if op == "close" else (view,))):
+            got = in_worker(thread, job, what)
+            if op == "read":
+                check_equal(got, view, what)
+            elif op == "close":
+                view.alloc.closed = True
+            else:
+                view.model()[...] = value
+                view.known()[...] = True
+
+    # -- VMM --------------------------------------------------------------------------------------------
+    @family("vmm")
+    @rule(view=buffers, length=st.integers(0, 40), how=st.sampled_from(("grow", "shrink", "resize")))
+    def vmm_resize(self, view: View, length: int, how: str) -> None:
+        """VMMBuffer.grow / shrink / resize: the address and the kept contents stay."""
+        if view.kind != "vmm" or view.ops:
+            return
+        old = view.alloc.model
+        n = old.shape[0] if old.ndim else 0
+        if (how == "grow" and length < n) or (how == "shrink" and length > n):
+            return
+        with self.run(f"{view.label}.{how}({length})", view, allowed=(ValueError,)):
+            getattr(view.buf, how)(length)
+            shape = (length, *old.shape[1:])
+            order = "F" if old.flags.f_contiguous and not old.flags.c_contiguous else "C"
+            model, known = np.zeros(shape, DTYPE, order=order), np.zeros(shape, bool, order=order)
+            keep = min(n, length)
+            model[:keep] = old[:keep]
+            known[:keep] = view.alloc.known[:keep]
+            view.alloc.model, view.alloc.known = model, known
+
+    # -- probes: bad arguments the docs promise a clear error for ------------------------------------------
+    @family("probes")
+    @rule(
+        view=buffers,
+        probe=st.sampled_from(
+            ("dlpack-stream-0", "dlpack-stream-True", "dlpack-stream--5", "zero", "lend-None", "lend-0")
+        ),
+    )
+    def probe(self, view: View, probe: str) -> None:
+        """``__dlpack__(stream=0|True|-5)`` is refused with a clear error; zero-size prefetch/discard are no-ops;
+        a view lent for the legacy stream (``lend(None)``, ``lend(0)``) names a stream in its CAI."""
+        if view.closed or view.kind not in DEVICE_KINDS:
+            return
+        if probe.startswith("lend-"):
+            arg = None if probe == "lend-None" else 0
+            what = f"with {view.label}.lend({arg!r}) as v: v.__cuda_array_interface__"
+            with self.step(what, view), view.buf.lend(arg) as lent:
+                named = lent.__cuda_array_interface__["stream"]
+            assert named is not None, (
+                f"{view.label}.lend({arg!r}): the lent view's __cuda_array_interface__ has stream None, which "
+                "means 'no synchronisation needed' in CAI v3, but the work must be ordered on the legacy stream"
+            )
+            return
+        if probe == "zero":
+            if view.kind != "managed" or view.model().size:
+                return
+            with self.step(f"{view.label} (zero-size).prefetch/discard", view):
+                view.buf.prefetch(0)
+                view.buf.discard()
+            return
+        stream = {"dlpack-stream-0": 0, "dlpack-stream-True": True, "dlpack-stream--5": -5}[probe]
+        what = f"{view.label}.__dlpack__(stream={stream!r})"
+        try:
+            with watchdog(what):
+                cap = view.buf.__dlpack__(stream=stream)
+        except (ValueError, TypeError, BufferError, um.UnsupportedError):
+            return
+        except Exception as exc:
+            raise UnexpectedError(f"{what}: unexpected {type(exc).__name__}: {exc}") from exc
+        del cap
+        view.alloc.escaped = True
+        raise AssertionError(f"{what} was accepted; the DLPack protocol has no such stream value for CUDA")
+
+    # -- end of a program ------------------------------------------------------------------------------
+    def drain(self) -> list[BaseException]:
+        """Run all queued device work (the simulated driver's queues; a device synchronise on a GPU)."""
+        for name in (*NUMBA_STREAMS, *NON_BLOCKING):
+            try:
+                self.streams[name].synchronize()
+            except Exception as exc:
+                return [exc]
+        if _sim.active():
+            return _driver.api().drv.drain_quietly()
+        cuda.synchronize()
+        return []
+
+    def teardown(self) -> None:
+        """Read every live allocation once more, then settle all work, close everything, check nothing leaked.
+
+        After a failed step it only cleans up (quietly), so that the next program starts clean.
+        """
+        errors: list[str] = []
+        escaped = sum(a.escaped for a in self.allocs)
+        try:
+            with watchdog("teardown"), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if self.failed:
+                    self.drain()
+                for a in self.allocs:
+                    if a.closed or self.failed:
+                        continue
+                    try:
+                        got = np.array(a.buf.host) if a.kind in HOST_KINDS else a.buf.copy_to_host()
+                        check_equal(got, a.views[0], f"final read of {a.name}")
+                    except AssertionError as exc:
+                        errors.append(str(exc))
+                left = self.drain()
+                if left:
+                    errors.append(f"device work failed when it ran at the end: {left[0]!r}")
+                # Again once all device work has run: work a read did not wait for (and did not need
+                # to, the model says) must not change the contents afterwards (a lost write).
+                for a in self.allocs:
+                    if a.closed or self.failed or errors:
+                        continue
+                    try:
+                        got = np.array(a.buf.host) if a.kind in HOST_KINDS else a.buf.copy_to_host()
+                        check_equal(got, a.views[0], f"read of {a.name} after all device work ran")
+                    except AssertionError as exc:
+                        errors.append(str(exc))
+                for a in self.allocs:
+                    if not a.closed:
+                        a.buf.close()
+                        a.closed = True
+                for stg in self.stagings:
+                    stg.close()
+                for p in self.pools.values():
+                    p.close()
+                left = self.drain()
+                if left:
+                    errors.append(f"device work failed when it ran after closing everything: {left[0]!r}")
+                for name in NON_BLOCKING:
+                    um.driver_call("cuStreamDestroy", self.handle(name), detail="fuzz")
+            errors += [
+                f"at the end: {w.category.__name__}: {w.message}"
+                for w in caught
+                if issubclass(w.category, RuntimeWarning) and "umem_numba" in str(w.message)
+            ]
+        except Exception as exc:
+            if not self.failed:
+                raise
+            del exc
+        finally:
+            self.streams.clear()
+            self.allocs.clear()
+            self.stagings.clear()
+            self.pools.clear()
+            # Hypothesis keeps the steps' values (the bundles) until the machine goes: an escaped
+            # buffer's memory lives as long as its Python object, so let them go now.
+            for bundle in self.bundles.values():
+                bundle.clear()
+            self.names_to_values.clear()
+        events = unaccounted_events()  # collects garbage first
+        if self.failed:
+            return
+        try:
+            self._final_checks(errors, events, escaped)
+        except AssertionError:
+            _first_failure()
+            raise
+
+    def _final_checks(self, errors: list[str], events: int | None, escaped: int) -> None:
+        if errors:
+            raise AssertionError("; ".join(errors))
+        stats = {k: v.live_count for k, v in um.stats().items() if hasattr(v, "live_count")}
+        # Not above: an earlier failed program's buffers may be collected during this one.
+        # An escaped buffer's memory stays with its Python object (the docs' promise), which Hypothesis
+        # may still hold (the last step's arguments): as many as escaped may stay.
+        grew = {k: (self.baseline_stats.get(k, 0), n) for k, n in stats.items() if n > self.baseline_stats.get(k, 0)}
+        more = sum(after - before for before, after in grew.values())
+        assert more <= escaped, f"live buffers after closing everything, (before, after) per kind: {grew}"
+        if events is not None and BASELINE_EVENTS:
+            assert events == BASELINE_EVENTS[0], (
+                f"driver events leaked: {events - BASELINE_EVENTS[0]} handles neither pooled nor held by a live event"
+            )
+        free = um.mem_info()[0]
+        # Closed buffers of the process-wide pools (DeviceBuffer without pool=) stay on their free
+        # lists for the next buffer of their size: held, not leaked.
+        cached = _pool_cached() - self.baseline_cached
+        if self.baseline_free - free > max(cached, 0) and not escaped:
+            now = driver_allocations()
+            extra = {hex(b): v for b, v in now.items() if b not in self.baseline_allocations}
+            raise AssertionError(
+                f"device memory not given back: {self.baseline_free - free} bytes; allocations: {extra}"
+            )
+
+
+class _RefusedError(Exception):
+    """A step was refused with a documented error: the rule stops there, the model is unchanged."""
+
+
+class _Attempt:
+    def __init__(self, machine: UmemMachine, what: str, views: tuple[View, ...], allowed: tuple[type, ...]) -> None:
+        self._cm = machine.step(what, *views, allowed=allowed)
+
+    def __enter__(self) -> None:
+        self._cm.__enter__()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        try:
+            self._cm.__exit__(et, ev, tb)
+        except _RefusedError:
+            return True
+        return False
+
+
+#: Driver event handles unaccounted for before the first program (numba's own events, say).
+BASELINE_EVENTS: list[int] = []
+
+
+def warm_up() -> None:
+    """Make what umem_numba makes once per process (the internal staging area), so it is in the baseline."""
+    with um.DeviceBuffer.zeros(4, DTYPE) as buf:
+        buf.copy_from_host(np.ones(4, DTYPE), staging=True)
+        buf.copy_to_host(staging=True)
+    cuda.synchronize()
+    if _sim.active():
+        _driver.api().drv.drain_quietly()
+    events = unaccounted_events()
+    if events is not None and not BASELINE_EVENTS:
+        BASELINE_EVENTS.append(events)
+
+
+def machine_for(families: frozenset[str]) -> type[UmemMachine]:
+    """A machine class enabling ``core`` and ``families`` (its name says which, in Hypothesis's output)."""
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown fuzzer families {sorted(unknown)}; known: {sorted(FAMILIES)}")
+    name = "Fuzz_" + "_".join(sorted(families)) if families else "Fuzz_core"
+    warm_up()
+    attrs: dict[str, Any] = {"ENABLED": frozenset(families)}
+    # Hypothesis picks among the rules uniformly: aliases of a rule make it likelier (they share its
+    # name, so the program prints the same, and its on/off switch per program).
+    for fam in families:
+        for rule_name in FAMILY_RULES.get(fam, ()):
+            for i in range(FAMILY_WEIGHT - 1):
+                attrs[f"{rule_name}_{i}"] = getattr(UmemMachine, rule_name)
+    for i in range(READ_WEIGHT - 1):
+        attrs[f"host_read_{i}"] = UmemMachine.host_read
+    return type(name, (UmemMachine,), attrs)
