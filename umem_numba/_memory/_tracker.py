@@ -268,8 +268,9 @@ class Tracker:
         BufferClosedError
             The buffer is being closed.
         """
-        if self.unknown_devices:
-            # Work on an unknown stream cannot be ordered on the device: settle it on the host.
+        if self.unknown_devices or self.escaped:
+            # Work on an unknown stream (a plain launch, or another library's work on an escaped
+            # view) cannot be ordered on the device: settle it on the host first.
             self.settle(what, self.effective_policy())
         with self._lock:
             if self._blocked is not None or self.holds:
