@@ -136,3 +136,47 @@ def test_zero_size_pool_buffer_on_a_capturing_stream_is_refused_too():
     assert int(err) == 0
     _driver.call("cuGraphDestroy", graph)
     pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["managed", "pinned", "mapped-pinned"])
+def test_a_buffer_made_and_freed_beside_a_global_capture_leaves_it_intact(kind, rng):
+    """While another stream captures in the driver's global mode, a driver allocation and free
+    (cuMemAllocManaged / cuMemHostAlloc, cuMemFree / cuMemFreeHost: calls the capture prohibits)
+    of umem_numba's own run in the relaxed mode: they work and the capture goes on.
+
+    Before the fix: the allocation raised a raw CudaError (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    and the user's capture was invalidated (found by the API fuzzer's capture family).
+    """
+    _driver.ensure_context()
+    drv = _driver.api().drv
+    data = random_array(rng, N, np.float32)
+    s = cuda.stream()
+    h = stream_handle(s)
+    make = {
+        "managed": lambda: um.ManagedBuffer.empty(N, np.float32),
+        "pinned": lambda: um.PinnedBuffer.empty(N, np.float32),
+        "mapped-pinned": lambda: um.PinnedBuffer.empty(N, np.float32, flags=um.HostAllocFlags.DEVICEMAP),
+    }[kind]
+    gc.collect()
+    gc.disable()
+    try:
+        _driver.call("cuStreamBeginCapture", h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        try:
+            made = make()
+            freed = make()
+            freed.close()
+        finally:
+            err, graph = drv.cuStreamEndCapture(h)
+    finally:
+        gc.enable()
+    assert int(err) == 0, f"the capture was broken: cuStreamEndCapture returned {drv.CUresult(err).name}"
+    try:
+        res = drv.cuGraphGetNodes(graph)
+        assert int(res[0]) == 0 and int(res[-1]) == 0, "the allocation left nodes in the user's graph"
+    finally:
+        _driver.call("cuGraphDestroy", graph)
+    made.host[...] = data  # the buffer made beside the capture works
+    np.testing.assert_array_equal(made.copy_to_host(), data)
+    made.close()
