@@ -500,7 +500,7 @@ class _Staging:
         self.count = 2 * threads
         self.size = CHUNK_BYTES
         nbytes = self.count * self.size
-        with _driver.device_context(device_id):
+        with _driver.device_context(device_id), _driver.capture_safe():
             ptr = int(_driver.call("cuMemHostAlloc", nbytes, 0, detail="pinning a copy staging area"))
         tracker = Tracker(device_id)
         tracker.policy = "sync"

@@ -494,6 +494,28 @@ def call_on(device_id: int, name: str, *args: Any, detail: str = "") -> Any:
         return call(name, *args, detail=detail)
 
 
+@contextlib.contextmanager
+def capture_safe() -> Iterator[None]:
+    """Let this thread make a call that a CUDA graph capture prohibits, without breaking the capture.
+
+    While a stream captures in the driver's "global" mode (the default), any
+    thread's potentially unsafe call (``cuMemAllocManaged``, ``cuMemAlloc``,
+    ``cuMemHostAlloc``, ``cuMemFree``, ``cuMemFreeHost``) fails and
+    invalidates the capture.  umem_numba's own allocations and frees put
+    nothing into a capture, so they run with this thread in the "relaxed"
+    mode (``cuThreadExchangeStreamCaptureMode``, as PyTorch's allocator does),
+    and the user's capture goes on.
+    """
+    drv = api().drv
+    err, old = drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    if err != 0:
+        raise_for(err, "cuThreadExchangeStreamCaptureMode", "allowing an allocation or free beside a graph capture")
+    try:
+        yield
+    finally:
+        drv.cuThreadExchangeStreamCaptureMode(old)
+
+
 _count: int | None = None
 
 

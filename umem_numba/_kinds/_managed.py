@@ -149,14 +149,15 @@ class ManagedBuffer(Buffer):
         memory = None
         ptr = 0
         if nbytes:
-            ptr = int(
-                _driver.call(
-                    "cuMemAllocManaged",
-                    nbytes,
-                    _attach_flag(attach),
-                    detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}",
+            with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
+                ptr = int(
+                    _driver.call(
+                        "cuMemAllocManaged",
+                        nbytes,
+                        _attach_flag(attach),
+                        detail=f"allocating {nbytes} bytes of managed memory for {shape} {dtype}",
+                    )
                 )
-            )
             memory = DriverMemory("managed", ptr, nbytes, "cuMemFree", device_id)
         alloc = Allocation("managed", memory, ptr, device_id, tracker)
         if attach == "host":

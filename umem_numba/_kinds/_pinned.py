@@ -143,14 +143,17 @@ class PinnedBuffer(Buffer):
         memory = None
         if nbytes:
             with Transaction() as tx:
-                ptr = int(
-                    _driver.call("cuMemHostAlloc", nbytes, int(flags), detail=f"pinning {nbytes} bytes of host memory")
-                )
-                tx.append(_driver.call, "cuMemFreeHost", ptr)
+                with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
+                    ptr = int(
+                        _driver.call(
+                            "cuMemHostAlloc", nbytes, int(flags), detail=f"pinning {nbytes} bytes of host memory"
+                        )
+                    )
+                memory = DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id)
+                tx.append(memory.free, None)
                 if HostAllocFlags.DEVICEMAP in flags:
                     device_ptr = int(_driver.call("cuMemHostGetDevicePointer", ptr, 0))
                 tx.commit()
-            memory = DriverMemory("pinned", ptr, nbytes, "cuMemFreeHost", device_id)
         alloc = Allocation("pinned", memory, ptr, device_id, Tracker(device_id), device_ptr=device_ptr)
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)

@@ -129,7 +129,8 @@ class DriverMemory(Memory):
         self.device_id = device_id
 
     def free(self, tracker: Tracker) -> None:
-        _driver.call_on(self.device_id, self.free_call, self.ptr)
+        with _driver.capture_safe():  # a free beside a user's graph capture leaves it intact
+            _driver.call_on(self.device_id, self.free_call, self.ptr)
 
     def describe(self) -> str:
         return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
