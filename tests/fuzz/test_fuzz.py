@@ -13,7 +13,7 @@ Longer runs, any seed (docs/contributing.md)::
 ``UMEM_FUZZ_SEED``: the first seed (then seed+1, ... while time is left); ``UMEM_FUZZ_SECONDS``:
 keep trying new seeds for that long per test (default: the CI seeds once each);
 ``UMEM_FUZZ_EXAMPLES`` / ``UMEM_FUZZ_STEPS``: programs per seed and steps per program;
-``UMEM_FUZZ_STEP_TIMEOUT``: seconds before a step counts as hung.  A failure prints the
+``UMEM_FUZZ_STEP_TIMEOUT``: seconds before a step counts as hung; ``UMEM_FUZZ_SHRINK=0``: no shrinking.  A failure prints the
 shrunk program (Hypothesis's ``state = ...`` lines) and the command that replays it.
 """
 
@@ -42,6 +42,8 @@ def _int_env(name: str, default: int) -> int:
 EXAMPLES = _int_env("UMEM_FUZZ_EXAMPLES", 15)
 STEPS = _int_env("UMEM_FUZZ_STEPS", 30)
 SECONDS = float(os.environ.get("UMEM_FUZZ_SECONDS", "0") or 0)
+#: ``UMEM_FUZZ_SHRINK=0``: report the first failing program as found, unshrunk (scoring many planted bugs).
+SHRINK = os.environ.get("UMEM_FUZZ_SHRINK", "1").strip() != "0"
 
 
 def _seeds() -> list[int]:
@@ -59,7 +61,7 @@ def fuzz_settings() -> settings:
         print_blob=True,
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
-        phases=(Phase.generate, Phase.shrink),
+        phases=(Phase.generate, Phase.shrink) if SHRINK else (Phase.generate,),
     )
 
 

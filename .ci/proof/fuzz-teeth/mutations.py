@@ -1,0 +1,230 @@
+"""Small plausible bugs planted one at a time in the ordering code, to score the API fuzzer (issue #27 item 6).
+
+Each mutation replaces one exact piece of library source (it must occur exactly once) with a
+buggy variant.  ``run.sh`` applies each in a scratch worktree, runs the fuzzer on CI's seeds
+and records whether the fuzzer killed it (a failing run) or it survived.
+
+    python .ci/proof/fuzz-teeth/mutations.py list
+    python .ci/proof/fuzz-teeth/mutations.py apply NAME [ROOT]    # edits ROOT's files in place
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+
+class Mutation(NamedTuple):
+    name: str
+    path: str
+    old: str
+    new: str
+    bug: str
+
+
+T = "umem_numba/_memory/_tracker.py"
+L = "umem_numba/_launch/_coherent.py"
+P = "umem_numba/_memory/_pool.py"
+C = "umem_numba/_arrays/_copy.py"
+H = "umem_numba/_hints/_prefetch.py"
+E = "umem_numba/_arrays/_export.py"
+
+MUTATIONS = [
+    Mutation(
+        "tracker-write-after-read",
+        T,
+        "            if write:\n                covered = (*writes.values(), *reads.values())",
+        "            if write:\n                covered = tuple(writes.values())",
+        "a write waits for other streams' writes but not for their reads (write-after-read)",
+    ),
+    Mutation(
+        "tracker-read-supersedes-other-streams",
+        T,
+        "                    for old in covered:\n                        if old.key == key:\n",
+        "                    for old in covered:\n                        if True:\n",
+        "a read drops the reads of other streams from the record (a later write stops waiting for them)",
+    ),
+    Mutation(
+        "tracker-settle-first-event-only",
+        T,
+        "        busy = [e for e in events if not e.done()]",
+        "        busy = [e for e in events[:1] if not e.done()]",
+        "host access waits for the first pending event only",
+    ),
+    Mutation(
+        "tracker-host-fast-path-ignores-reads",
+        T,
+        "            not self.writes\n            and not self.reads\n",
+        "            not self.writes\n",
+        "host access skips the wait when only reads are pending (a host write lands under a device read)",
+    ),
+    Mutation(
+        "tracker-escaped-not-settled-for-device-work",
+        T,
+        "        if self.unknown_devices or self.escaped:\n",
+        "        if self.unknown_devices:\n",
+        "toolkit device work on an escaped buffer does not wait for the other library's work",
+    ),
+    Mutation(
+        "tracker-recycle-escaped",
+        T,
+        "        if self.unknown_devices or self.escaped or self.holds or self.inflight:\n            return False",
+        "        if self.unknown_devices or self.holds or self.inflight:\n            return False",
+        "a pool keeps the memory of an escaped buffer on its free list (another library may still use it)",
+    ),
+    Mutation(
+        "deviceuse-no-stream-wait",
+        T,
+        '            for event in waits.values():\n                _driver.call("cuStreamWaitEvent", self.stream, event.handle, 0, detail=self.what)',
+        "            for event in list(waits.values())[:0]:\n                pass",
+        "copies, prefetches and lends are not ordered after conflicting work on other streams",
+    ),
+    Mutation(
+        "deviceuse-merge-drops-write",
+        T,
+        "            merged[id(tracker)] = (tracker, write or (old is not None and old[1]))",
+        "            merged[id(tracker)] = (tracker, write if old is None else old[1])",
+        "a copy between two views of one allocation keeps the first use's flag (the write is lost)",
+    ),
+    Mutation(
+        "launch-waits-overwrite",
+        L,
+        "                if wait:\n                    waits += wait",
+        "                if wait:\n                    waits = list(wait)",
+        "a launch with several buffer arguments waits only for the last argument's conflicts",
+    ),
+    Mutation(
+        "launch-unanalysable-source-read-only",
+        L,
+        "    except Exception:  # no source (exec'd, interactive), none we can parse or match, or too deep\n        return None",
+        "    except Exception:  # no source (exec'd, interactive), none we can parse or match, or too deep\n        return ()",
+        "a kernel whose source cannot be analysed is treated as read-only",
+    ),
+    Mutation(
+        "launch-event-on-legacy-stream",
+        L,
+        "            recorded = _events.record(handle, _driver.current_device() if device is None else device, key)",
+        "            recorded = _events.record(0, _driver.current_device() if device is None else device, key)",
+        "a launch records its event on the legacy stream (which does not wait for non-blocking streams)",
+    ),
+    Mutation(
+        "pool-allocation-records-no-event",
+        P,
+        "            tracker.add(handle, _events.record(handle, dev))  # the allocation is the first write",
+        "            pass",
+        "a pool allocation records no event (host access and other streams do not wait for it)",
+    ),
+    Mutation(
+        "pool-ordering-cache-never-invalidated",
+        P,
+        "if memory.ordered_on != key or tracker.recorded_since(memory.ordered_mark):",
+        "if memory.ordered_on != key:",
+        "a reused block's per-stream ordering cache ignores events filed since",
+    ),
+    Mutation(
+        "pool-reuse-not-ordered",
+        P,
+        "        others = [e for e in events if e.key != key or e.device_id != dev]",
+        "        others: list = []",
+        "a block taken from a free list on another stream does not wait for the old buffer's work",
+    ),
+    Mutation(
+        "copy-to-page-locked-numpy-returns-early",
+        C,
+        "            _dma(_host_side(out), src, handle, what, sync=True)",
+        "            _dma(_host_side(out), src, handle, what, sync=False)",
+        "a DMA copy into page-locked numpy memory returns before the copy",
+    ),
+    Mutation(
+        "staging-refilled-under-the-copy-engine",
+        C,
+        '        stage.tracker.settle(what, "sync")',
+        '        stage.tracker.settle(what, "off")',
+        "staging slots are refilled without waiting for the DMA that last used them",
+    ),
+    Mutation(
+        "prefetch-not-ordered",
+        H,
+        "    return [(s.tracker, False) for s in spans if s.tracker is not None]",
+        "    return []",
+        "a prefetch is neither ordered after writes nor recorded",
+    ),
+    Mutation(
+        "discard-tracked-as-read",
+        H,
+        "    return [(s.tracker, True) for s in spans if s.tracker is not None]",
+        "    return [(s.tracker, False) for s in spans if s.tracker is not None]",
+        "a discard is tracked as a read (later reads are not ordered after it)",
+    ),
+    Mutation(
+        "lend-records-on-entry",
+        E,
+        "            try:\n                yield view\n            finally:\n                tracker.lend_left(lender)",
+        "            tracker.lend_left(lender)\n        try:\n            if True:\n                yield view\n        finally:\n            if True:",
+        "a lend records its event when the block is entered, not when it ends",
+    ),
+    Mutation(
+        "dlpack-none-not-ordered",
+        E,
+        "    if stream is None:\n        return _CAI_LEGACY_STREAM",
+        "    if stream is None:\n        return None",
+        "__dlpack__(stream=None) does not order the legacy stream",
+    ),
+    Mutation(
+        "vmm-shrink-without-settling",
+        "umem_numba/_vmm/_buffer.py",
+        '            alloc.tracker.settle("shrinking a VMMBuffer", alloc.tracker.effective_policy(), always_wait=True)',
+        "            pass",
+        "a VMM shrink unmaps without waiting for device work",
+    ),
+    Mutation(
+        "release-without-waiting",
+        "umem_numba/_memory/_lifetime.py",
+        "        if not memory.stream_ordered:\n            tracker.wait_all(",
+        "        if False:\n            tracker.wait_all(",
+        "a closed buffer's memory is freed without waiting for its device work",
+    ),
+    # The reverts of issue #19's fixes kept in .ci/proof/*.patch (written for c16682b), re-expressed on today's code.
+    Mutation(
+        "proof-item5-reuse-ordered-by-handle",
+        P,
+        "        others = [e for e in events if e.key != key or e.device_id != dev]",
+        "        others = [e for e in events if e.stream != stream or e.device_id != dev]",
+        ".ci/proof/item5-stream-handles.patch: a reused block's events are compared by stream handle, not id",
+    ),
+    Mutation(
+        "proof-item6-driver-memory-source",
+        C,
+        "        known = _driver_memory(src)",
+        "        known = False",
+        ".ci/proof/item6-driver-memory-source.patch: copy_from_host does not wait for a managed or pinned source",
+    ),
+    Mutation(
+        "proof-item7-unseen-work-not-held",
+        P,
+        "        if pool is not None and not pool._closed and (tracker.unknown_devices or tracker.escaped):",
+        "        if False:",
+        ".ci/proof/item7-unseen-work.patch: pool memory that work umem_numba could not see used is not held",
+    ),
+]
+
+
+def apply(name: str, root: Path) -> None:
+    (m,) = [m for m in MUTATIONS if m.name == name]
+    path = root / m.path
+    text = path.read_text()
+    count = text.count(m.old)
+    if count != 1:
+        raise SystemExit(f"{name}: the original text occurs {count} times in {m.path} (expected once)")
+    path.write_text(text.replace(m.old, m.new))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["list"]:
+        for m in MUTATIONS:
+            print(f"{m.name}\t{m.path}\t{m.bug}")
+    elif sys.argv[1:2] == ["apply"]:
+        apply(sys.argv[2], Path(sys.argv[3] if len(sys.argv) > 3 else "."))
+    else:
+        raise SystemExit(__doc__)
