@@ -64,3 +64,45 @@ def test_toolkit_work_on_an_escaped_buffer_comes_after_the_consumers_write(proto
     finally:
         _driver.call("cuStreamSynchronize", consumer)
         _driver.call("cuStreamDestroy", consumer)
+
+
+@pytest.mark.parametrize("before", ["tracked-writer", "earlier-consumer"])
+def test_a_cuda_array_interface_consumer_starts_after_earlier_work(before, rng):
+    """The buffer's ``__cuda_array_interface__`` names no stream ("no synchronisation needed"),
+    so a consumer reading it works at once, on its own stream: the work that may still write the
+    memory (a tracked kernel on another stream, or an earlier consumer of the escaped buffer) must
+    be done by then.  The consumer here copies the buffer out on its own non-blocking stream.
+
+    Found by the API fuzzer's ``export`` family (two consumers: the later one's write was lost).
+    """
+    first = int(_driver.call("cuStreamCreate", 1))
+    second = int(_driver.call("cuStreamCreate", 1))
+    writer = cuda.stream()
+    tracked_fill = um.coherent(sleeping.fill)
+    idle = cuda.device_array(1, np.float32)
+    try:
+        for trial in range(3 if _sim.active() else ORDERING_TRIALS):
+            value = float(rng.integers(1, 1 << 20))
+            buf = um.DeviceBuffer.zeros(N, np.float32)
+            if before == "tracked-writer":
+                tracked_fill[N // 128, 128, writer](buf, value, SLEEP_MS)
+                capsule = None
+            else:
+                source = um.PinnedBuffer.from_array(np.full(N, value, np.float32))
+                capsule = buf.__dlpack__(stream=first)  # escapes; the first consumer sleeps, then writes
+                sleeping.fill[1, 1, cuda.external_stream(first)](idle, 0.0, SLEEP_MS)
+                _driver.call("cuMemcpyHtoDAsync", buf.ptr, source.ptr, source.nbytes, first)
+            out = um.PinnedBuffer.empty(N, np.float32)
+            iface = buf.__cuda_array_interface__
+            assert iface["stream"] is None
+            _driver.call("cuMemcpyDtoHAsync", out.ptr, iface["data"][0], out.nbytes, second)
+            _driver.call("cuStreamSynchronize", second)
+            wrong = int((out.host != value).sum())
+            assert not wrong, f"trial {trial}: the consumer read {wrong} of {N} elements before the earlier write"
+            del capsule
+            _driver.call("cuStreamSynchronize", first)
+            out.close()
+    finally:
+        for h in (first, second):
+            _driver.call("cuStreamSynchronize", h)
+            _driver.call("cuStreamDestroy", h)
