@@ -249,7 +249,15 @@ class DeviceExports(DLPackExport):
         library for good (the buffer *escapes*): from then on host access
         synchronises every device, since that library's work cannot be
         seen.  Use :meth:`lend` to hand it over for a bounded piece of work.
+
+        The interface names no stream (CAI v3: "no synchronisation needed"),
+        so device work that may still use the memory (the toolkit's, and an
+        earlier consumer's of an escaped buffer) is settled first, under the
+        coherence policy, as for host access.
         """
+        alloc = self._device_alloc()
+        if alloc.tracker not in _launching.current:  # numba reading it for a tracked launch: no settling
+            alloc.tracker.before_host_access("__cuda_array_interface__")
         return self._interface(self._device_export(), None)
 
     @property
