@@ -1074,6 +1074,7 @@ class UmemMachine(RuleBasedStateMachine):
     # -- graph capture (item 6) ------------------------------------------------------------------------
     @family("capture")
     @rule(
+        target=buffers,
         data=st.data(),
         stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
         op=st.sampled_from(
@@ -1149,9 +1150,12 @@ class UmemMachine(RuleBasedStateMachine):
         elif op == "copy_to_host" and view.contiguous():
             check_equal(view.buf.copy_to_host(stream=s), view, "copy_to_host in a capture")
         elif op == "um_copy" and view.contiguous():
-            tmp = np.zeros(view.shape, DTYPE)
-            um.copy(tmp, view.buf, stream=s)
-            check_equal(tmp, view, "um.copy in a capture")
+            tmp = um.PinnedBuffer.empty(view.shape, DTYPE)  # um.copy takes buffers (numpy: copy_to_host)
+            try:
+                um.copy(tmp, view.buf, stream=s)
+                check_equal(np.array(tmp.host), view, "um.copy in a capture")
+            finally:
+                tmp.close()
         elif op in ("prefetch", "discard") and view.kind == "managed":
             if op == "prefetch":
                 view.buf.prefetch(0, stream=s)
