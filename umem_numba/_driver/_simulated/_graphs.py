@@ -305,14 +305,16 @@ class GraphCapture(Allocations):
             )
 
     def refuse_plain_launch_in_capture(self, stream: Any) -> None:
-        """numba's simulator runs a plain ``kernel[g, b, s](...)`` at the call: refuse it where it would be captured."""
+        """A plain ``kernel[g, b, s](...)`` is not recorded into a graph: refuse it where it would be captured."""
         with self._lock:
             if not self._captures:
                 return
             s = self._stream(stream)
             self._legacy_launch_gate(s)
             if s in self._captures:
-                raise _refuse_in_capture("a plain numba launch on a capturing stream (numba's simulator runs it now)")
+                raise _refuse_in_capture(
+                    "a plain numba launch on a capturing stream (its host arguments are copied at the call)"
+                )
 
 
 #: Entry points that take a stream: (index of the stream argument, values returned after the

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..._errors import UnsupportedError
+from ._common import _INVALID_HANDLE, _Error, _int
 from ._memory import Allocations
 
 
@@ -21,6 +22,18 @@ class Kernels(Allocations):
     """Launches: queued on their stream, run by numba's simulator when the stream's work is needed."""
 
     # -- kernels: the one entry point umem_numba's launch uses ---------------------------
+    def queue_plain_kernel(self, handle: Any, kernel: Any, args: tuple[Any, ...]) -> None:
+        """Queue a plain numba launch (``kernel[g, b, s](...)``): as :meth:`queue_kernel`, the launch's error if not."""
+        try:
+            self.queue_kernel(handle, kernel, args)
+        except _Error as e:
+            from ..._errors import CudaError
+
+            name = "CUDA_ERROR_INVALID_HANDLE" if e.code == _INVALID_HANDLE else ""
+            raise CudaError(
+                "cuLaunchKernel", e.code, name, f"a plain numba launch on stream {_int(handle):#x}"
+            ) from None
+
     def queue_kernel(self, handle: Any, kernel: Any, args: tuple[Any, ...]) -> None:
         """Queue a launch of numba's simulated ``kernel`` (configured) on a stream.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from ._common import (
     _DEVICE_ATTRIBUTES,
     _SUCCESS,
 )
-from ._kernels import _nanosleep, run_kernel
+from ._kernels import _nanosleep
 from ._sim_driver import SimDriver
 
 
@@ -106,6 +106,25 @@ def _stream_int(stream: Any) -> int:
     if isinstance(stream, int):
         return stream
     return int(getattr(stream, "handle", 0) or 0)
+
+
+def _plain_argument(arg: Any, retr: list[Callable[[], None]], handle: int) -> Any:
+    """A plain launch's argument as a queued launch takes it: a numpy array over the memory the kernel uses.
+
+    As numba's launch does, at the call: a buffer (numba's ``ArgHint``) gives its device array, a
+    host numpy array is copied in (and back after the kernel, through ``retr``), and numba's
+    arrays (``cuda.as_cuda_array``, ``cuda.to_device``) give the memory they are over.
+    """
+    from numba.cuda.simulator.args import ArgHint, InOut
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    if isinstance(arg, np.ndarray) and arg.ndim > 0:
+        arg = InOut(arg).to_device(retr)
+    elif isinstance(arg, ArgHint):
+        arg = arg.to_device(retr, handle)
+    if isinstance(arg, FakeCUDAArray) and isinstance(arg._ary, np.ndarray):
+        return arg._ary
+    return arg
 
 
 def install_numba(drv: SimDriver) -> None:
@@ -251,7 +270,8 @@ def install_numba(drv: SimDriver) -> None:
     FakeCUDAModule.__getattr__ = fallback
     FakeCUDAModule.nanosleep = staticmethod(_nanosleep)
 
-    # A plain launch (kernel[g, b](...)) takes the same one-by-one path where it can.
+    # A plain launch (kernel[g, b, s](...)) is queued on its stream like the toolkit's launches,
+    # and runs (one by one where it can) when that stream's work is needed, as on a GPU.
     from numba.cuda.simulator import kernel as simkernel
 
     numba_call = simkernel.FakeCUDAKernel.__call__
@@ -262,9 +282,18 @@ def install_numba(drv: SimDriver) -> None:
                 return numba_call(self, *args)
             from numba.cuda.errors import normalize_kernel_dimensions
 
-            grid, block = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
-            drv.refuse_plain_launch_in_capture(getattr(self, "_umem_stream", 0))
-            run_kernel(self, grid, block, self.dynshared_size, list(args))
+            handle = getattr(self, "_umem_stream", 0)
+            drv.refuse_plain_launch_in_capture(handle)
+            configured = copy.copy(self)
+            configured.grid_dim, configured.block_dim = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+            retr: list[Callable[[], None]] = []
+            queued = [_plain_argument(a, retr, handle) for a in args]
+            drv.queue_plain_kernel(handle, configured, tuple(queued))
+            if retr:
+                # numba copied host arrays in for the launch; its copies back wait for the kernel.
+                drv.cuStreamSynchronize(handle)
+                for wb in retr:
+                    wb()
             return None
 
         call._umem = True  # type: ignore[attr-defined]
@@ -279,8 +308,10 @@ def install_numba(drv: SimDriver) -> None:
         def getitem(self: Any, configuration: Any) -> Any:
             configured = copy.copy(self)
             numba_getitem(configured, configuration)
-            # numba's simulator ignores the stream; a graph capture needs it (see refuse_plain_launch_in_capture)
-            configured._umem_stream = _stream_int(configuration[2]) if len(configuration) > 2 else 0
+            # numba's simulator ignores the stream: the launch is queued on it
+            stream = configuration[2] if len(configuration) > 2 else 0
+            configured._umem_stream = _stream_int(stream)
+            configured._umem_stream_owner = stream  # alive until the launch, as numba's launch keeps it
             return configured
 
         simkernel.FakeCUDAKernel.__getitem__ = getitem

@@ -1,0 +1,57 @@
+"""Issue #27 items 2 and 11: what a GPU showed and the simulated driver missed now fails on the CPU too.
+
+Each test states what a GPU does; it runs on a GPU as well (``gpu`` marker) and, over the
+simulated driver (``NUMBA_ENABLE_CUDASIM=1``), failed on the simulated driver before it was
+made harsher:
+
+- a plain numba launch (``kernel[g, b, s](...)``) is queued on its stream, after the work
+  already queued there, like the toolkit's launches (it ran at the call);
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+from support.helpers import ORDERING_TRIALS, random_array, sleeping
+
+import umem_numba as um
+from umem_numba._driver import _sim
+
+N = 4 * 1024  # elements per buffer (numba's simulator runs every CUDA thread)
+GRID, BLOCK = 4, 1024
+#: Device time of each sleeping kernel on a GPU; over the simulated driver the work runs late anyway.
+SLEEP_MS = 1 if _sim.active() else 60
+TRIALS = 4 if _sim.active() else ORDERING_TRIALS
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("argument", ["cuda_array_interface", "buffer"])
+def test_plain_launch_runs_after_earlier_work_on_its_stream(rng, argument):
+    """A tracked writer sleeps on ``s``; a plain ``copy[g, b, s](buf, dst)`` on the same stream reads what it wrote.
+
+    Stream order alone orders the two on a GPU.  The simulated driver ran a plain launch at
+    the call: with numba's array over the buffer (``cuda.as_cuda_array``) it read the buffer
+    before the queued writer had run.
+    """
+    fill = um.coherent(sleeping.fill)
+    s = cuda.stream()
+    buf = um.DeviceBuffer.empty(N, np.float32)
+    dst = cuda.device_array(N, np.float32)
+    try:
+        for trial in range(TRIALS):
+            value = float(random_array(rng, 1, np.float32)[0]) + 1.0
+            fill[GRID, BLOCK, s](buf, value, SLEEP_MS)  # tracked, queued (on a GPU: sleeping)
+            arg = cuda.as_cuda_array(buf) if argument == "cuda_array_interface" else buf
+            sleeping.copy[GRID, BLOCK, s](arg, dst, 0)  # plain: ordered by the stream only
+            s.synchronize()
+            got = dst.copy_to_host()
+            assert np.all(got == np.float32(value)), (
+                f"trial {trial}: {int((got != np.float32(value)).sum())} of {N} elements read before the earlier "
+                f"writer on the same stream had run (first: {got[0]!r}, want {value!r})"
+            )
+    finally:
+        cuda.synchronize()
+        buf.close()
+
