@@ -6,6 +6,10 @@ made harsher:
 
 - a plain numba launch (``kernel[g, b, s](...)``) is queued on its stream, after the work
   already queued there, like the toolkit's launches (it ran at the call);
+- a kernel fault is reported at the synchronisation of the work that raised it, naming the
+  kernel, and every later synchronisation fails too, as a GPU's context does after a fault
+  (the simulated driver raised numba's IndexError once, wherever the kernel happened to run,
+  and the buffer then read back what the kernel had written so far, with no error);
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from numba import cuda
 from support.helpers import ORDERING_TRIALS, random_array, sleeping
 
 import umem_numba as um
+from umem_numba import _driver
 from umem_numba._driver import _sim
 
 N = 4 * 1024  # elements per buffer (numba's simulator runs every CUDA thread)
@@ -54,4 +59,38 @@ def test_plain_launch_runs_after_earlier_work_on_its_stream(rng, argument):
     finally:
         cuda.synchronize()
         buf.close()
+
+
+def _simulator_only() -> None:
+    if not _sim.active():
+        pytest.skip(
+            "an out-of-bounds write faults at once only in numba's simulator (it checks bounds); on a GPU it may "
+            "land in mapped memory, and a real fault would end the test session's context"
+        )
+
+
+@pytest.mark.gpu
+def test_kernel_fault_is_reported_at_its_synchronisation_and_after(rng):
+    """A kernel that writes past the end of its buffer: its synchronisation fails naming it, and so do later ones."""
+    _simulator_only()
+    from umem_numba._driver._simulated import SimulatedFault
+
+    @um.jit
+    def write_past_end(a, value):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i + 1] = value  # the last thread writes one element past the end
+
+    data = random_array(rng, N, np.float32)
+    buf = um.ManagedBuffer.from_array(data)
+    s = cuda.stream()
+    write_past_end[GRID, BLOCK, s](buf, 7.0)  # queued: faults when it runs
+    with pytest.raises(SimulatedFault, match="write_past_end"):
+        s.synchronize()
+    # The context is unusable after a fault, as on a GPU: what the kernel wrote cannot be read back.
+    with pytest.raises(SimulatedFault, match="write_past_end"):
+        buf.host
+    with pytest.raises(SimulatedFault, match="write_past_end"):
+        cuda.synchronize()
+    assert _driver.api().drv.drain_quietly() == [], "the fault was reported already: the reset reports nothing more"
 

@@ -17,6 +17,7 @@ from ._common import (
     _INVALID_HANDLE,
     _NOT_READY,
     _SUCCESS,
+    SimulatedFault,
     _Error,
     _int,
 )
@@ -82,6 +83,9 @@ class Scheduling:
         self._per_thread: dict[int, _Stream] = {}
         self._pending: list[_Op] = []
         self._running = False
+        # The first fault of device work (an operation that raised), reported by every later
+        # synchronisation, as a GPU's context is unusable after one, until drain_quietly resets it.
+        self._fault: SimulatedFault | None = None
         #: Operations run so far, as (stream id, what): tests read the order from it.
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
@@ -180,6 +184,12 @@ class Scheduling:
         finally:
             if collecting:
                 gc.enable()
+        self._raise_fault()
+
+    def _raise_fault(self) -> None:
+        """Report the fault of earlier device work, if any: every synchronisation after it fails (lock held)."""
+        if self._fault is not None:
+            raise SimulatedFault(str(self._fault)) from self._fault.__cause__
 
     def _drive_with_gc_off(self, targets: list[_Op]) -> None:
         while True:
@@ -216,6 +226,13 @@ class Scheduling:
             self._running = True
             try:
                 run()
+            except Exception as exc:
+                # A fault, as a GPU's: the synchronisation that waits for this work reports it
+                # (not the one that happened to run it), and so does every later one.
+                if self._fault is None:
+                    fault = SimulatedFault(f"{op.what} faulted on the device ({type(exc).__name__}: {exc})")
+                    fault.__cause__ = exc
+                    self._fault = fault
             finally:
                 self._running = False
 
@@ -223,14 +240,20 @@ class Scheduling:
         self._drive(list(self._pending))
 
     def drain_quietly(self) -> list[BaseException]:
-        """Run all queued work; return the errors it raised (each failed operation is dropped)."""
+        """Run all queued work; return the errors it raised that were not reported yet, and forget the fault.
+
+        The simulation's "new process" between tests: after it the context is usable again.
+        """
         errors: list[BaseException] = []
         with self._lock:
+            reported = self._fault
             while self._pending:
                 try:
                     self._drain()
                 except Exception as exc:
-                    errors.append(exc)
+                    if not (isinstance(exc, SimulatedFault) and self._fault is reported):  # reported already
+                        errors.append(exc)
+            self._fault = None
         return errors
 
     def _stream_targets(self, s: _Stream) -> list[_Op]:
@@ -300,6 +323,7 @@ class Scheduling:
 
     def _query(self, targets: list[_Op]) -> tuple[Any, ...]:
         """Done if the work has run; else "not ready" the first time, then at random (or run it: done)."""
+        self._raise_fault()
         pending = [t for t in targets if not t.done]
         if not pending:
             return (_SUCCESS,)
@@ -357,8 +381,7 @@ class Scheduling:
             ev = self._events.get(_int(event))
             if ev is None:
                 return (_INVALID_HANDLE,)
-            if ev.op is not None:
-                self._drive([ev.op])
+            self._drive([] if ev.op is None else [ev.op])
         return (_SUCCESS,)
 
 
