@@ -10,6 +10,9 @@ made harsher:
   kernel, and every later synchronisation fails too, as a GPU's context does after a fault
   (the simulated driver raised numba's IndexError once, wherever the kernel happened to run,
   and the buffer then read back what the kernel had written so far, with no error);
+- managed-pool memory takes no advice (``cuMemAdvise`` answers ``CUDA_ERROR_NOT_SUPPORTED``, as
+  driver 580 does), and nothing of a freed pool block's advice reaches the next buffer there
+  (the simulated driver took the advice and handed it on).
 """
 
 from __future__ import annotations
@@ -94,3 +97,39 @@ def test_kernel_fault_is_reported_at_its_synchronisation_and_after(rng):
         cuda.synchronize()
     assert _driver.api().drv.drain_quietly() == [], "the fault was reported already: the reset reports nothing more"
 
+
+def _managed_pool_or_skip() -> um.MemoryPool:
+    from umem_numba._memory._resources import managed_pool_support
+
+    missing = managed_pool_support()
+    if missing:
+        pytest.skip(f"managed pools unsupported here: {missing}")
+    return um.MemoryPool("managed")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("advice", ["preferred_location", "read_mostly", "accessed_by"])
+def test_managed_pool_memory_takes_no_advice(rng, advice):
+    """Advice on managed-pool memory is refused clearly; the next buffer at that address has the pool's hints only."""
+    pool = _managed_pool_or_skip()
+    s = cuda.stream()
+    dev = um.Location.device(0)
+    try:
+        buf = um.ManagedBuffer.from_array(random_array(rng, N, np.float32), pool=pool, stream=s)
+        address = buf.ptr
+        give = {
+            "preferred_location": lambda: buf.hints.set_preferred_location("cpu"),
+            "read_mostly": buf.hints.set_read_mostly,
+            "accessed_by": lambda: buf.hints.set_accessed_by("cpu"),
+        }[advice]
+        with pytest.raises(um.UnsupportedError, match="does not support"):
+            give()
+        buf.close()
+        nxt = um.ManagedBuffer.empty(N, np.float32, pool=pool, stream=s)
+        h = nxt.hints
+        assert h.preferred_location in (None, dev), f"advice handed on at {address:#x}: {h.preferred_location}"
+        assert not h.read_mostly and um.HOST not in h.accessed_by
+        nxt.close()
+    finally:
+        cuda.synchronize()
+        pool.close()

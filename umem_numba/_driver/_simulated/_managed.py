@@ -15,6 +15,7 @@ import numpy as np
 from ..._errors import UnsupportedError
 from ._common import (
     _INVALID_VALUE,
+    _NOT_SUPPORTED,
     _SUCCESS,
     PAGE,
     _Error,
@@ -47,6 +48,10 @@ class ManagedHints(Allocations):
             if found is None:
                 return (_INVALID_VALUE,)
             mem, pages = found
+            if mem.pool:
+                # Managed-pool memory takes no advice: driver 580 refused read-mostly, accessed-by and
+                # a preferred location there, and unsetting the pool's preferred location.
+                return (_NOT_SUPPORTED,)
             try:
                 loc = location_code(location)
             except _Error as e:

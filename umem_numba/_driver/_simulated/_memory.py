@@ -66,6 +66,12 @@ class _Memory:
             self.accessed_by = np.zeros((pages, 2), np.bool_)  # device 0, host
             self.last_prefetch = np.full(pages, -2, np.int32)
 
+    def forget_hints(self, preferred: int = -2) -> None:
+        """Managed memory: no advice (a new allocation); ``preferred``: its pool's location code."""
+        self.read_mostly[:] = False
+        self.preferred[:] = preferred
+        self.accessed_by[:] = False
+
 
 class Allocations(Scheduling):
     """Allocations and what reads and writes them."""

@@ -11,6 +11,7 @@ from typing import Any
 from ..._errors import UnsupportedError
 from ._common import (
     _INVALID_VALUE,
+    _NOT_SUPPORTED,
     _SUCCESS,
     _Error,
     _int,
@@ -123,6 +124,9 @@ class Pools(Allocations):
                 pool.used += size
                 mem = block.memory
                 mem.generation += 1
+                if mem.kind == "managed":
+                    # A new allocation: the pool's hints only, none of the last one's.
+                    mem.forget_hints(pool.preferred)
                 if mem.base not in self._memory:
                     self._add_memory(mem)
                 return (_SUCCESS, mem.base)
@@ -131,7 +135,7 @@ class Pools(Allocations):
             if res[0] == _SUCCESS:
                 pool.used += size
                 if kind == "managed":
-                    self._memory[res[1]].preferred[:] = pool.preferred
+                    self._memory[res[1]].forget_hints(pool.preferred)
             return res
 
     def cuMemFreeAsync(self, ptr: Any, stream: Any) -> tuple[Any, ...]:
@@ -254,7 +258,7 @@ class Pools(Allocations):
 
     def cuMemGetDefaultMemPool(self, location: Any, kind: Any) -> tuple[Any, ...]:
         if not getattr(location.type, "name", "").endswith("DEVICE") or int(location.id) != 0:
-            return (801, None)  # CUDA_ERROR_NOT_SUPPORTED: host pools are not simulated
+            return (_NOT_SUPPORTED, None)  # CUDA_ERROR_NOT_SUPPORTED: host pools are not simulated
         managed = getattr(kind, "name", "").endswith("MANAGED")
         with self._lock:
             return (_SUCCESS, self._default_pool("managed" if managed else "device"))
