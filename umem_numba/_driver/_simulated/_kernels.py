@@ -54,7 +54,8 @@ class Kernels(Allocations):
             # Arrays over this driver's memory must still be allocated when the kernel runs;
             # others (numba's simulator arrays: host memory) are kept alive by the arguments.
             ours = [a for a in _arrays_in(args) if a.size and self._find(a.ctypes.data) is not None]
-            self._enqueue(handle, run, f"kernel {name}")
+            op = self._enqueue(handle, run, f"kernel {name}")
+            op.spans = tuple(_extent(a) for a in ours)
 
     # -- what the GPU path would launch directly ---------------------------------------------
     def cuLaunchKernel(self, *args: Any) -> tuple[Any, ...]:
@@ -70,6 +71,15 @@ def _arrays_in(args: Any) -> Iterator[np.ndarray]:
             yield a
         elif isinstance(a, (tuple, list)):
             yield from _arrays_in(a)
+
+
+def _extent(a: np.ndarray) -> tuple[int, int]:
+    """The byte range ``[start, end)`` an array's elements lie in (strides of any sign)."""
+    lo = hi = a.ctypes.data
+    for stride, n in zip(a.strides, a.shape, strict=True):
+        reach = stride * (n - 1)
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + a.itemsize
 
 
 def fake_array(array: np.ndarray) -> Any:

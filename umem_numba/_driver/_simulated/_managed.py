@@ -173,14 +173,27 @@ class ManagedHints(Allocations):
                     mem.last_prefetch[pages] = code  # the driver reports the last location asked for
             # Discarded contents are indeterminate: garbage, drawn from the seed, when the discard runs.
             salt = self._rng.getrandbits(32)
+            ranges = [(p, p + z) for p, z, _ in spans]
+            # A GPU does not hold a discard back for work of other streams on its pages that is still
+            # unfinished when it is issued, even behind a stream wait for that work: an H100 lost the
+            # write queued after such a discard (issue #27).  Its garbage then lands again once that work
+            # has run, at the end of the synchronisation that ran it, after what ran meanwhile.
+            racing = self._unfinished_work_on(ranges, s)
 
-            def run() -> None:
+            def garble() -> None:
                 for i, (p, z, _) in enumerate(spans):
                     self._check_live(p, z, call)
                     garbage = np.random.default_rng((salt, i)).integers(0, 256, z, dtype=np.uint8)
                     ctypes.memmove(p, garbage.ctypes.data, z)
 
-            self._enqueue(s, run, call)
+            def land_late() -> None:
+                if all(self._find(p) is not None for p, _, _ in spans):  # not freed meanwhile
+                    garble()
+
+            op = self._enqueue(s, garble, call)
+            op.spans = tuple(ranges)
+            if racing:
+                self._late_effects.append(([*racing, op], land_late))
         return (_SUCCESS,)
 
     def cuMemDiscardBatchAsync(self, dptrs: Any, sizes: Any, count: Any, flags: Any, handle: Any) -> tuple[Any, ...]:

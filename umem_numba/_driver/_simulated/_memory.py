@@ -217,6 +217,7 @@ class Allocations(Scheduling):
                     ctypes.memmove(d, s_, n)
 
             op = self._enqueue(stream, run, what)
+            op.spans = tuple((p, p + n) for p, known in ((d, dst_known), (s_, src_known)) if known)
             if not dst_known:
                 # Pageable destination: the call returns once the copy is done.
                 self._drive([op])
@@ -254,7 +255,7 @@ class Allocations(Scheduling):
                 ctypes.memset(p, v, n)
 
             try:
-                self._enqueue(handle, run, "cuMemsetD8Async")
+                self._enqueue(handle, run, "cuMemsetD8Async").spans = ((p, p + n),)
             except _Error as e:
                 return (e.code,)
         return (_SUCCESS,)
@@ -270,7 +271,7 @@ class Allocations(Scheduling):
                 np.frombuffer((ctypes.c_uint32 * n).from_address(p), np.uint32)[:] = v  # type: ignore[call-overload]
 
             try:
-                self._enqueue(handle, run, "cuMemsetD32Async")
+                self._enqueue(handle, run, "cuMemsetD32Async").spans = ((p, p + 4 * n),)
             except _Error as e:
                 return (e.code,)
         return (_SUCCESS,)

@@ -33,7 +33,7 @@ PATIENCE = (4, 24)
 class _Op:
     """One operation queued on a stream."""
 
-    __slots__ = ("deps", "done", "polls", "run", "stream", "what")
+    __slots__ = ("deps", "done", "polls", "run", "spans", "stream", "what")
 
     def __init__(self, stream: _Stream, run: Callable[[], None] | None, deps: list[_Op], what: str) -> None:
         self.stream = stream
@@ -42,6 +42,8 @@ class _Op:
         self.done = False
         self.what = what
         self.polls = 0
+        #: The byte ranges ``(start, end)`` of driver memory it reads or writes, where known.
+        self.spans: tuple[tuple[int, int], ...] = ()
 
 
 class _Stream:
@@ -86,6 +88,9 @@ class Scheduling:
         # The first fault of device work (an operation that raised), reported by every later
         # synchronisation, as a GPU's context is unusable after one, until drain_quietly resets it.
         self._fault: SimulatedFault | None = None
+        # Effects that land once all their operations have run, at the end of that synchronisation:
+        # unordered with the work run meanwhile (see ManagedHints._discard_batch).
+        self._late_effects: list[tuple[list[_Op], Callable[[], None]]] = []
         #: Operations run so far, as (stream id, what): tests read the order from it.
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
@@ -181,10 +186,26 @@ class Scheduling:
         gc.disable()
         try:
             self._drive_with_gc_off(targets)
+            self._land_late_effects()
         finally:
             if collecting:
                 gc.enable()
         self._raise_fault()
+
+    def _land_late_effects(self) -> None:
+        if self._late_effects:
+            landing = [e for e in self._late_effects if all(op.done for op in e[0])]
+            self._late_effects = [e for e in self._late_effects if e not in landing]
+            for _, effect in landing:
+                effect()
+
+    def _unfinished_work_on(self, spans: list[tuple[int, int]], other_than: _Stream) -> list[_Op]:
+        """Queued operations of streams other than ``other_than`` that use any of ``spans`` (lock held)."""
+        return [
+            op
+            for op in self._pending
+            if op.stream is not other_than and any(a < end and start < b for a, b in op.spans for start, end in spans)
+        ]
 
     def _raise_fault(self) -> None:
         """Report the fault of earlier device work, if any: every synchronisation after it fails (lock held)."""
