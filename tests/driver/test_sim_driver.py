@@ -144,7 +144,7 @@ def test_sim_stream_order_is_kept_within_a_stream(drv):
 
 
 def test_sim_legacy_stream_orders_after_blocking_streams_only(drv, monkeypatch):
-    monkeypatch.setattr(_sim_driver, "SPREAD", 0.0)  # run only what is needed
+    monkeypatch.setattr(_sim_driver._scheduling, "SPREAD", 0.0)  # run only what is needed
     n = 64
     a, b = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
     blocking, nonblocking = ok(drv.cuStreamCreate(0)), ok(drv.cuStreamCreate(1))
@@ -244,7 +244,7 @@ def test_sim_fast_scalar_casts_answer_as_numba_types_do(rng):
 
     namespace = {"uint64": uint64, "float32": float32, "complex64": complex64}
     exec("def casting(i):\n    return uint64(i) + float32(0.5) + complex64(i)\n", namespace)
-    fast = _sim_driver._fast_scalars(namespace["casting"])
+    fast = _sim_driver._kernels._fast_scalars(namespace["casting"])
     assert fast is not None and set(fast) == {"uint64", "float32", "complex64"}
     i = int(rng.integers(1, 1 << 40))
     for name, numba_type in (("uint64", uint64), ("float32", float32), ("complex64", complex64)):
@@ -255,7 +255,7 @@ def test_sim_fast_scalar_casts_answer_as_numba_types_do(rng):
             got, want = t(value), numba_type(value)
             assert type(got) is type(want) and got == want
         assert t(types.int32) == numba_type(types.int32)  # a signature, as numba's
-    assert _sim_driver._fast_scalars(ok) is None
+    assert _sim_driver._kernels._fast_scalars(ok) is None
 
 
 def test_sim_simulated_fault_is_an_error(drv):
@@ -455,7 +455,7 @@ def test_sim_discard_and_prefetch_and_host_numa_locations_read_back(drv):
     assert fn(ctypes.byref(out), 4, int(attr.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), p, n) == 0
     assert out.value == int(typed.CU_MEM_LOCATION_TYPE_HOST_NUMA)
     # A node this host lacks, the legacy stream and unmanaged memory are refused as the driver does.
-    missing = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    missing = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._locations._host_numa_nodes()))
     assert drv.cuMemAdvise(p, n, advice, missing)[0] == 1
     assert drv.cuMemDiscardBatchAsync([drv.CUdeviceptr(p)], [n], 1, 0, 0)[0] == 1
     dev = ok(drv.cuMemAlloc(n))
@@ -465,7 +465,7 @@ def test_sim_discard_and_prefetch_and_host_numa_locations_read_back(drv):
 
 def test_sim_host_pools_give_pinned_memory_at_their_location(drv):
     attrs = drv.CUmemPool_attribute
-    for kind, node in (("HOST", 0), ("HOST_NUMA", _sim_driver._host_numa_nodes()[0])):
+    for kind, node in (("HOST", 0), ("HOST_NUMA", _sim_driver._locations._host_numa_nodes()[0])):
         props = drv.CUmemPoolProps()
         props.allocType = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         props.location = _location(drv, kind, node)
@@ -487,7 +487,7 @@ def test_sim_host_pools_give_pinned_memory_at_their_location(drv):
         ok((*drv.cuMemFreeAsync(p, s), None))
         drv.cuStreamSynchronize(s)
         ok((*drv.cuMemPoolDestroy(pool), None))
-    props.location = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._host_numa_nodes()))
+    props.location = _location(drv, "HOST_NUMA", 1 + max(_sim_driver._locations._host_numa_nodes()))
     assert drv.cuMemPoolCreate(props)[0] == 1  # a node this host lacks
 
 

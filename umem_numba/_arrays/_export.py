@@ -320,15 +320,13 @@ class DeviceExports(DLPackExport):
     def to_device(self, retr: list[Any], stream: Any = 0) -> Any:
         """numba's simulator: the array a plain ``kernel[g, b](buf)`` launch gets (no copy).
 
-        Such a launch runs at the call, ordered after all queued work (the
-        conservative case: it may have been launched on any stream); it
-        marks the buffer as used by a launch umem_numba did not make, as on a
-        GPU.
+        The simulated driver queues such a launch on its stream, as a GPU
+        runs it; it marks the buffer as used by a launch umem_numba did not
+        make, as numba's typing of the buffer does on a GPU.
         """
         from .._driver._simulated import fake_array
 
         self._device_export(escape=False)
-        _driver.call("cuCtxSynchronize", detail="a plain launch under numba's simulator runs at the call")
         return fake_array(self._device_array())
 
     # -- lending to other libraries -------------------------------------------------
