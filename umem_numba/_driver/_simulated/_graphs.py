@@ -334,6 +334,7 @@ _STREAM_RULES: dict[str, tuple[int, int, str]] = {
     "cuStreamSynchronize": (0, 0, "sync"),
     "cuStreamQuery": (0, 0, "sync"),
     "cuStreamGetDevice": (0, 1, "sync"),
+    "cuStreamGetId": (0, 1, "sync"),  # refused in a capture on an H100 (driver 580), global and relaxed modes
     "cuMemPrefetchAsync": (4, 0, "refuse"),
     "cuStreamAttachMemAsync": (0, 0, "refuse"),
     "cuMemAllocFromPoolAsync": (2, 1, "refuse"),
