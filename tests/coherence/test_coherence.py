@@ -97,9 +97,12 @@ def test_raise_policy_names_the_stream(k, rng):
     _, coh, _ = k
 
     first, second = random_array(rng, N, np.float64), random_array(rng, N, np.float64)
+    # Device copies kept alive: numba frees a dropped device array (cuMemFree synchronises the
+    # device) once enough are pending, which would end the kernel before the host checks it.
+    src1, src2 = cuda.to_device(first), cuda.to_device(second)
     dst = um.managed_empty(N, np.float64)
     stream = cuda.stream()
-    coh[1, N, stream](dst, cuda.to_device(first), 50)
+    coh[1, N, stream](dst, src1, 50)
     with um.coherence_policy("raise"):
         with pytest.raises(um.CoherenceError, match=f"{int(stream.handle):#x}"):
             dst.host
@@ -107,7 +110,7 @@ def test_raise_policy_names_the_stream(k, rng):
         dst.synchronize()
         np.testing.assert_array_equal(dst.host, first)  # no error once done (and synchronize waited)
     # per-buffer policy wins over the global default
-    coh[1, N, stream](dst, cuda.to_device(second), 30)
+    coh[1, N, stream](dst, src2, 30)
     dst.coherence_policy = "raise"
     with pytest.raises(um.CoherenceError):
         np.asarray(dst)
