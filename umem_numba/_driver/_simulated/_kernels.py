@@ -46,16 +46,16 @@ class Kernels(Allocations):
         name = getattr(kernel, "__name__", "kernel")
 
         def run() -> None:
-            for a in ours:
-                self._check_live(a.ctypes.data, a.nbytes, f"kernel {name}")
+            for lo, hi in spans:
+                self._check_live(lo, hi - lo, f"kernel {name}")
             run_kernel(kernel, griddim, blockdim, shared, _fake_args(args))
 
         with self._lock:
             # Arrays over this driver's memory must still be allocated when the kernel runs;
             # others (numba's simulator arrays: host memory) are kept alive by the arguments.
             ours = [a for a in _arrays_in(args) if a.size and self._find(a.ctypes.data) is not None]
-            op = self._enqueue(handle, run, f"kernel {name}")
-            op.spans = tuple(_extent(a) for a in ours)
+            spans = tuple(_extent(a) for a in ours)  # a view of negative strides starts at its last byte
+            self._enqueue(handle, run, f"kernel {name}").spans = spans
 
     # -- what the GPU path would launch directly ---------------------------------------------
     def cuLaunchKernel(self, *args: Any) -> tuple[Any, ...]:

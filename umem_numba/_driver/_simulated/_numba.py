@@ -189,6 +189,44 @@ def install_numba(drv: SimDriver) -> None:
     FakeCUDADevice.__getattr__ = device_attribute  # numba's device attributes, as the driver has them
 
     FakeCUDAArray.__cuda_array_interface__ = property(interface)
+
+    # numba's own device arrays are host memory that numba's simulator copies at the call; on a GPU
+    # their host copies wait for the work queued before them (a plain launch is queued now).
+    if not getattr(FakeCUDAArray.copy_to_host, "_umem", False):
+        numba_copy_to_host, numba_copy_to_device = FakeCUDAArray.copy_to_host, FakeCUDAArray.copy_to_device
+        get, put = FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__
+
+        from numba.cuda.simulator import kernel as running
+
+        def wait(stream: Any) -> None:
+            # Not from inside a simulated kernel (its threads index these arrays): device code.
+            if running._kernel_context is None and not drv._running:
+                drv.synchronous_copy_sync(_stream_int(stream))
+
+        def copy_to_host(self: Any, ary: Any = None, stream: Any = 0) -> Any:
+            wait(stream)
+            return numba_copy_to_host(self, ary, stream)
+
+        def copy_to_device(self: Any, ary: Any, stream: Any = 0) -> Any:
+            wait(stream)
+            return numba_copy_to_device(self, ary, stream)
+
+        def read_item(self: Any, idx: Any) -> Any:
+            item = get(self, idx)
+            if not isinstance(item, FakeCUDAArray):  # an element read on the host: a copy
+                wait(0)
+                item = get(self, idx)
+            return item
+
+        def write_item(self: Any, idx: Any, value: Any) -> None:
+            wait(0)
+            put(self, idx, value)
+
+        copy_to_host._umem = True  # type: ignore[attr-defined]
+        FakeCUDAArray.copy_to_host = copy_to_host
+        FakeCUDAArray.copy_to_device = copy_to_device
+        FakeCUDAArray.__getitem__ = read_item
+        FakeCUDAArray.__setitem__ = write_item
     FakeCUDAArray.device_ctypes_pointer = property(
         lambda self: ctypes.c_void_p(self._ary.ctypes.data if self._ary.size else 0)
     )
@@ -239,6 +277,54 @@ def install_numba(drv: SimDriver) -> None:
 
         weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
         return out
+
+    from numba.cuda.simulator.cudadrv import devicearray as sim_arrays
+
+    numba_device_array, numba_to_device = sim_arrays.device_array, sim_arrays.to_device
+
+    def device_array(
+        shape: Any = None, dtype: Any = np.float64, strides: Any = None, order: str = "C", stream: Any = 0
+    ) -> Any:
+        # numba's simulator gives host memory, which the simulated driver would take for pageable
+        # memory (copies from it read at the call); a GPU's is device memory, read when the work
+        # runs, after the kernels queued before it: the simulated driver's device memory.
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        count = int(np.prod(shp, dtype=np.int64))
+        if not count or dt.char in "Mm" or dt.hasobject:
+            return numba_device_array(shape=shp, dtype=dt, strides=strides, order=order)
+        if strides is None:
+            nbytes = count * dt.itemsize
+        else:
+            nbytes = sum((n - 1) * abs(s) for n, s in zip(shp, strides, strict=True)) + dt.itemsize
+        ptr = drv.cuMemAlloc(nbytes)[1]
+        raw = (ctypes.c_byte * nbytes).from_address(ptr)
+        arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)  # type: ignore[arg-type]
+        import weakref
+
+        weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
+        return FakeCUDAArray(arr)
+
+    def to_device(ary: Any, stream: Any = 0, copy: bool = True, to: Any = None) -> Any:
+        if to is not None:
+            return numba_to_device(ary, stream=stream, copy=copy, to=to)
+        host = np.asarray(ary)
+        if (
+            not host.size
+            or host.dtype.char in "Mm"
+            or host.dtype.hasobject
+            or not (host.flags.c_contiguous or host.flags.f_contiguous)
+        ):
+            return numba_to_device(ary, stream=stream, copy=copy, to=to)
+        order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
+        out = device_array(host.shape, host.dtype, order=order)
+        out._ary[...] = host  # new memory: no queued work uses it yet
+        return out
+
+    def device_array_like(ary: Any, stream: Any = 0) -> Any:
+        host = ary._ary if isinstance(ary, FakeCUDAArray) else np.asarray(ary)
+        order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
+        return device_array(host.shape, host.dtype, order=order)
 
     def pinned_array(shape: Any, dtype: Any = np.float64, strides: Any = None, order: str = "C") -> np.ndarray:
         # numba's simulator gives pageable memory, which the driver reads before a copy returns;
@@ -322,6 +408,9 @@ def install_numba(drv: SimDriver) -> None:
     for mod in api_modules:
         mod.event = event
         mod.managed_array = managed_array
+        mod.device_array = device_array
+        mod.device_array_like = device_array_like
+        mod.to_device = to_device
         mod.pinned_array = pinned_array
         mod.from_cuda_array_interface = from_cuda_array_interface
         mod.as_cuda_array = as_cuda_array

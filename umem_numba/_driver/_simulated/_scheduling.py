@@ -280,6 +280,18 @@ class Scheduling:
     def _stream_targets(self, s: _Stream) -> list[_Op]:
         return list(s.ops)
 
+    def synchronous_copy_sync(self, handle: Any) -> None:
+        """Run what a synchronous copy on stream ``handle`` waits for (numba's own device arrays' host copies).
+
+        On the legacy stream that is all earlier work of the blocking streams too.
+        """
+        with self._lock:
+            s = self._stream(handle)
+            targets = list(s.ops)
+            if s.kind == "legacy":
+                targets += [op for other in self._all_streams() if other.blocking for op in other.ops]
+            self._drive(targets)
+
     def cuCtxSynchronize(self) -> tuple[Any, ...]:
         with self._lock:
             self._drain()
