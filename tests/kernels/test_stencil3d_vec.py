@@ -29,6 +29,7 @@ from umem_numba.kernels import stencil3d
 _WORKER = textwrap.dedent("""
     import json, sys
     import numpy as np
+    from numba import cuda
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     from umem_numba.kernels import stencil3d
 
@@ -80,6 +81,7 @@ _WORKER = textwrap.dedent("""
             stencil3d.heat3d_step(a, b, c["alpha"], planes_per_thread=c["planes"], block=tuple(c["block"]),
                                   variant=c["variant"])
             a, b = b, a
+        cuda.synchronize()  # the launches are queued on the simulated driver's stream, as on a GPU
         out[c["name"]] = np.ascontiguousarray(a._ary)
         out[c["name"] + "_counts"] = np.array([counts["load"], counts["store"]])
     np.savez(dst, **out)
