@@ -2,7 +2,8 @@
 
     NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc]
 
-The simulator runs every launch and copy at once, in the order queued, so this
+The copies run at once, after all work queued before them (the simulated
+driver runs kernels late, on their streams), so the order queued is kept: this
 checks the data flow of the overlapped schedule on the GPU path (the real
 kernels over the real band arrays, the row offsets of every copy, which
 receive buffer feeds which halo), not its concurrency.  The driver calls that
@@ -48,6 +49,9 @@ def fake_call(name: str, *args: object, detail: str = "") -> None:
     if name not in COPIES:
         raise AssertionError(f"unexpected driver call under the simulator: {name}")
     dst, src, nbytes, _stream = args
+    # The copy runs now, so the work queued before it (kernels are queued on the simulated
+    # driver's streams and run late, as on a GPU) runs first: the order queued is kept.
+    _driver.api().drv.cuCtxSynchronize()
     ctypes.memmove(int(dst), int(src), int(nbytes))
 
 
