@@ -185,6 +185,50 @@ MUTATIONS = [
         "        if False:\n            tracker.wait_all(",
         "a closed buffer's memory is freed without waiting for its device work",
     ),
+    # The fixes of issue #27 whose commits no longer revert cleanly (later commits touched the same
+    # lines), reverted by hand: the line that makes each fix.
+    Mutation(
+        "revert-item4-host-access-inside-own-lend",
+        T,
+        "        if lenders and threading.get_ident() in lenders:",
+        "        if False:",
+        "issue #27 item 4 reverted (afcc62a): host access inside its own lend block waits for itself",
+    ),
+    Mutation(
+        "revert-item5-discard-capture-check",
+        H,
+        "    refuse_capture(handle, what)  # before cuStreamGetDevice, which a capture forbids (and which invalidates it)",
+        "    pass",
+        "issue #27 item 5 reverted (be8ce07): a discard asks the stream's device before its capture check",
+    ),
+    Mutation(
+        "revert-item6-pool-capture-check",
+        P,
+        "        try:\n            refuse_capture(handle, what)\n        except CudaError:",
+        "        try:\n            pass\n        except CudaError:",
+        "issue #27 item 6 reverted (46f94ea, 164cdbf): pool buffers do not refuse a capturing stream",
+    ),
+    Mutation(
+        "revert-item7-lent-view-legacy-stream",
+        E,
+        "        return buf._interface(self._alloc, self._stream or _CAI_LEGACY_STREAM)",
+        "        return buf._interface(self._alloc, self._stream or None)",
+        "issue #27 item 7 reverted (7b48735): a view lent on the legacy stream names stream None",
+    ),
+    Mutation(
+        "revert-item8-dlpack-stream-zero",
+        E,
+        "    if value == 0:\n",
+        "    if False:\n",
+        "issue #27 item 8 reverted in part (d299c65): __dlpack__(stream=0) is accepted",
+    ),
+    Mutation(
+        "revert-item9-zero-size-prefetch",
+        "umem_numba/_hints/_managed_span.py",
+        "    if whole_may_be_empty and start is None and stop is None and size == 0:",
+        "    if False:",
+        "issue #27 item 9 reverted (087fc51): prefetch / discard of a zero-size buffer raise ValueError",
+    ),
     # The reverts of issue #19's fixes kept in .ci/proof/*.patch (written for c16682b), re-expressed on today's code.
     Mutation(
         "proof-item5-reuse-ordered-by-handle",
