@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Score the API fuzzer (tests/fuzz) against planted bugs, one at a time (issue #27 item 6).
-#   .ci/proof/fuzz-teeth/run.sh [ENTRY...]   ENTRY: a mutation name (mutations.py list) or revert:COMMIT
-# With no ENTRY: every mutation, then every fix commit of fixes.txt (its library change reverted).
+#   .ci/proof/fuzz-teeth/run.sh [ENTRY...]   ENTRY: a mutation name (mutations.py list), revert:COMMIT or none
+# With no ENTRY: the baseline (none: it must survive), every mutation, then every fix commit of fixes.txt
+# (its library change reverted).
 # Each entry runs in its own copy of the working tree: the fuzzer on CI's seeds, every family, under
 # the simulated driver, unshrunk (UMEM_FUZZ_SHRINK=0), stopping at the first failure; a failing run
 # kills the entry. PARALLEL entries at once (default 1), each with JOBS pytest workers (default 2).
@@ -25,7 +26,9 @@ one() {  # ENTRY -> one result line
     local entry=$1 name=${1//[:\/]/_} tree rc start secs first
     tree="$(mktemp -d)"
     cp -r "$root/umem_numba" "$root/tests" "$root/kernels" "$root/pyproject.toml" "$tree/"
-    if [[ $entry == revert:* ]]; then
+    if [ "$entry" = none ]; then
+        :  # the baseline: the tree as it is (must survive)
+    elif [[ $entry == revert:* ]]; then
         local c=${entry#revert:}
         [ -s "$patches/$c.patch" ] || git -C "$root" show "$c" -- umem_numba > "$patches/$c.patch"
         (cd "$tree" && git apply -R "$patches/$c.patch") || { echo -e "$entry\tdoes not apply"; rm -rf "$tree"; return; }
@@ -49,7 +52,8 @@ export -f one
 export here root py logs patches
 entries=("$@")
 if [ ${#entries[@]} -eq 0 ]; then
-    mapfile -t entries < <("$py" "$here/mutations.py" list | cut -f1)
+    entries=(none)
+    mapfile -t -O 1 entries < <("$py" "$here/mutations.py" list | cut -f1)
     for c in $(fixes); do entries+=("revert:$c"); done
 fi
 printf '%s\n' "${entries[@]}" | xargs -P "${PARALLEL:-1}" -I{} bash -c 'one "$@"' _ {} | tee "$logs/results.tsv"
