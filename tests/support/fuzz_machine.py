@@ -863,7 +863,11 @@ class UmemMachine(RuleBasedStateMachine):
         # Advice on no elements is refused (ValueError naming the empty range, tests/hints/test_advice.py);
         # prefetch and discard of a whole zero-size buffer do nothing.
         empty_advice = op in ("advise", "policy") and not int(np.prod(view.shape))
-        with self.run(what, view, allowed=(ValueError,) if empty_advice else ()):
+        # Pool memory takes no advice (the driver answers CUDA_ERROR_NOT_SUPPORTED: UnsupportedError,
+        # docs/concepts/pools.md); a managed pool's preferred_location is the way there.
+        pool_advice = op in ("advise", "policy") and view.alloc.pool is not None
+        allowed = ((ValueError,) if empty_advice else ()) + ((um.UnsupportedError,) if pool_advice else ())
+        with self.run(what, view, allowed=allowed):
             if op == "prefetch":
                 view.buf.prefetch(where, stream=s)
             elif op == "discard":
