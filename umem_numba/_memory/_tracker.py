@@ -235,6 +235,10 @@ class Tracker:
         """
         if self in _launching.current:
             return
+        if not escape and (self.writes or self.reads or self.unknown_devices or self.escaped or self.inflight):
+            # numba launches on a stream umem_numba is not told: the launch cannot be ordered
+            # after earlier device work on the device, so that work is settled on the host first.
+            self.settle("a kernel launch umem_numba does not track", self.effective_policy())
         device = -1 if escape else _driver.current_device()
         with self._lock:
             self._refuse_if_blocked("device use")
