@@ -140,11 +140,6 @@ def test_managed_pool_memory_takes_no_advice(rng, advice):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    reason="issue #27: a discard does not order itself after a pending writer on another stream (lost on an H100 in "
-    "5 of 5 trials); the fix belongs to umem_numba/_hints, not to the simulated driver",
-    strict=False,
-)
 def test_discard_after_a_pending_writer_on_another_stream_keeps_the_later_write(rng):
     """Issue #27 (GPU finding): a writer sleeps on ``s1``; ``buf.discard(stream=s2)``; a writer on ``s2``; ``buf.host``.
 
