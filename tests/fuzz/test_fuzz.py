@@ -13,8 +13,8 @@ Longer runs, any seed (docs/contributing.md)::
 ``UMEM_FUZZ_SEED``: the first seed (then seed+1, ... while time is left); ``UMEM_FUZZ_SECONDS``:
 keep trying new seeds for that long per test (default: the CI seeds once each);
 ``UMEM_FUZZ_EXAMPLES`` / ``UMEM_FUZZ_STEPS``: programs per seed and steps per program;
-``UMEM_FUZZ_STEP_TIMEOUT``: seconds before a step counts as hung; ``UMEM_FUZZ_SHRINK=0``: no shrinking.  A failure prints the
-shrunk program (Hypothesis's ``state = ...`` lines) and the command that replays it.
+``UMEM_FUZZ_STEP_TIMEOUT``: seconds before a step counts as hung; ``UMEM_FUZZ_SHRINK=0``: no
+shrinking.  A failure prints the shrunk program (Hypothesis's ``state = ...`` lines) and the command that replays it.
 """
 
 from __future__ import annotations
