@@ -26,7 +26,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
-from support.fuzz_machine import CLOCK, FAMILIES, UmemMachine, machine_for
+from support.fuzz_machine import UmemMachine, machine_for
+from support.fuzz_model import CLOCK, FAMILIES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fuzz]
 
