@@ -83,11 +83,12 @@ from support.fuzz_model import (  # the world the machine acts on
     values_for,
     watchdog,
 )
+from support.fuzz_races import RaceRules
 from support.helpers import worker_thread
 from umem_numba import _driver, _sim
 
 
-class UmemMachine(RuleBasedStateMachine):
+class UmemMachine(RaceRules, RuleBasedStateMachine):
     """Random programs over umem_numba's public API, checked against program order (module docstring)."""
 
     #: Families this machine enables (besides ``core``); subclasses set it.
@@ -324,15 +325,21 @@ class UmemMachine(RuleBasedStateMachine):
         alloc.closed = True
 
     # -- kernels ------------------------------------------------------------------------------
-    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS), sleep=st.booleans())
-    def kernel_fill(self, view: View, value: int, stream: str, sleep: bool) -> None:
-        """um.jit: fill (optionally after a device sleep, so that a missing wait shows)."""
+    @rule(
+        view=buffers,
+        value=st.integers(1, 1000),
+        stream=st.sampled_from(STREAMS),
+        variant=st.sampled_from(("", "sleep", "opaque", "row")),
+    )
+    def kernel_fill(self, view: View, value: int, stream: str, variant: str) -> None:
+        """um.jit: fill; after a device sleep (so that a missing wait shows), from source umem_numba
+        cannot read (``opaque``: it must count as a writer), or through rows (``a[i][j] = v``)."""
         if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
             return
         nd = len(view.shape)
-        k = KERNELS.get(f"{'sleep' if sleep else ''}fill{nd}")
+        k = KERNELS.get(f"{variant}fill{nd}")
         grid, block = launch_config(view.shape)
-        args = (view.buf, value, SLEEP_NS) if sleep else (view.buf, value)
+        args = (view.buf, value, SLEEP_NS) if variant == "sleep" else (view.buf, value)
         with self.run(f"{k.__name__}[{stream}]({view.label}, {value})", view):
             k[grid, block, self.stream(stream)](*args)
             view.model()[...] = value
@@ -600,7 +607,7 @@ class UmemMachine(RuleBasedStateMachine):
     @family("export")
     @rule(
         view=buffers,
-        consumer_stream=st.sampled_from(STREAMS),
+        consumer_stream=st.sampled_from((*STREAMS, "none")),
         protocol=st.sampled_from(("dlpack", "cai")),
         value=st.integers(1, 1000),
     )
@@ -614,9 +621,12 @@ class UmemMachine(RuleBasedStateMachine):
             return
         what = f"{view.label}.__{protocol}__ to a consumer on {consumer_stream} writing {value}"
         with self.run(what, view):
-            handle = self.handle(consumer_stream)
+            # "none": DLPack's stream=None, the legacy default stream, which does not wait for the
+            # non-blocking streams by itself (the CUDA Array Interface has no such value here).
+            handle = 0 if consumer_stream == "none" else self.handle(consumer_stream)
             if protocol == "dlpack":
-                cap = Capsule(view.buf.__dlpack__(stream=self.dlpack_stream(consumer_stream)))
+                named = None if consumer_stream == "none" else self.dlpack_stream(consumer_stream)
+                cap = Capsule(view.buf.__dlpack__(stream=named))
                 try:
                     memset_elements(cap.ptr, cap.shape, cap.strides, value, handle)
                 finally:

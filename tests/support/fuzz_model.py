@@ -45,6 +45,9 @@ FAMILIES: dict[str, str] = {
     "threads": "the same operations from worker threads (their per-thread default streams)",
     "vmm": "VMMBuffer grow and shrink",
     "plain": "plain @cuda.jit launches (numba's own launch) on random streams",
+    "races": "orderings made on purpose: pool blocks and VMM ranges handed out again under queued work, several "
+    "readers then a writer, a discard between writers, page-locked host memory changed after a copy, a copy "
+    "within one allocation, escaped pool memory let go (tests/support/fuzz_races.py)",
     "probes": "bad arguments the docs promise a clear error for (DLPack stream values, lend(None) interfaces, "
     "zero-size prefetch/discard)",
 }
@@ -235,7 +238,36 @@ def _make_kernel(name: str) -> Any:
                 a[i, j] = v
 
         return cuda.jit(plainfill2)
+    if name == "rowfill1":  # one dimension: nothing to index through; the same as fill1
+        return _make_kernel("fill1")
+    if name == "rowfill2":
+
+        def rowfill2(a, v):
+            i, j = cuda.grid(2)
+            if i < a.shape[0] and j < a.shape[1]:
+                a[i][j] = v  # a store through the row a[i]: a write of a all the same
+
+        return um.jit(rowfill2)
+    if name.startswith("opaquefill"):
+        return _opaque_kernel(name)
     raise KeyError(name)
+
+
+#: A fill kernel made from source text that inspect cannot find (as exec'd or interactive code
+#: is): umem_numba cannot tell what it writes, so it must take it as writing every argument.
+_OPAQUE_SOURCE = {
+    "opaquefill1": "def opaquefill1(a, v):\n    i = cuda.grid(1)\n    if i < a.shape[0]:\n        a[i] = v\n",
+    "opaquefill2": (
+        "def opaquefill2(a, v):\n    i, j = cuda.grid(2)\n"
+        "    if i < a.shape[0] and j < a.shape[1]:\n        a[i, j] = v\n"
+    ),
+}
+
+
+def _opaque_kernel(name: str) -> Any:
+    namespace: dict[str, Any] = {"cuda": cuda}
+    exec(compile(_OPAQUE_SOURCE[name], f"<fuzz-generated {name}>", "exec"), namespace)
+    return um.jit(namespace[name])
 
 
 KERNELS = _Kernels()

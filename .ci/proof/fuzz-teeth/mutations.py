@@ -21,6 +21,8 @@ class Mutation(NamedTuple):
     old: str
     new: str
     bug: str
+    #: More edits of the same bug, ``(path, old, new)`` each (a revert that touched several places).
+    more: tuple[tuple[str, str, str], ...] = ()
 
 
 T = "umem_numba/_memory/_tracker.py"
@@ -42,8 +44,8 @@ MUTATIONS = [
         "tracker-read-supersedes-other-streams",
         T,
         "                    for old in covered:\n                        if old.key == key:\n",
-        "                    for old in covered:\n                        if True:\n",
-        "a read drops the reads of other streams from the record (a later write stops waiting for them)",
+        "                    for old in list(self.reads.values()):\n                        if True:\n",
+        "a read drops every earlier read from the record, other streams' too (a later write stops waiting for them)",
     ),
     Mutation(
         "tracker-settle-first-event-only",
@@ -84,8 +86,9 @@ MUTATIONS = [
         "deviceuse-merge-drops-write",
         T,
         "            merged[id(tracker)] = (tracker, write or (old is not None and old[1]))",
-        "            merged[id(tracker)] = (tracker, write if old is None else old[1])",
-        "a copy between two views of one allocation keeps the first use's flag (the write is lost)",
+        "            merged[id(tracker)] = (tracker, write and (old is None or old[1]))",
+        "two uses of one allocation by one operation merge to a read unless both write (a copy within one "
+        "allocation is tracked as a read)",
     ),
     Mutation(
         "launch-waits-overwrite",
@@ -143,19 +146,24 @@ MUTATIONS = [
         '        stage.tracker.settle(what, "off")',
         "staging slots are refilled without waiting for the DMA that last used them",
     ),
+    # Two mutations of an earlier score, "prefetch-not-ordered" (a prefetch neither ordered after writes
+    # nor recorded) and "discard-tracked-as-read", were found equivalent (README.md): no program can
+    # tell them from the tree by a value, so they were replaced by the two below.
     Mutation(
-        "prefetch-not-ordered",
-        H,
-        "    return [(s.tracker, False) for s in spans if s.tracker is not None]",
-        "    return []",
-        "a prefetch is neither ordered after writes nor recorded",
-    ),
-    Mutation(
-        "discard-tracked-as-read",
+        "discard-not-recorded",
         H,
         "    return [(s.tracker, True) for s in spans if s.tracker is not None]",
-        "    return [(s.tracker, False) for s in spans if s.tracker is not None]",
-        "a discard is tracked as a read (later reads are not ordered after it)",
+        "    return []",
+        "a discard is neither ordered after the buffer's work nor recorded (a later writer on another stream "
+        "may run before it)",
+    ),
+    Mutation(
+        "discard-does-not-settle",
+        H,
+        "    for span in spans:\n        if span.tracker is not None:\n            span.tracker.wait_all(what)\n",
+        "    for span in spans:\n        if False:\n            span.tracker.wait_all(what)\n",
+        "a discard is issued with writers of other streams still pending (ordered only on the device, which "
+        "a GPU's discard ignores)",
     ),
     Mutation(
         "lend-records-on-entry",
@@ -229,39 +237,92 @@ MUTATIONS = [
         "    if False:",
         "issue #27 item 9 reverted (087fc51): prefetch / discard of a zero-size buffer raise ValueError",
     ),
-    # The reverts of issue #19's fixes kept in .ci/proof/*.patch (written for c16682b), re-expressed on today's code.
+    # The reverts of issue #19's fixes kept in .ci/proof/*.patch (written for c16682b), re-expressed on
+    # today's code, every hunk of each.
+    Mutation(
+        "proof-item1-plugin-free",
+        "umem_numba/_interop/_emm.py",
+        "        pool.free(ptr, unordered=True)  # numba's kernels may still use it on any stream",
+        "        pool.free(ptr, 0)",
+        ".ci/proof/item1-plugin-free.patch: the memory-manager plugin frees ordered on the legacy stream only",
+    ),
+    Mutation(
+        "proof-item1-pool-unordered",
+        P,
+        "        if unordered:\n            entry = self._raw_sizes.pop(ptr, None)",
+        "        if unordered:\n            stream = 0\n        if False:\n            entry = self._raw_sizes.pop(ptr, None)",
+        ".ci/proof/item1-pool-unordered.patch: an unordered free goes on the legacy stream's free list",
+    ),
+    Mutation(
+        "proof-item2-staging-policy",
+        C,
+        '        tracker.policy = "sync"\n',
+        "",
+        ".ci/proof/item2-staging-policy.patch: the staging area follows the user's coherence policy",
+        more=((C, '        stage.tracker.settle(what, "sync")', "        stage.tracker.before_host_access(what)"),),
+    ),
+    Mutation(
+        "proof-item3-element-store",
+        L,
+        "            self._write(self._refs(target.value))  # a store through what it refers to",
+        "            if isinstance(target.value, ast.Name):\n                self._write(self._refs(target.value))",
+        ".ci/proof/item3-element-store.patch: only p[...] = v is a write (p[i][j] = v is read-only again)",
+    ),
     Mutation(
         "proof-item5-reuse-ordered-by-handle",
         P,
         "        others = [e for e in events if e.key != key or e.device_id != dev]",
         "        others = [e for e in events if e.stream != stream or e.device_id != dev]",
-        ".ci/proof/item5-stream-handles.patch: a reused block's events are compared by stream handle, not id",
+        ".ci/proof/item5-stream-handles.patch: a reused block's events are compared by stream handle, not id, "
+        "and the handles 1 and 2 are their own key",
+        more=(
+            (
+                P,
+                "        if handle == 0:\n            key = self._legacy_key\n            if key is None:\n"
+                "                with _driver.device_context(self.device_id):",
+                "        if handle < 3:\n            return handle\n"
+                "        if handle == 0:\n            key = self._legacy_key\n            if key is None:\n"
+                "                with _driver.device_context(self.device_id):",
+            ),
+        ),
     ),
     Mutation(
         "proof-item6-driver-memory-source",
         C,
         "        known = _driver_memory(src)",
         "        known = False",
-        ".ci/proof/item6-driver-memory-source.patch: copy_from_host does not wait for a managed or pinned source",
+        ".ci/proof/item6-driver-memory-source.patch: copy_from_host does not wait for a managed or pinned "
+        "source (which skips the staged path)",
+        more=(
+            (
+                C,
+                "        elif copiers is not None:\n            _staged(dst, src, handle, what, staging, copiers, to_host=False)",
+                "        elif copiers is not None and not _driver_memory(src):\n"
+                "            _staged(dst, src, handle, what, staging, copiers, to_host=False)",
+            ),
+        ),
     ),
     Mutation(
         "proof-item7-unseen-work-not-held",
         P,
         "        if pool is not None and not pool._closed and (tracker.unknown_devices or tracker.escaped):",
         "        if False:",
-        ".ci/proof/item7-unseen-work.patch: pool memory that work umem_numba could not see used is not held",
+        ".ci/proof/item7-unseen-work.patch: pool memory that work umem_numba could not see used is neither "
+        "held nor freed after a synchronise",
+        more=((P, "            if unknown or escaped:\n                synchronize_for_reuse(", "            if False:\n                synchronize_for_reuse("),),
     ),
 ]
 
 
 def apply(name: str, root: Path) -> None:
     (m,) = [m for m in MUTATIONS if m.name == name]
-    path = root / m.path
-    text = path.read_text()
-    count = text.count(m.old)
-    if count != 1:
-        raise SystemExit(f"{name}: the original text occurs {count} times in {m.path} (expected once)")
-    path.write_text(text.replace(m.old, m.new))
+    for rel, old, new in ((m.path, m.old, m.new), *m.more):
+        path = root / rel
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise SystemExit(f"{name}: the original text occurs {count} times in {rel} (expected once)")
+        path.write_text(text.replace(old, new))
 
 
 if __name__ == "__main__":
