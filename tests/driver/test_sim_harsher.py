@@ -170,3 +170,45 @@ def test_discard_after_a_pending_writer_on_another_stream_keeps_the_later_write(
     finally:
         cuda.synchronize()
         buf.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_numba_stream_is_owned_and_a_pool_allocation_in_its_capture_refuses_cleanly():
+    """``cuda.stream()`` owns its handle (numba destroys it only when collected), here as on a GPU.
+
+    The pool then keeps the stream's ``cuStreamGetId``, asked once: a pool allocation on it
+    while it captures must refuse before asking (an H100 refuses ``cuStreamGetId`` inside a
+    capture and invalidates the capture; commit 164cdbf).  The simulated driver's numba streams
+    were not recognised as owned, so the pool never took that path on the CPU.
+    """
+    from umem_numba._driver._location import owns_stream, stream_handle
+
+    _driver.ensure_context()
+    s = cuda.stream()
+    assert owns_stream(s), f"{s!r}: a stream numba created owns its handle"
+    assert not owns_stream(cuda.default_stream()) and not owns_stream(cuda.external_stream(s.handle))
+    pool = um.MemoryPool("device")
+    drv = _driver.api().drv
+    h = stream_handle(s)
+    assert _driver.owned_stream(h) is not None, "the pool would ask the driver for the stream's id at every use"
+    mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    try:
+        _driver.call("cuStreamBeginCapture", h, mode)
+        try:
+            with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
+                um.DeviceBuffer.empty((4,), np.float32, pool=pool, stream=s)
+        finally:
+            err, graph = drv.cuStreamEndCapture(h)
+        assert int(err) == 0, f"the capture was broken: cuStreamEndCapture returned {drv.CUresult(err).name}"
+        res = drv.cuGraphGetNodes(graph)
+        assert int(res[0]) == 0 and int(res[-1]) == 0, "the refused allocation left nodes in the graph"
+        _driver.call("cuGraphDestroy", graph)
+        # Outside the capture the pool takes the owned stream's id, asked once and kept.
+        buf = um.DeviceBuffer.zeros((4,), np.float32, pool=pool, stream=s)
+        np.testing.assert_array_equal(buf.copy_to_host(stream=s), np.zeros(4, np.float32))
+        assert _driver.owned_stream(h)[1] == _driver.check(drv.cuStreamGetId(h), "cuStreamGetId")
+        buf.close()
+    finally:
+        cuda.synchronize()
+        pool.close()
