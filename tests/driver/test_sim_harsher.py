@@ -212,3 +212,50 @@ def test_numba_stream_is_owned_and_a_pool_allocation_in_its_capture_refuses_clea
     finally:
         cuda.synchronize()
         pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_a_reused_stream_handle_gets_the_new_streams_identity(rng):
+    """A numba stream is collected once its work has run; the next ``cuda.stream()`` may get its handle.
+
+    The simulated driver hands it out again (last freed first, as a GPU driver may), so the
+    identity umem_numba keeps for a live numba stream (its ``cuStreamGetId``) must follow the new
+    stream, and the block freed on the dead stream is the new stream's to take.
+    """
+    import gc
+
+    from umem_numba._driver._location import stream_handle
+
+    pool = um.MemoryPool("device")
+    data = random_array(rng, N, np.float32)
+    reused = 0
+    try:
+        for trial in range(TRIALS):
+            s1 = cuda.stream()
+            h1 = stream_handle(s1)
+            key1 = _driver.stream_key(h1)
+            buf = um.DeviceBuffer.from_array(data, pool=pool, stream=s1)
+            buf.close()  # its block goes back to the pool on s1
+            s1.synchronize()  # the driver releases a destroyed stream's handle once its work has run
+            del s1
+            gc.collect()
+            if not _sim.active():
+                cuda.current_context().deallocations.clear()  # numba defers cuStreamDestroy on a GPU
+            s2 = cuda.stream()
+            h2 = stream_handle(s2)
+            reused += h2 == h1
+            key2 = _driver.stream_key(h2)
+            assert key2 != key1, f"trial {trial}: the new stream kept the destroyed stream's id"
+            assert key2 == int(_driver.call("cuStreamGetId", h2))
+            nxt = um.DeviceBuffer.from_array(-data, pool=pool, stream=s2)
+            np.testing.assert_array_equal(nxt.copy_to_host(stream=s2), -data, err_msg=f"trial {trial}")
+            nxt.close()
+            del s2
+            gc.collect()
+        if _sim.active():
+            assert reused == TRIALS, f"the simulated driver handed the freed handle out in {reused} of {TRIALS}"
+        print(f"handles reused in {reused} of {TRIALS} trials")
+    finally:
+        cuda.synchronize()
+        pool.close()

@@ -33,7 +33,7 @@ PATIENCE = (4, 24)
 class _Op:
     """One operation queued on a stream."""
 
-    __slots__ = ("deps", "done", "polls", "run", "spans", "stream", "what")
+    __slots__ = ("deps", "done", "polls", "run", "spans", "stream", "then", "what")
 
     def __init__(self, stream: _Stream, run: Callable[[], None] | None, deps: list[_Op], what: str) -> None:
         self.stream = stream
@@ -44,6 +44,8 @@ class _Op:
         self.polls = 0
         #: The byte ranges ``(start, end)`` of driver memory it reads or writes, where known.
         self.spans: tuple[tuple[int, int], ...] = ()
+        #: What the driver does once it has run (release a destroyed stream's or event's handle).
+        self.then: list[Callable[[], None]] | None = None
 
 
 class _Stream:
@@ -77,8 +79,13 @@ class Scheduling:
         self._lock = threading.RLock()
         self.seed = seed_value
         self._rng = random.Random(seed_value)
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # stream ids (cuStreamGetId): never reused
         self._handles = itertools.count(0x1000, 0x10)
+        # Handles of destroyed streams and events, handed out again last freed first, as a GPU
+        # driver's are (they are addresses of its own objects): code that keys anything by a raw
+        # handle then meets a new stream or event under an old key.  Only these two tables reuse.
+        self._free_streams: list[int] = []
+        self._free_events: list[int] = []
         self._events: dict[int, _Event] = {}
         self._legacy = _Stream(0, next(self._ids), "legacy", True)
         self._streams: dict[int, _Stream] = {}
@@ -120,11 +127,30 @@ class Scheduling:
     def _all_streams(self) -> list[_Stream]:
         return [self._legacy, *self._per_thread.values(), *self._streams.values()]
 
-    def _register(self, table: dict[int, Any], make: Callable[[int], Any]) -> tuple[Any, ...]:
-        """A new handle for ``make(handle)`` in ``table`` (lock held): the driver's ``(CUDA_SUCCESS, handle)``."""
-        handle = next(self._handles)
+    def _register(
+        self, table: dict[int, Any], make: Callable[[int], Any], free: list[int] | None = None
+    ) -> tuple[Any, ...]:
+        """A handle for ``make(handle)`` in ``table`` (lock held): the driver's ``(CUDA_SUCCESS, handle)``.
+
+        ``free``: handles given back to this table (see :meth:`_release_after`), of which the last
+        one freed is handed out first; otherwise, and for the other tables, a new handle.
+        """
+        handle = free.pop() if free else next(self._handles)
         table[handle] = make(handle)
         return (_SUCCESS, handle)
+
+    @staticmethod
+    def _release_after(op: _Op | None, free: list[int], handle: int) -> None:
+        """Put ``handle`` on ``free`` once ``op`` has run (at once if none, or done; lock held).
+
+        The driver releases a destroyed stream's or event's resources, its handle among them,
+        only once the work queued before has completed (cuStreamDestroy, cuEventDestroy; an H100
+        with driver 580 did not hand a destroyed stream's handle out while its work ran).
+        """
+        if op is None or op.done:
+            free.append(handle)
+        else:
+            op.then = [*(op.then or ()), lambda: free.append(handle)]
 
     @staticmethod
     def _unregister(table: dict[int, Any], handle: Any, missing: int) -> tuple[Any, ...]:
@@ -256,6 +282,10 @@ class Scheduling:
                     self._fault = fault
             finally:
                 self._running = False
+        if op.then is not None:
+            then, op.then = op.then, None
+            for release in then:
+                release()
 
     def _drain(self) -> None:
         self._drive(list(self._pending))
@@ -305,15 +335,21 @@ class Scheduling:
         blocking = not (_int(flags) & 1)
         with self._lock:
             return self._register(
-                self._streams, lambda h: _Stream(h, next(self._ids), "created", blocking, _int(priority))
+                self._streams,
+                lambda h: _Stream(h, next(self._ids), "created", blocking, _int(priority)),
+                self._free_streams,
             )
 
     def cuStreamDestroy(self, handle: Any) -> tuple[Any, ...]:
+        h = _int(handle)
         with self._lock:
-            s = self._streams.pop(_int(handle), None)
+            s = self._streams.pop(h, None)
             if s is None:
                 return (_INVALID_HANDLE,)
-            # Work already queued still runs when needed (its operations stay pending).
+            # Work already queued still runs when needed (its operations stay pending, on this
+            # _Stream: a new stream given the handle is another _Stream, not ordered with them);
+            # the handle is free once that work has run.
+            self._release_after(s.ops[-1] if s.ops else None, self._free_streams, h)
         return (_SUCCESS,)
 
     def cuStreamGetId(self, handle: Any) -> tuple[Any, ...]:
@@ -385,11 +421,19 @@ class Scheduling:
 
     def cuEventCreate(self, flags: Any) -> tuple[Any, ...]:
         with self._lock:
-            return self._register(self._events, lambda _: _Event(_int(flags)))
+            return self._register(self._events, lambda _: _Event(_int(flags)), self._free_events)
 
     def cuEventDestroy(self, event: Any) -> tuple[Any, ...]:
+        h = _int(event)
         with self._lock:
-            return self._unregister(self._events, event, _INVALID_HANDLE)
+            ev = self._events.pop(h, None)
+            if ev is None:
+                return (_INVALID_HANDLE,)
+            op = ev.op
+            # Free once its record has run (a record in a capture is never queued: free at once).
+            pending = op is not None and not op.done and op in op.stream.ops
+            self._release_after(op if pending else None, self._free_events, h)
+        return (_SUCCESS,)
 
     def cuEventRecord(self, event: Any, handle: Any) -> tuple[Any, ...]:
         with self._lock:
