@@ -143,8 +143,8 @@ def test_sim_stream_order_is_kept_within_a_stream(drv):
     assert (host(mem, 64, np.uint8) == 29).all()
 
 
-def test_sim_legacy_stream_orders_after_blocking_streams_only(drv, monkeypatch):
-    monkeypatch.setattr(_sim_driver._scheduling, "SPREAD", 0.0)  # run only what is needed
+def test_sim_legacy_stream_orders_after_blocking_streams_only(drv):
+    drv.reseed(drv.seed, spread=0.0)  # run only what is needed (the default)
     n = 64
     a, b = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
     blocking, nonblocking = ok(drv.cuStreamCreate(0)), ok(drv.cuStreamCreate(1))

@@ -5,6 +5,9 @@ simulator needed: copies, memsets, events and streams only), so they run in the 
 
 - a destroyed stream's or event's handle is handed out again, last freed first, once the work
   queued before has run (the driver releases it then); the new stream gets a new id;
+- with a spread (``reseed(seed, spread=...)``), independent streams run ahead: a synchronisation
+  also runs work that nothing it waits for needs, so a writer can overtake a reader queued
+  earlier on another stream when nothing orders them;
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from umem_numba._driver._simulated import SimDriver
+from umem_numba._driver._simulated import SimDriver, tracing
 
 _NOT_READY = 600
 
@@ -99,3 +102,61 @@ def test_sim_destroyed_event_handle_is_free_once_its_record_has_run(drv):
     again = ok(drv.cuEventCreate(2))
     assert again == ev
     assert drv.cuEventQuery(again)[0] == 0, "the new event is a new one: never recorded, so complete"
+
+
+# ---------------------------------------------------------------------------
+# Independent streams run ahead
+
+
+def _reader_then_unordered_writer(seed: int, spread: float) -> tuple[bool, np.ndarray]:
+    """A copy reads ``x`` on stream A, a memset writes ``x`` on stream B (not ordered after it), then
+    a synchronisation of a third stream's own work, then of A.
+
+    Returns whether the writer ran during the third stream's synchronisation, before the reader,
+    and what the reader copied.
+    """
+    n = 256
+    drv = SimDriver(seed_value=seed)
+    drv.reseed(seed, spread=spread)
+    x, y, z = (ok(drv.cuMemAlloc(n)) for _ in range(3))
+    host(x, n)[:] = 1  # no work queued yet: the host writes device memory directly
+    a, b, c = (ok(drv.cuStreamCreate(1)) for _ in range(3))
+    sid_a, sid_b = ok(drv.cuStreamGetId(a)), ok(drv.cuStreamGetId(b))
+    drv.cuMemcpyAsync(y, x, n, a)  # the reader, queued first
+    drv.cuMemsetD8Async(x, 2, n, b)  # the writer: nothing orders it after the reader
+    drv.cuMemsetD8Async(z, 3, n, c)
+    with tracing(drv) as trace:
+        ok((*drv.cuStreamSynchronize(c), None))
+    ran = [sid for sid, _ in trace]
+    overtook = sid_b in ran and (sid_a not in ran or ran.index(sid_b) < ran.index(sid_a))
+    if spread == 0.0:
+        assert ran == [ok(drv.cuStreamGetId(c))], f"seed {seed}: with no spread only the awaited work runs"
+    ok((*drv.cuStreamSynchronize(a), None))
+    got = host(y, n).copy()
+    ok((*drv.cuCtxSynchronize(), None))
+    return overtook, got
+
+
+def test_sim_with_a_spread_an_unordered_writer_overtakes_an_earlier_reader():
+    overtakes = 0
+    for seed in range(12):
+        overtook, got = _reader_then_unordered_writer(seed, 0.5)
+        if overtook:
+            overtakes += 1
+            assert (got == 2).all(), f"seed {seed}: the writer ran first, yet the reader did not see its value"
+        else:
+            assert (got == 1).all() or (got == 2).all()
+    assert overtakes, "with spread 0.5 the unordered writer never ran ahead of the reader in 12 seeds"
+
+
+def test_sim_without_a_spread_unawaited_work_never_runs_early():
+    for seed in range(12):
+        overtook, got = _reader_then_unordered_writer(seed, 0.0)
+        assert not overtook
+        assert (got == 1).all(), f"seed {seed}: the reader saw the unordered writer's value"
+
+
+def test_sim_spread_is_a_probability():
+    drv = SimDriver(seed_value=1)
+    with pytest.raises(ValueError, match="probability"):
+        drv.reseed(1, spread=1.5)

@@ -22,10 +22,6 @@ from ._common import (
     _int,
 )
 
-#: Chance that a synchronisation also runs an operation no one waits for (0: work runs as late as
-#: possible, which is what turns a missing wait into a wrong value; the choice among the streams
-#: a synchronisation needs is random in any case).
-SPREAD = 0.0
 #: How many queries of unfinished work answer "not ready" before one runs it (drawn per operation).
 PATIENCE = (4, 24)
 
@@ -79,6 +75,9 @@ class Scheduling:
         self._lock = threading.RLock()
         self.seed = seed_value
         self._rng = random.Random(seed_value)
+        # Chance that a synchronisation runs an operation no one waits for instead of one it needs
+        # (see reseed); 0: work runs as late as possible, which turns a missing wait into a wrong value.
+        self._spread = 0.0
         self._ids = itertools.count(1)  # stream ids (cuStreamGetId): never reused
         self._handles = itertools.count(0x1000, 0x10)
         # Handles of destroyed streams and events, handed out again last freed first, as a GPU
@@ -102,11 +101,20 @@ class Scheduling:
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
 
-    def reseed(self, value: int) -> None:
-        """Restart the random order from ``value`` (pending work stays queued)."""
+    def reseed(self, value: int, spread: float = 0.0) -> None:
+        """Restart the random order from ``value`` (pending work stays queued).
+
+        ``spread``: the chance, at each operation a synchronisation runs, that it runs instead one
+        that nothing being waited for needs (ready on another stream): independent streams run
+        ahead, as a GPU's do, and a writer can overtake a reader queued earlier on another stream
+        when nothing orders them.  0 (the default) runs only what is needed, as late as possible.
+        """
+        if not 0.0 <= spread <= 1.0:
+            raise ValueError(f"spread is a probability (0 to 1), got {spread!r}")
         with self._lock:
             self.seed = value
             self._rng = random.Random(value)
+            self._spread = float(spread)
 
     # -- scheduling ------------------------------------------------------------------
     def _stream(self, handle: Any) -> _Stream:
@@ -248,7 +256,9 @@ class Scheduling:
                 # work cannot wait for the host, and numba's simulator runs one kernel at a time.
                 raise RuntimeError("umem_numba simulated driver: waiting for device work from inside device work")
             ready = [op for op in need if self._ready(op)]
-            if self._rng.random() < SPREAD:
+            # Drawn at every step, whatever the spread: a seed gives the same order as before there was one.
+            if self._rng.random() < self._spread:
+                # Time passes on the other streams too: one of their ready operations runs instead.
                 extra = [op for op in self._pending if op not in need and self._ready(op)]
                 if extra:
                     ready = extra
