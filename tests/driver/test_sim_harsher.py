@@ -227,6 +227,8 @@ def test_a_reused_stream_handle_gets_the_new_streams_identity(rng):
 
     from umem_numba._driver._location import stream_handle
 
+    gc.collect()  # streams earlier tests left to the collector: their handles are freed now, not mid-test
+    cuda.synchronize()
     pool = um.MemoryPool("device")
     data = random_array(rng, N, np.float32)
     reused = 0
@@ -251,6 +253,7 @@ def test_a_reused_stream_handle_gets_the_new_streams_identity(rng):
             nxt = um.DeviceBuffer.from_array(-data, pool=pool, stream=s2)
             np.testing.assert_array_equal(nxt.copy_to_host(stream=s2), -data, err_msg=f"trial {trial}")
             nxt.close()
+            s2.synchronize()  # its handle is free at once: the next trial's is the one it checks
             del s2
             gc.collect()
         if _sim.active():

@@ -8,6 +8,9 @@ simulator needed: copies, memsets, events and streams only), so they run in the 
 - with a spread (``reseed(seed, spread=...)``), independent streams run ahead: a synchronisation
   also runs work that nothing it waits for needs, so a writer can overtake a reader queued
   earlier on another stream when nothing orders them;
+- a query answers from what has run (not from a count of polls), and each query that answers
+  "not ready" lets one operation run (time passes), picked as a synchronisation of that work
+  picks its next one, so polling finishes;
 """
 
 from __future__ import annotations
@@ -160,3 +163,83 @@ def test_sim_spread_is_a_probability():
     drv = SimDriver(seed_value=1)
     with pytest.raises(ValueError, match="probability"):
         drv.reseed(1, spread=1.5)
+
+
+# ---------------------------------------------------------------------------
+# Queries answer by what has run
+
+
+def test_sim_event_query_answers_by_what_has_run_and_polling_finishes(drv):
+    n = 64
+    mem, other = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
+    s, busy = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    ev = ok(drv.cuEventCreate(2))
+    for v in range(1, 6):
+        drv.cuMemsetD8Async(mem, v, n, s)
+        drv.cuMemsetD8Async(other, v, n, busy)  # work no one polls for
+    ok((*drv.cuEventRecord(ev, s), None))
+    polls = 0
+    while True:
+        ran = (host(mem, n) == 5).all()  # the last memset before the record
+        answer = drv.cuEventQuery(ev)[0]
+        polls += 1
+        if not ran:
+            assert answer == _NOT_READY, f"poll {polls}: done, yet the recorded work had not run"
+        if answer == 0:
+            break
+        assert answer == _NOT_READY
+        assert polls <= 12, "polling did not finish: each poll should let one needed operation run"
+    assert polls == 7, f"{polls} polls: each poll that answers not ready runs one of the 6 operations needed"
+    assert (host(mem, n) == 5).all()
+    assert not host(other, n).any(), "work no one waits for ran while the host polled (no spread)"
+    assert drv.cuEventQuery(ev)[0] == 0, "done stays done"
+
+
+def test_sim_query_of_work_that_has_run_is_done_without_a_poll(drv):
+    n = 64
+    mem = ok(drv.cuMemAlloc(n))
+    s = ok(drv.cuStreamCreate(0))
+    ev = ok(drv.cuEventCreate(2))
+    assert drv.cuEventQuery(ev)[0] == 0, "an event never recorded is complete"
+    drv.cuMemsetD8Async(mem, 4, n, s)
+    ok((*drv.cuEventRecord(ev, s), None))
+    assert drv.cuStreamQuery(s)[0] == _NOT_READY
+    ok((*drv.cuStreamSynchronize(s), None))
+    assert drv.cuStreamQuery(s)[0] == 0 and drv.cuEventQuery(ev)[0] == 0
+
+
+def test_sim_each_poll_runs_one_operation_the_polled_work_needs_or_with_the_spread_another():
+    """A poll of unfinished work runs one operation, picked as a synchronisation picks its next one.
+
+    With no spread it is one the polled work needs (work no one waits for runs as late as
+    possible): polling the last of three dependent operations takes four polls, whatever the
+    seed.  With a spread, other streams' ready work runs now and then too: more polls, varying.
+    """
+    n = 64
+
+    def polls(seed: int, spread: float) -> tuple[int, bool]:
+        drv = SimDriver(seed_value=seed)
+        drv.reseed(seed, spread=spread)
+        mem, other = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
+        s, s2, busy = (ok(drv.cuStreamCreate(1)) for _ in range(3))
+        ev = ok(drv.cuEventCreate(2))
+        for v in range(1, 4):
+            drv.cuMemsetD8Async(other, v, n, busy)  # nothing polled waits for these
+        drv.cuMemsetD8Async(mem, 1, n, s2)
+        ok((*drv.cuEventRecord(ev, s2), None))
+        ok((*drv.cuStreamWaitEvent(s, ev, 0), None))
+        drv.cuMemsetD8Async(mem, 2, n, s)  # needs: the memset and record on s2, the wait on s
+        count = 1
+        while drv.cuStreamQuery(s)[0] == _NOT_READY:
+            count += 1
+            assert count <= 10, f"seed {seed}: polling did not finish"
+        assert (host(mem, n) == 2).all()
+        return count, bool(host(other, n).any())
+
+    for seed in range(8):
+        count, unrelated = polls(seed, 0.0)
+        assert count == 5, f"seed {seed}: {count} polls for 4 needed operations"
+        assert not unrelated, f"seed {seed}: work no one waits for ran during polling with no spread"
+    spread = [polls(seed, 0.5) for seed in range(8)]
+    assert any(unrelated for _, unrelated in spread), "with a spread, other streams' work never ran while polling"
+    assert len({count for count, _ in spread}) > 1

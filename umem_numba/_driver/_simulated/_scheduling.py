@@ -22,14 +22,11 @@ from ._common import (
     _int,
 )
 
-#: How many queries of unfinished work answer "not ready" before one runs it (drawn per operation).
-PATIENCE = (4, 24)
-
 
 class _Op:
     """One operation queued on a stream."""
 
-    __slots__ = ("deps", "done", "polls", "run", "spans", "stream", "then", "what")
+    __slots__ = ("deps", "done", "run", "spans", "stream", "then", "what")
 
     def __init__(self, stream: _Stream, run: Callable[[], None] | None, deps: list[_Op], what: str) -> None:
         self.stream = stream
@@ -37,7 +34,6 @@ class _Op:
         self.deps = deps
         self.done = False
         self.what = what
-        self.polls = 0
         #: The byte ranges ``(start, end)`` of driver memory it reads or writes, where known.
         self.spans: tuple[tuple[int, int], ...] = ()
         #: What the driver does once it has run (release a destroyed stream's or event's handle).
@@ -255,21 +251,25 @@ class Scheduling:
                 # Called while an operation runs (a finalizer during a simulated kernel): device
                 # work cannot wait for the host, and numba's simulator runs one kernel at a time.
                 raise RuntimeError("umem_numba simulated driver: waiting for device work from inside device work")
-            ready = [op for op in need if self._ready(op)]
-            # Drawn at every step, whatever the spread: a seed gives the same order as before there was one.
-            if self._rng.random() < self._spread:
-                # Time passes on the other streams too: one of their ready operations runs instead.
-                extra = [op for op in self._pending if op not in need and self._ready(op)]
-                if extra:
-                    ready = extra
-            if not ready:  # pragma: no cover - every dependency is earlier work, so one is always ready
-                raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
-            ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
-            op = self._rng.choice(ready)
+            op = self._pick(need)
             # Only if it is still next: a weakref callback run since ``ready`` was made (same
             # thread, re-entrant lock) may have waited for device work and run it already.
             if self._ready(op):
                 self._run(op)
+
+    def _pick(self, need: set[_Op]) -> _Op:
+        """The next operation to run, of those in ``need`` (not empty) or, with the spread's chance, of others."""
+        ready = [op for op in need if self._ready(op)]
+        # Drawn at every step, whatever the spread: a seed gives the same order as before there was one.
+        if self._rng.random() < self._spread:
+            # Time passes on the other streams too: one of their ready operations runs instead.
+            extra = [op for op in self._pending if op not in need and self._ready(op)]
+            if extra:
+                ready = extra
+        if not ready:  # pragma: no cover - every dependency is earlier work, so one is always ready
+            raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
+        ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
+        return self._rng.choice(ready)
 
     def _run(self, op: _Op) -> None:
         op.stream.ops.pop(0)
@@ -401,21 +401,30 @@ class Scheduling:
             return self._query(self._stream_targets(s))
 
     def _query(self, targets: list[_Op]) -> tuple[Any, ...]:
-        """Done if the work has run; else "not ready" the first time, then at random (or run it: done)."""
+        """Done if the work has run, else "not ready"; then time passes: one operation runs.
+
+        The answer is what has run, as a GPU's is.  The step after an answer of "not ready"
+        stands for the time a program's polling takes, so that a polling loop finishes: one
+        operation runs, picked as a synchronisation of the same work picks its next one (among
+        those the work needs, or with the spread's chance one that nothing awaits: see reseed).
+        """
         self._raise_fault()
-        pending = [t for t in targets if not t.done]
-        if not pending:
+        if all(t.done for t in targets):
             return (_SUCCESS,)
-        last = pending[-1]
-        if not last.polls:
-            last.polls = self._rng.randint(*PATIENCE)
-        last.polls -= 1
-        # Queued work is still running, as a GPU's would be when checked at once; a program
-        # that keeps polling sees it finish (run now) after a random number of polls.
-        if last.polls:
-            return (_NOT_READY,)
-        self._drive(pending)
-        return (_SUCCESS,)
+        if not self._running:  # a query from inside device work (a finalizer in a kernel): no time passes
+            collecting = gc.isenabled()
+            gc.disable()  # as in _drive: no finalizer may drive the queues in the middle of _run
+            try:
+                need = self._needed(targets)
+                if need:
+                    op = self._pick(need)
+                    if self._ready(op):
+                        self._run(op)
+                self._land_late_effects()
+            finally:
+                if collecting:
+                    gc.enable()
+        return (_NOT_READY,)
 
     def cuStreamWaitEvent(self, handle: Any, event: Any, flags: Any) -> tuple[Any, ...]:
         with self._lock:
