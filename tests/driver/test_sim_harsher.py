@@ -20,6 +20,8 @@ made harsher:
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -262,3 +264,60 @@ def test_a_reused_stream_handle_gets_the_new_streams_identity(rng):
     finally:
         cuda.synchronize()
         pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_work_queued_on_a_range_cuMemUnmap_takes_away_faults_naming_the_kernel():
+    """``cuMemUnmap`` does not wait for the device work queued on the range (``cuMemFree`` does).
+
+    A kernel queued on a VMM mapping, then the range unmapped and mapped again to new memory:
+    on a GPU the kernel faults or writes the new memory.  The simulated driver remapped the
+    range and ran the kernel over the new mapping (or, unmapped, over no memory at all); it now
+    makes the kernel a fault reported at the synchronisation, naming it, that touches nothing.
+    """
+    _simulator_only()
+    from umem_numba._driver._simulated import GRANULARITY, SimulatedFault
+
+    @cuda.jit
+    def fill_mapping(a, value):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = value
+
+    drv = _driver.api().drv
+    prop = drv.CUmemAllocationProp()
+    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    access = drv.CUmemAccessDesc()
+    access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = 0
+    access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    size = GRANULARITY
+    base = _driver.call("cuMemAddressReserve", size, 0, 0, 0)
+    first, second = (_driver.call("cuMemCreate", size, prop, 0) for _ in range(2))
+    s = cuda.stream()
+    try:
+        _driver.call("cuMemMap", base, size, 0, first, 0)
+        _driver.call("cuMemSetAccess", base, size, [access], 1)
+        n = size // 4
+        mapped = np.ndarray((n,), np.float32, buffer=(ctypes.c_byte * size).from_address(base))
+        mapped[:] = 1.0
+        drv.queue_kernel(s.handle, fill_mapping[n // 256, 256], (mapped, 7.0))
+        _driver.call("cuMemUnmap", base, size)  # does not wait for the kernel
+        _driver.call("cuMemMap", base, size, 0, second, 0)  # other memory at the same addresses
+        _driver.call("cuMemSetAccess", base, size, [access], 1)
+        mapped[:] = 2.0
+        with pytest.raises(SimulatedFault, match=rf"fill_mapping used memory unmapped by cuMemUnmap at {base:#x}"):
+            s.synchronize()
+        with pytest.raises(SimulatedFault, match="fill_mapping"):
+            cuda.synchronize()  # the context is unusable after a fault, as on a GPU
+        assert _driver.api().drv.drain_quietly() == []
+        assert (mapped == 2.0).all(), "the faulted kernel wrote the memory mapped there after the unmap"
+        _driver.call("cuMemUnmap", base, size)
+    finally:
+        _driver.api().drv.drain_quietly()
+        for handle in (first, second):
+            _driver.call("cuMemRelease", handle)
+        _driver.call("cuMemAddressFree", base, size)
