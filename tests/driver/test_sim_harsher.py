@@ -321,3 +321,40 @@ def test_work_queued_on_a_range_cuMemUnmap_takes_away_faults_naming_the_kernel()
         for handle in (first, second):
             _driver.call("cuMemRelease", handle)
         _driver.call("cuMemAddressFree", base, size)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_tracked_reader_on_a_non_blocking_stream_waits_for_a_legacy_stream_writer(rng):
+    """The legacy stream does not order a non-blocking stream: umem_numba's tracking must.
+
+    A tracked writer sleeps on the legacy stream; a tracked reader of the same buffer on a
+    non-blocking stream (``cuStreamCreate(CU_STREAM_NON_BLOCKING)``, as ``cuda.external_stream``)
+    must read what it wrote, and a tracked writer on the legacy stream after a reader there
+    must not overtake it.
+    """
+    fill, copy = um.coherent(sleeping.fill), um.coherent(sleeping.copy)
+    _driver.ensure_context()
+    handle = _driver.call("cuStreamCreate", 1)
+    ns = cuda.external_stream(handle)
+    buf = um.DeviceBuffer.empty(N, np.float32)
+    out = um.DeviceBuffer.empty(N, np.float32)
+    try:
+        for trial in range(TRIALS):
+            value = float(random_array(rng, 1, np.float32)[0]) + 1.0
+            fill[GRID, BLOCK, 0](buf, value, SLEEP_MS)  # legacy stream (on a GPU: sleeping)
+            copy[GRID, BLOCK, ns](buf, out, 0)  # non-blocking: ordered by umem_numba only
+            got = out.copy_to_host(stream=ns)
+            assert np.all(got == np.float32(value)), (
+                f"trial {trial}: {int((got != np.float32(value)).sum())} of {N} elements read before the legacy "
+                f"stream's writer (first: {got[0]!r}, want {value!r})"
+            )
+            copy[GRID, BLOCK, ns](buf, out, SLEEP_MS)  # a reader on the non-blocking stream (sleeping)
+            fill[GRID, BLOCK, 0](buf, -value, 0)  # a writer on the legacy stream: must wait for it
+            got = out.copy_to_host(stream=ns)
+            assert np.all(got == np.float32(value)), f"trial {trial}: the legacy writer overtook the reader"
+    finally:
+        cuda.synchronize()
+        buf.close()
+        out.close()
+        _driver.call("cuStreamDestroy", handle)

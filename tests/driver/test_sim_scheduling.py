@@ -11,6 +11,8 @@ simulator needed: copies, memsets, events and streams only), so they run in the 
 - a query answers from what has run (not from a count of polls), and each query that answers
   "not ready" lets one operation run (time passes), picked as a synchronisation of that work
   picks its next one, so polling finishes;
+- non-blocking streams (``cuStreamCreate(CU_STREAM_NON_BLOCKING)``) keep the rules: the legacy
+  stream does not order them, either way, and a missing wait between two of them is a stale read.
 """
 
 from __future__ import annotations
@@ -243,3 +245,50 @@ def test_sim_each_poll_runs_one_operation_the_polled_work_needs_or_with_the_spre
     spread = [polls(seed, 0.5) for seed in range(8)]
     assert any(unrelated for _, unrelated in spread), "with a spread, other streams' work never ran while polling"
     assert len({count for count, _ in spread}) > 1
+
+
+# ---------------------------------------------------------------------------
+# Non-blocking streams
+
+
+def test_sim_legacy_stream_does_not_order_non_blocking_streams_either_way():
+    """Legacy work queued before a non-blocking stream's reader is not run for it; a blocking stream's is."""
+    n = 128
+    for seed in range(6):
+        drv = SimDriver(seed_value=seed)
+        x, y_blocking, y_non_blocking = (ok(drv.cuMemAlloc(n)) for _ in range(3))
+        blocking, non_blocking = ok(drv.cuStreamCreate(0)), ok(drv.cuStreamCreate(1))
+        drv.cuMemsetD8Async(x, 5, n, 0)  # legacy stream
+        drv.cuMemcpyAsync(y_non_blocking, x, n, non_blocking)
+        drv.cuMemcpyAsync(y_blocking, x, n, blocking)
+        ok((*drv.cuStreamSynchronize(non_blocking), None))
+        assert not host(y_non_blocking, n).any(), f"seed {seed}: the legacy stream ordered a non-blocking stream"
+        assert not host(x, n).any(), f"seed {seed}: the legacy stream's work ran for a non-blocking stream"
+        ok((*drv.cuStreamSynchronize(blocking), None))
+        assert (host(y_blocking, n) == 5).all(), f"seed {seed}: a blocking stream ran before earlier legacy work"
+        # The other way: legacy work does not wait for a non-blocking stream's earlier work.
+        drv.cuMemsetD8Async(x, 9, n, non_blocking)
+        drv.cuMemcpyAsync(y_blocking, x, n, 0)
+        ok((*drv.cuStreamSynchronize(0), None))
+        assert (host(y_blocking, n) == 5).all(), f"seed {seed}: legacy work waited for a non-blocking stream"
+        ok((*drv.cuCtxSynchronize(), None))
+        assert (host(x, n) == 9).all()
+
+
+def test_sim_missing_wait_between_non_blocking_streams_is_a_stale_read_and_the_wait_fixes_it():
+    n = 128
+    for seed in range(6):
+        drv = SimDriver(seed_value=seed)
+        x, y = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
+        writer, reader = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+        ev = ok(drv.cuEventCreate(2))
+        drv.cuMemsetD8Async(x, 3, n, writer)
+        drv.cuMemcpyAsync(y, x, n, reader)  # no wait: the bug
+        ok((*drv.cuStreamSynchronize(reader), None))
+        assert not host(y, n).any(), f"seed {seed}: the reader saw a write nothing ordered before it"
+        drv.cuMemsetD8Async(x, 4, n, writer)
+        ok((*drv.cuEventRecord(ev, writer), None))
+        ok((*drv.cuStreamWaitEvent(reader, ev, 0), None))
+        drv.cuMemcpyAsync(y, x, n, reader)
+        ok((*drv.cuStreamSynchronize(reader), None))
+        assert (host(y, n) == 4).all(), f"seed {seed}: the wait did not order the reader after the writer"
