@@ -15,7 +15,17 @@ made harsher:
   (the simulated driver took the advice and handed it on);
 - a discard issued while other streams' work on its pages is unfinished lands after that work
   (an H100 lost the write queued after such a discard; the simulated driver ran the discard as
-  ordinary stream work and did not).
+  ordinary stream work and did not);
+- ``cuda.stream()`` owns its handle, as numba's streams do, so the pool keeps its id and its
+  capture check comes before asking it (the simulated driver's numba streams were not owned,
+  and reverting that check, 164cdbf, passed on the CPU);
+- the identity umem_numba keeps for a numba stream follows a handle the driver hands out
+  again (the simulated driver never reused one);
+- work queued on a range ``cuMemUnmap`` takes away faults, naming the kernel (a GPU's unmap does
+  not wait for it; the simulated driver ran the kernel over whatever was mapped there next).
+
+The last test checks a rule that held already: tracked work is ordered between the legacy
+stream and a non-blocking stream, both ways (the legacy stream orders neither).
 """
 
 from __future__ import annotations
