@@ -15,10 +15,22 @@ made harsher:
   (the simulated driver took the advice and handed it on);
 - a discard issued while other streams' work on its pages is unfinished lands after that work
   (an H100 lost the write queued after such a discard; the simulated driver ran the discard as
-  ordinary stream work and did not).
+  ordinary stream work and did not);
+- ``cuda.stream()`` owns its handle, as numba's streams do, so the pool keeps its id and its
+  capture check comes before asking it (the simulated driver's numba streams were not owned,
+  and reverting that check, 164cdbf, passed on the CPU);
+- the identity umem_numba keeps for a numba stream follows a handle the driver hands out
+  again (the simulated driver never reused one);
+- work queued on a range ``cuMemUnmap`` takes away faults, naming the kernel (a GPU's unmap does
+  not wait for it; the simulated driver ran the kernel over whatever was mapped there next).
+
+The last test checks a rule that held already: tracked work is ordered between the legacy
+stream and a non-blocking stream, both ways (the legacy stream orders neither).
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -170,3 +182,189 @@ def test_discard_after_a_pending_writer_on_another_stream_keeps_the_later_write(
     finally:
         cuda.synchronize()
         buf.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_numba_stream_is_owned_and_a_pool_allocation_in_its_capture_refuses_cleanly():
+    """``cuda.stream()`` owns its handle (numba destroys it only when collected), here as on a GPU.
+
+    The pool then keeps the stream's ``cuStreamGetId``, asked once: a pool allocation on it
+    while it captures must refuse before asking (an H100 refuses ``cuStreamGetId`` inside a
+    capture and invalidates the capture; commit 164cdbf).  The simulated driver's numba streams
+    were not recognised as owned, so the pool never took that path on the CPU.
+    """
+    from umem_numba._driver._location import owns_stream, stream_handle
+
+    _driver.ensure_context()
+    s = cuda.stream()
+    assert owns_stream(s), f"{s!r}: a stream numba created owns its handle"
+    assert not owns_stream(cuda.default_stream()) and not owns_stream(cuda.external_stream(s.handle))
+    pool = um.MemoryPool("device")
+    drv = _driver.api().drv
+    h = stream_handle(s)
+    assert _driver.owned_stream(h) is not None, "the pool would ask the driver for the stream's id at every use"
+    mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    try:
+        _driver.call("cuStreamBeginCapture", h, mode)
+        try:
+            with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
+                um.DeviceBuffer.empty((4,), np.float32, pool=pool, stream=s)
+        finally:
+            err, graph = drv.cuStreamEndCapture(h)
+        assert int(err) == 0, f"the capture was broken: cuStreamEndCapture returned {drv.CUresult(err).name}"
+        res = drv.cuGraphGetNodes(graph)
+        assert int(res[0]) == 0 and int(res[-1]) == 0, "the refused allocation left nodes in the graph"
+        _driver.call("cuGraphDestroy", graph)
+        # Outside the capture the pool takes the owned stream's id, asked once and kept.
+        buf = um.DeviceBuffer.zeros((4,), np.float32, pool=pool, stream=s)
+        np.testing.assert_array_equal(buf.copy_to_host(stream=s), np.zeros(4, np.float32))
+        assert _driver.owned_stream(h)[1] == _driver.check(drv.cuStreamGetId(h), "cuStreamGetId")
+        buf.close()
+    finally:
+        cuda.synchronize()
+        pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_a_reused_stream_handle_gets_the_new_streams_identity(rng):
+    """A numba stream is collected once its work has run; the next ``cuda.stream()`` may get its handle.
+
+    The simulated driver hands it out again (last freed first, as a GPU driver may), so the
+    identity umem_numba keeps for a live numba stream (its ``cuStreamGetId``) must follow the new
+    stream, and the block freed on the dead stream is the new stream's to take.
+    """
+    import gc
+
+    from umem_numba._driver._location import stream_handle
+
+    gc.collect()  # streams earlier tests left to the collector: their handles are freed now, not mid-test
+    cuda.synchronize()
+    pool = um.MemoryPool("device")
+    data = random_array(rng, N, np.float32)
+    reused = 0
+    try:
+        for trial in range(TRIALS):
+            s1 = cuda.stream()
+            h1 = stream_handle(s1)
+            key1 = _driver.stream_key(h1)
+            buf = um.DeviceBuffer.from_array(data, pool=pool, stream=s1)
+            buf.close()  # its block goes back to the pool on s1
+            s1.synchronize()  # the driver releases a destroyed stream's handle once its work has run
+            del s1
+            gc.collect()
+            if not _sim.active():
+                cuda.current_context().deallocations.clear()  # numba defers cuStreamDestroy on a GPU
+            s2 = cuda.stream()
+            h2 = stream_handle(s2)
+            reused += h2 == h1
+            key2 = _driver.stream_key(h2)
+            assert key2 != key1, f"trial {trial}: the new stream kept the destroyed stream's id"
+            assert key2 == int(_driver.call("cuStreamGetId", h2))
+            nxt = um.DeviceBuffer.from_array(-data, pool=pool, stream=s2)
+            np.testing.assert_array_equal(nxt.copy_to_host(stream=s2), -data, err_msg=f"trial {trial}")
+            nxt.close()
+            s2.synchronize()  # its handle is free at once: the next trial's is the one it checks
+            del s2
+            gc.collect()
+        if _sim.active():
+            assert reused == TRIALS, f"the simulated driver handed the freed handle out in {reused} of {TRIALS}"
+        print(f"handles reused in {reused} of {TRIALS} trials")
+    finally:
+        cuda.synchronize()
+        pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_work_queued_on_a_range_cuMemUnmap_takes_away_faults_naming_the_kernel():
+    """``cuMemUnmap`` does not wait for the device work queued on the range (``cuMemFree`` does).
+
+    A kernel queued on a VMM mapping, then the range unmapped and mapped again to new memory:
+    on a GPU the kernel faults or writes the new memory.  The simulated driver remapped the
+    range and ran the kernel over the new mapping (or, unmapped, over no memory at all); it now
+    makes the kernel a fault reported at the synchronisation, naming it, that touches nothing.
+    """
+    _simulator_only()
+    from umem_numba._driver._simulated import GRANULARITY, SimulatedFault
+
+    @cuda.jit
+    def fill_mapping(a, value):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = value
+
+    drv = _driver.api().drv
+    prop = drv.CUmemAllocationProp()
+    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    access = drv.CUmemAccessDesc()
+    access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = 0
+    access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    size = GRANULARITY
+    base = _driver.call("cuMemAddressReserve", size, 0, 0, 0)
+    first, second = (_driver.call("cuMemCreate", size, prop, 0) for _ in range(2))
+    s = cuda.stream()
+    try:
+        _driver.call("cuMemMap", base, size, 0, first, 0)
+        _driver.call("cuMemSetAccess", base, size, [access], 1)
+        n = size // 4
+        mapped = np.ndarray((n,), np.float32, buffer=(ctypes.c_byte * size).from_address(base))
+        mapped[:] = 1.0
+        drv.queue_kernel(s.handle, fill_mapping[n // 256, 256], (mapped, 7.0))
+        _driver.call("cuMemUnmap", base, size)  # does not wait for the kernel
+        _driver.call("cuMemMap", base, size, 0, second, 0)  # other memory at the same addresses
+        _driver.call("cuMemSetAccess", base, size, [access], 1)
+        mapped[:] = 2.0
+        with pytest.raises(SimulatedFault, match=rf"fill_mapping used memory unmapped by cuMemUnmap at {base:#x}"):
+            s.synchronize()
+        with pytest.raises(SimulatedFault, match="fill_mapping"):
+            cuda.synchronize()  # the context is unusable after a fault, as on a GPU
+        assert _driver.api().drv.drain_quietly() == []
+        assert (mapped == 2.0).all(), "the faulted kernel wrote the memory mapped there after the unmap"
+        _driver.call("cuMemUnmap", base, size)
+    finally:
+        _driver.api().drv.drain_quietly()
+        for handle in (first, second):
+            _driver.call("cuMemRelease", handle)
+        _driver.call("cuMemAddressFree", base, size)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_tracked_reader_on_a_non_blocking_stream_waits_for_a_legacy_stream_writer(rng):
+    """The legacy stream does not order a non-blocking stream: umem_numba's tracking must.
+
+    A tracked writer sleeps on the legacy stream; a tracked reader of the same buffer on a
+    non-blocking stream (``cuStreamCreate(CU_STREAM_NON_BLOCKING)``, as ``cuda.external_stream``)
+    must read what it wrote, and a tracked writer on the legacy stream after a reader there
+    must not overtake it.
+    """
+    fill, copy = um.coherent(sleeping.fill), um.coherent(sleeping.copy)
+    _driver.ensure_context()
+    handle = _driver.call("cuStreamCreate", 1)
+    ns = cuda.external_stream(handle)
+    buf = um.DeviceBuffer.empty(N, np.float32)
+    out = um.DeviceBuffer.empty(N, np.float32)
+    try:
+        for trial in range(TRIALS):
+            value = float(random_array(rng, 1, np.float32)[0]) + 1.0
+            fill[GRID, BLOCK, 0](buf, value, SLEEP_MS)  # legacy stream (on a GPU: sleeping)
+            copy[GRID, BLOCK, ns](buf, out, 0)  # non-blocking: ordered by umem_numba only
+            got = out.copy_to_host(stream=ns)
+            assert np.all(got == np.float32(value)), (
+                f"trial {trial}: {int((got != np.float32(value)).sum())} of {N} elements read before the legacy "
+                f"stream's writer (first: {got[0]!r}, want {value!r})"
+            )
+            copy[GRID, BLOCK, ns](buf, out, SLEEP_MS)  # a reader on the non-blocking stream (sleeping)
+            fill[GRID, BLOCK, 0](buf, -value, 0)  # a writer on the legacy stream: must wait for it
+            got = out.copy_to_host(stream=ns)
+            assert np.all(got == np.float32(value)), f"trial {trial}: the legacy writer overtook the reader"
+    finally:
+        cuda.synchronize()
+        buf.close()
+        out.close()
+        _driver.call("cuStreamDestroy", handle)

@@ -43,21 +43,25 @@ Streams run late, in an adversarial order
     Each stream is a queue.  Work on it (kernels launched through umem_numba,
     copies, memsets, prefetches, event records, waits, stream-ordered frees)
     runs only when something needs it: a synchronisation of an event, a
-    stream or the context, a query that then answers "done" (queries of
-    unfinished work answer "not ready" a random number of times first), or a
-    pageable copy that the real driver also
+    stream or the context, or a pageable copy that the real driver also
     completes before returning.  The work a synchronisation needs is run
     one operation at a time, each picked at random, with a seeded
     :class:`random.Random` (``UMEM_SIM_SEED``), among the streams whose next
-    operation may run; now and then an operation of an unrelated stream runs
-    too.  Host writes land at once; queued work sees them only if it runs
-    later, as on a GPU.  A missing wait therefore shows as a stale read, a
-    lost write or a corrupted block, the same way for the same seed.
+    operation may run; with a spread (``reseed(seed, spread=p)``) an
+    operation of another stream that nothing awaited needs runs instead
+    with probability ``p``.  A query answers from what has run, and one that
+    answers "not ready" lets one operation run, picked the same way, so
+    polling finishes.  Host writes land at once; queued work sees them only
+    if it runs later, as on a GPU.  A missing wait therefore shows as a
+    stale read, a lost write or a corrupted block, the same way for the
+    same seed.
 
     The legacy stream (handles 0 and 1) is ordered after all earlier work of
     blocking streams and they after its earlier work; handle 2 is a
     different per-thread stream in every thread; streams created with
-    ``CU_STREAM_NON_BLOCKING`` have no implicit ordering.
+    ``CU_STREAM_NON_BLOCKING`` have no implicit ordering.  A destroyed
+    stream's or event's handle is handed out again, last freed first, once
+    the work queued before has run; stream ids are never reused.
 
 Graph capture
     Work queued on a capturing stream is recorded into a graph instead of

@@ -73,7 +73,7 @@ class _Graph:
 
     __slots__ = ("last", "nodes")
 
-    def __init__(self, nodes: list[tuple[str, Callable[[], None]]]) -> None:
+    def __init__(self, nodes: list[tuple[str, Callable[[], None], tuple[tuple[int, int], ...]]]) -> None:
         self.nodes = nodes
         self.last: _Op | None = None  # executable graphs: the end of the last launch
 
@@ -167,7 +167,7 @@ class GraphCapture(Allocations):
             del self._captures[s]
             if cap.invalidated:
                 return (_CAPTURE_INVALIDATED, None)
-            graph = _Graph([(n.what, n.run) for n in cap.nodes if n.run is not None])
+            graph = _Graph([(n.what, n.run, n.spans) for n in cap.nodes if n.run is not None])
             return self._register(self._graphs, lambda _: graph)
 
     def cuStreamIsCapturing(self, handle: Any) -> tuple[Any, ...]:
@@ -224,8 +224,10 @@ class GraphCapture(Allocations):
             # Each launch is ordered after the stream's earlier work and after the previous
             # launch of the same executable graph; its nodes run in their captured order.
             after = [] if g.last is None else [g.last]
-            for what, run in g.nodes:
-                after = [self._enqueue(handle, run, f"graph: {what}", after)]
+            for what, run, spans in g.nodes:
+                op = self._enqueue(handle, run, f"graph: {what}", after)
+                op.spans = spans  # the memory it uses, as the captured work's (see cuMemUnmap)
+                after = [op]
             g.last = self._enqueue(handle, None, "graph launch end", after)
         return (_SUCCESS,)
 

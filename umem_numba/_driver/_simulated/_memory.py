@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,13 @@ class _Memory:
         self.accessed_by[:] = False
 
 
+def _fault(message: str) -> Callable[[], None]:
+    def fault() -> None:
+        raise SimulatedFault(message)
+
+    return fault
+
+
 class Allocations(Scheduling):
     """Allocations and what reads and writes them."""
 
@@ -111,6 +119,18 @@ class Allocations(Scheduling):
             if mem.kind == "vmm" and not mem.flags:
                 raise SimulatedFault(f"{what}: the device has no access to the VMM mapping at {mem.base:#x}")
             ptr = mem.base + mem.size
+
+    def _fault_queued_work_on(self, lo: int, hi: int, call: str) -> None:
+        """Make every queued operation that uses ``[lo, hi)`` a fault when it runs (lock held).
+
+        For memory taken away under queued work by a call that does not wait for it: the
+        operation touches nothing, and the synchronisation that waits for it reports the fault
+        naming it, as a kernel fault is reported.
+        """
+        for op in self._pending:
+            hit = [max(a, lo) for a, b in op.spans if a < hi and lo < b]
+            if hit and op.run is not None:
+                op.run = _fault(f"{op.what} used memory unmapped by {call} at {min(hit):#x}")
 
     def owns(self, ptr: int) -> bool:
         """Whether ``ptr`` lies in memory this driver allocated."""
@@ -173,8 +193,10 @@ class Allocations(Scheduling):
             mem = self._memory.get(p)
             if mem is None or mem.kind not in kinds or mem.pool:
                 return (_INVALID_VALUE,)
-            # The driver's free waits for the device work queued before it (not possible from
-            # a finalizer run while simulated work runs: that work holds what it uses).
+            # The driver's free waits for the device work queued before it, as cudaFree's implicit
+            # synchronisation does (PyTorch's expandable segments rely on the difference: cuMemUnmap
+            # does not wait; see VirtualMemory.cuMemUnmap).  Not possible from a finalizer run
+            # while simulated work runs: that work holds what it uses.
             if not self._running:
                 self._drain()
             self._remove_memory(mem)

@@ -24,12 +24,18 @@ class SimStream:
 
     numba's simulator runs everything at the call and its streams are empty
     objects; umem_numba's simulated driver queues work per stream, so the
-    stream objects of numba's API must name real (simulated) streams.
+    stream objects of numba's API must name real (simulated) streams.  It is
+    numba's ``Stream`` under the simulator (:func:`install_numba` names it so in
+    numba's driver module) and, like numba's, says whether it owns its handle:
+    ``external`` is False for a stream it created (``cuda.stream()``), which is
+    destroyed only when the object is collected, True for the default streams
+    and ``cuda.external_stream()``.
     """
 
     def __init__(self, drv: SimDriver, handle: int | None = None, *, flags: int = 0) -> None:
         self._drv = drv
         self._owned = handle is None
+        self.external = not self._owned
         if handle is None:
             _, handle = drv.cuStreamCreate(flags)
         self.handle = int(handle)
@@ -49,7 +55,7 @@ class SimStream:
         self._drv.cuStreamSynchronize(self.handle)
 
     def query(self) -> bool:
-        """Whether the stream's work has run (may run it, or answer False at random)."""
+        """Whether the stream's work has run (``cuStreamQuery``: each poll lets one operation run)."""
         return self._drv.cuStreamQuery(self.handle)[0] == _SUCCESS
 
     @contextlib.contextmanager
@@ -88,7 +94,7 @@ class SimEvent:
         self._drv.cuStreamWaitEvent(_stream_int(stream), self.handle, 0)
 
     def query(self) -> bool:
-        """Whether the recorded work has run (answers False a random number of times first)."""
+        """Whether the recorded work has run (``cuEventQuery``: each poll lets one operation run)."""
         return self._drv.cuEventQuery(self.handle)[0] == _SUCCESS
 
     def synchronize(self) -> None:
@@ -160,6 +166,14 @@ def install_numba(drv: SimDriver) -> None:
 
     def synchronize() -> None:
         drv.cuCtxSynchronize()
+
+    # numba's driver module names its stream class ``Stream``; the simulator's module has none, and
+    # its streams are SimStreams now: what code that recognises numba's own streams looks for
+    # (umem_numba's ``owns_stream``: an owned stream's cuStreamGetId may be kept while it lives).
+    from numba.cuda.cudadrv import driver as numba_driver  # the simulator's, under the simulator
+
+    if getattr(numba_driver, "Stream", SimStream) is SimStream:
+        numba_driver.Stream = SimStream
 
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 

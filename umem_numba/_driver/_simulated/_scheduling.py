@@ -22,18 +22,11 @@ from ._common import (
     _int,
 )
 
-#: Chance that a synchronisation also runs an operation no one waits for (0: work runs as late as
-#: possible, which is what turns a missing wait into a wrong value; the choice among the streams
-#: a synchronisation needs is random in any case).
-SPREAD = 0.0
-#: How many queries of unfinished work answer "not ready" before one runs it (drawn per operation).
-PATIENCE = (4, 24)
-
 
 class _Op:
     """One operation queued on a stream."""
 
-    __slots__ = ("deps", "done", "polls", "run", "spans", "stream", "what")
+    __slots__ = ("deps", "done", "run", "spans", "stream", "then", "what")
 
     def __init__(self, stream: _Stream, run: Callable[[], None] | None, deps: list[_Op], what: str) -> None:
         self.stream = stream
@@ -41,9 +34,10 @@ class _Op:
         self.deps = deps
         self.done = False
         self.what = what
-        self.polls = 0
         #: The byte ranges ``(start, end)`` of driver memory it reads or writes, where known.
         self.spans: tuple[tuple[int, int], ...] = ()
+        #: What the driver does once it has run (release a destroyed stream's or event's handle).
+        self.then: list[Callable[[], None]] | None = None
 
 
 class _Stream:
@@ -77,8 +71,16 @@ class Scheduling:
         self._lock = threading.RLock()
         self.seed = seed_value
         self._rng = random.Random(seed_value)
-        self._ids = itertools.count(1)
+        # Chance that a synchronisation runs an operation no one waits for instead of one it needs
+        # (see reseed); 0: work runs as late as possible, which turns a missing wait into a wrong value.
+        self._spread = 0.0
+        self._ids = itertools.count(1)  # stream ids (cuStreamGetId): never reused
         self._handles = itertools.count(0x1000, 0x10)
+        # Handles of destroyed streams and events, handed out again last freed first, as a GPU
+        # driver's are (they are addresses of its own objects): code that keys anything by a raw
+        # handle then meets a new stream or event under an old key.  Only these two tables reuse.
+        self._free_streams: list[int] = []
+        self._free_events: list[int] = []
         self._events: dict[int, _Event] = {}
         self._legacy = _Stream(0, next(self._ids), "legacy", True)
         self._streams: dict[int, _Stream] = {}
@@ -95,11 +97,20 @@ class Scheduling:
         self.trace: list[tuple[int, str]] = []
         self.keep_trace = False
 
-    def reseed(self, value: int) -> None:
-        """Restart the random order from ``value`` (pending work stays queued)."""
+    def reseed(self, value: int, spread: float = 0.0) -> None:
+        """Restart the random order from ``value`` (pending work stays queued).
+
+        ``spread``: the chance, at each operation a synchronisation runs, that it runs instead one
+        that nothing being waited for needs (ready on another stream): independent streams run
+        ahead, as a GPU's do, and a writer can overtake a reader queued earlier on another stream
+        when nothing orders them.  0 (the default) runs only what is needed, as late as possible.
+        """
+        if not 0.0 <= spread <= 1.0:
+            raise ValueError(f"spread is a probability (0 to 1), got {spread!r}")
         with self._lock:
             self.seed = value
             self._rng = random.Random(value)
+            self._spread = float(spread)
 
     # -- scheduling ------------------------------------------------------------------
     def _stream(self, handle: Any) -> _Stream:
@@ -120,11 +131,30 @@ class Scheduling:
     def _all_streams(self) -> list[_Stream]:
         return [self._legacy, *self._per_thread.values(), *self._streams.values()]
 
-    def _register(self, table: dict[int, Any], make: Callable[[int], Any]) -> tuple[Any, ...]:
-        """A new handle for ``make(handle)`` in ``table`` (lock held): the driver's ``(CUDA_SUCCESS, handle)``."""
-        handle = next(self._handles)
+    def _register(
+        self, table: dict[int, Any], make: Callable[[int], Any], free: list[int] | None = None
+    ) -> tuple[Any, ...]:
+        """A handle for ``make(handle)`` in ``table`` (lock held): the driver's ``(CUDA_SUCCESS, handle)``.
+
+        ``free``: handles given back to this table (see :meth:`_release_after`), of which the last
+        one freed is handed out first; otherwise, and for the other tables, a new handle.
+        """
+        handle = free.pop() if free else next(self._handles)
         table[handle] = make(handle)
         return (_SUCCESS, handle)
+
+    @staticmethod
+    def _release_after(op: _Op | None, free: list[int], handle: int) -> None:
+        """Put ``handle`` on ``free`` once ``op`` has run (at once if none, or done; lock held).
+
+        The driver releases a destroyed stream's or event's resources, its handle among them,
+        only once the work queued before has completed (cuStreamDestroy, cuEventDestroy; an H100
+        with driver 580 did not hand a destroyed stream's handle out while its work ran).
+        """
+        if op is None or op.done:
+            free.append(handle)
+        else:
+            op.then = [*(op.then or ()), lambda: free.append(handle)]
 
     @staticmethod
     def _unregister(table: dict[int, Any], handle: Any, missing: int) -> tuple[Any, ...]:
@@ -221,19 +251,25 @@ class Scheduling:
                 # Called while an operation runs (a finalizer during a simulated kernel): device
                 # work cannot wait for the host, and numba's simulator runs one kernel at a time.
                 raise RuntimeError("umem_numba simulated driver: waiting for device work from inside device work")
-            ready = [op for op in need if self._ready(op)]
-            if self._rng.random() < SPREAD:
-                extra = [op for op in self._pending if op not in need and self._ready(op)]
-                if extra:
-                    ready = extra
-            if not ready:  # pragma: no cover - every dependency is earlier work, so one is always ready
-                raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
-            ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
-            op = self._rng.choice(ready)
+            op = self._pick(need)
             # Only if it is still next: a weakref callback run since ``ready`` was made (same
             # thread, re-entrant lock) may have waited for device work and run it already.
             if self._ready(op):
                 self._run(op)
+
+    def _pick(self, need: set[_Op]) -> _Op:
+        """The next operation to run, of those in ``need`` (not empty) or, with the spread's chance, of others."""
+        ready = [op for op in need if self._ready(op)]
+        # Drawn at every step, whatever the spread: a seed gives the same order as before there was one.
+        if self._rng.random() < self._spread:
+            # Time passes on the other streams too: one of their ready operations runs instead.
+            extra = [op for op in self._pending if op not in need and self._ready(op)]
+            if extra:
+                ready = extra
+        if not ready:  # pragma: no cover - every dependency is earlier work, so one is always ready
+            raise RuntimeError("umem_numba simulated driver: no runnable work (dependency cycle)")
+        ready.sort(key=lambda o: o.stream.sid)  # a deterministic list for the seeded choice
+        return self._rng.choice(ready)
 
     def _run(self, op: _Op) -> None:
         op.stream.ops.pop(0)
@@ -256,6 +292,10 @@ class Scheduling:
                     self._fault = fault
             finally:
                 self._running = False
+        if op.then is not None:
+            then, op.then = op.then, None
+            for release in then:
+                release()
 
     def _drain(self) -> None:
         self._drive(list(self._pending))
@@ -305,15 +345,21 @@ class Scheduling:
         blocking = not (_int(flags) & 1)
         with self._lock:
             return self._register(
-                self._streams, lambda h: _Stream(h, next(self._ids), "created", blocking, _int(priority))
+                self._streams,
+                lambda h: _Stream(h, next(self._ids), "created", blocking, _int(priority)),
+                self._free_streams,
             )
 
     def cuStreamDestroy(self, handle: Any) -> tuple[Any, ...]:
+        h = _int(handle)
         with self._lock:
-            s = self._streams.pop(_int(handle), None)
+            s = self._streams.pop(h, None)
             if s is None:
                 return (_INVALID_HANDLE,)
-            # Work already queued still runs when needed (its operations stay pending).
+            # Work already queued still runs when needed (its operations stay pending, on this
+            # _Stream: a new stream given the handle is another _Stream, not ordered with them);
+            # the handle is free once that work has run.
+            self._release_after(s.ops[-1] if s.ops else None, self._free_streams, h)
         return (_SUCCESS,)
 
     def cuStreamGetId(self, handle: Any) -> tuple[Any, ...]:
@@ -355,21 +401,30 @@ class Scheduling:
             return self._query(self._stream_targets(s))
 
     def _query(self, targets: list[_Op]) -> tuple[Any, ...]:
-        """Done if the work has run; else "not ready" the first time, then at random (or run it: done)."""
+        """Done if the work has run, else "not ready"; then time passes: one operation runs.
+
+        The answer is what has run, as a GPU's is.  The step after an answer of "not ready"
+        stands for the time a program's polling takes, so that a polling loop finishes: one
+        operation runs, picked as a synchronisation of the same work picks its next one (among
+        those the work needs, or with the spread's chance one that nothing awaits: see reseed).
+        """
         self._raise_fault()
-        pending = [t for t in targets if not t.done]
-        if not pending:
+        if all(t.done for t in targets):
             return (_SUCCESS,)
-        last = pending[-1]
-        if not last.polls:
-            last.polls = self._rng.randint(*PATIENCE)
-        last.polls -= 1
-        # Queued work is still running, as a GPU's would be when checked at once; a program
-        # that keeps polling sees it finish (run now) after a random number of polls.
-        if last.polls:
-            return (_NOT_READY,)
-        self._drive(pending)
-        return (_SUCCESS,)
+        if not self._running:  # a query from inside device work (a finalizer in a kernel): no time passes
+            collecting = gc.isenabled()
+            gc.disable()  # as in _drive: no finalizer may drive the queues in the middle of _run
+            try:
+                need = self._needed(targets)
+                if need:
+                    op = self._pick(need)
+                    if self._ready(op):
+                        self._run(op)
+                self._land_late_effects()
+            finally:
+                if collecting:
+                    gc.enable()
+        return (_NOT_READY,)
 
     def cuStreamWaitEvent(self, handle: Any, event: Any, flags: Any) -> tuple[Any, ...]:
         with self._lock:
@@ -385,11 +440,19 @@ class Scheduling:
 
     def cuEventCreate(self, flags: Any) -> tuple[Any, ...]:
         with self._lock:
-            return self._register(self._events, lambda _: _Event(_int(flags)))
+            return self._register(self._events, lambda _: _Event(_int(flags)), self._free_events)
 
     def cuEventDestroy(self, event: Any) -> tuple[Any, ...]:
+        h = _int(event)
         with self._lock:
-            return self._unregister(self._events, event, _INVALID_HANDLE)
+            ev = self._events.pop(h, None)
+            if ev is None:
+                return (_INVALID_HANDLE,)
+            op = ev.op
+            # Free once its record has run (a record in a capture is never queued: free at once).
+            pending = op is not None and not op.done and op in op.stream.ops
+            self._release_after(op if pending else None, self._free_events, h)
+        return (_SUCCESS,)
 
     def cuEventRecord(self, event: Any, handle: Any) -> tuple[Any, ...]:
         with self._lock:

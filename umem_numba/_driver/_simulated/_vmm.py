@@ -144,6 +144,11 @@ class VirtualMemory(Allocations):
                 return (_INVALID_VALUE,)
             for m in maps:
                 self._remove_memory(m)
+            # Unlike cuMemFree, a GPU's cuMemUnmap does not wait for the device work queued on
+            # the range (PyTorch's expandable segments synchronise their stream before unmapping
+            # for that reason): that work would fault, or use whatever is mapped there by then.
+            # It faults here when it runs, without touching the range (now PROT_NONE).
+            self._fault_queued_work_on(p, p + n, "cuMemUnmap")
         _mmap(p, n, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED, -1)
         return (_SUCCESS,)
 
