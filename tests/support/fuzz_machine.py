@@ -225,11 +225,15 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                     a.known[...] = False
 
     # -- set-up --------------------------------------------------------------------------------
-    @initialize(sim_seed=st.integers(0, 2**32 - 1))
-    def reseed(self, sim_seed: int) -> None:
-        """The simulated driver's order of stream work, drawn with the program (so a replay is exact)."""
+    @initialize(sim_seed=st.integers(0, 2**32 - 1), spread=st.sampled_from((0.0, 0.3, 0.7)))
+    def reseed(self, sim_seed: int, spread: float) -> None:
+        """The simulated driver's order of stream work, drawn with the program (so a replay is exact).
+
+        ``spread``: how often independent streams run ahead of what a synchronisation needs (0: work
+        runs as late as possible; more: an unordered writer may overtake a reader queued before it).
+        """
         if _sim.active():
-            _driver.api().drv.reseed(sim_seed)
+            _driver.api().drv.reseed(sim_seed, spread=spread)
 
     # -- buffers ---------------------------------------------------------------------------------
     @rule(
@@ -441,7 +445,11 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             return  # refused with a ValueError: documented, and not interesting every time
         values = values_for(seed, view.shape)
         stg = self.staging_arg(staging)
-        with self.run(f"{view.label}.copy_from_host(values, stream={stream}, staging={staging})", view):
+        # A strided view of host-visible memory is written by the host, unless staging=False asks for
+        # a DMA, which a strided view cannot take (a documented ValueError).
+        strided_dma = not view.contiguous() and staging == "false"
+        what = f"{view.label}.copy_from_host(values, stream={stream}, staging={staging})"
+        with self.run(what, view, allowed=(ValueError,) if strided_dma else ()):
             view.buf.copy_from_host(values, stream=self.stream(stream), staging=stg)
             view.model()[...] = values
             view.known()[...] = True
@@ -463,6 +471,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         """``buf.copy_to_host()`` into a new array, a given numpy array, or a PinnedBuffer (then read)."""
         if not view.contiguous() and view.kind not in HOST_KINDS:
             return
+        if into == "pinned" and not view.contiguous():
+            into = "numpy"  # a PinnedBuffer destination takes a contiguous source
         stg = self.staging_arg(staging)
         s = self.stream(stream)
         with self.run(f"{view.label}.copy_to_host(into={into}, stream={stream}, staging={staging})", view):
@@ -472,8 +482,6 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 got = np.full(view.shape, -7, DTYPE)
                 view.buf.copy_to_host(got, stream=s, staging=stg)
             else:
-                if not view.contiguous():
-                    return
                 order = "F" if view.model().flags.f_contiguous and not view.model().flags.c_contiguous else "C"
                 out = um.PinnedBuffer.empty(view.shape, DTYPE, order=order)
                 try:
@@ -527,7 +535,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         # Pool memory takes no advice (the driver answers CUDA_ERROR_NOT_SUPPORTED: UnsupportedError,
         # docs/concepts/pools.md); a managed pool's preferred_location is the way there.
         pool_advice = op in ("advise", "policy") and view.alloc.pool is not None
-        allowed = ((ValueError,) if empty_advice else ()) + ((um.UnsupportedError,) if pool_advice else ())
+        # Hints need a contiguous buffer or view (a documented ValueError for a strided one).
+        strided = not view.contiguous()
+        allowed = ((ValueError,) if empty_advice or strided else ()) + ((um.UnsupportedError,) if pool_advice else ())
         with self.run(what, view, allowed=allowed):
             if op == "prefetch":
                 view.buf.prefetch(where, stream=s)
@@ -607,7 +617,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     @family("export")
     @rule(
         view=buffers,
-        consumer_stream=st.sampled_from((*STREAMS, "none")),
+        consumer_stream=st.sampled_from(("none", *STREAMS)),  # first: Hypothesis favours it
         protocol=st.sampled_from(("dlpack", "cai")),
         value=st.integers(1, 1000),
     )
@@ -821,7 +831,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         elif op == "copy_to_host" and view.contiguous():
             check_equal(view.buf.copy_to_host(stream=s), view, "copy_to_host in a capture")
         elif op == "um_copy" and view.contiguous():
-            tmp = um.PinnedBuffer.empty(view.shape, DTYPE)  # um.copy takes buffers (numpy: copy_to_host)
+            m = view.model()
+            order = "F" if m.flags.f_contiguous and not m.flags.c_contiguous else "C"  # a DMA keeps the layout
+            tmp = um.PinnedBuffer.empty(view.shape, DTYPE, order=order)  # um.copy takes buffers (numpy: copy_to_host)
             try:
                 um.copy(tmp, view.buf, stream=s)
                 check_equal(np.array(tmp.host), view, "um.copy in a capture")
