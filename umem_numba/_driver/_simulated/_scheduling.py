@@ -252,7 +252,7 @@ class Scheduling:
                 # work cannot wait for the host, and numba's simulator runs one kernel at a time.
                 raise RuntimeError("umem_numba simulated driver: waiting for device work from inside device work")
             op = self._pick(need)
-            # Only if it is still next: a weakref callback run since ``ready`` was made (same
+            # Only if it is still next: a weakref callback run since it was picked (same
             # thread, re-entrant lock) may have waited for device work and run it already.
             if self._ready(op):
                 self._run(op)
