@@ -620,16 +620,22 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         consumer_stream=st.sampled_from(("none", *STREAMS)),  # first: Hypothesis favours it
         protocol=st.sampled_from(("dlpack", "cai")),
         value=st.integers(1, 1000),
+        reads=st.booleans(),
     )
-    def export_to_consumer(self, view: View, consumer_stream: str, protocol: str, value: int) -> None:
+    def export_to_consumer(self, view: View, consumer_stream: str, protocol: str, value: int, reads: bool) -> None:
         """A buffer handed over for good: ``__dlpack__(stream=consumer)`` or CAI; the buffer escapes.
 
         The consumer writes on its stream; from then on host access synchronises every device
-        (the docs' promise for escaped buffers), so it must see the write.
+        (the docs' promise for escaped buffers), so it must see the write.  Or (``reads``, DLPack)
+        it copies the tensor out on its stream and waits for that stream alone, as a library's
+        ``.cpu()`` does: what it gets must be the buffer's contents, earlier work included.
         """
         if view.kind not in DEVICE_KINDS:
             return
-        what = f"{view.label}.__{protocol}__ to a consumer on {consumer_stream} writing {value}"
+        reads = reads and protocol == "dlpack" and view.contiguous()
+        what = f"{view.label}.__{protocol}__ to a consumer on {consumer_stream} " + (
+            "copying it out" if reads else f"writing {value}"
+        )
         with self.run(what, view):
             # "none": DLPack's stream=None, the legacy default stream, which does not wait for the
             # non-blocking streams by itself (the CUDA Array Interface has no such value here).
@@ -638,7 +644,18 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 named = None if consumer_stream == "none" else self.dlpack_stream(consumer_stream)
                 cap = Capsule(view.buf.__dlpack__(stream=named))
                 try:
-                    memset_elements(cap.ptr, cap.shape, cap.strides, value, handle)
+                    if reads:
+                        m = view.model()
+                        order = "F" if m.flags.f_contiguous and not m.flags.c_contiguous else "C"
+                        out = cuda.pinned_array(m.shape, DTYPE, order=order)  # page-locked: copied on the stream
+                        if out.size:
+                            um.driver_call(
+                                "cuMemcpyDtoHAsync", out.ctypes.data, cap.ptr, out.nbytes, handle, detail="fuzz"
+                            )
+                        um.driver_call("cuStreamSynchronize", handle, detail="fuzz consumer")
+                        check_equal(np.array(out), view, what)
+                    else:
+                        memset_elements(cap.ptr, cap.shape, cap.strides, value, handle)
                 finally:
                     cap.release()
             else:
@@ -646,8 +663,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 strides = iface["strides"] or tuple(s * 4 for s in np.empty(iface["shape"], np.uint8).strides)
                 memset_elements(iface["data"][0], tuple(iface["shape"]), tuple(strides), value, handle)
             view.alloc.escaped = True
-            view.model()[...] = value
-            view.known()[...] = True
+            if not reads:
+                view.model()[...] = value
+                view.known()[...] = True
 
     # -- host access inside a lend (item 4 of issue 27) --------------------------------------------
     @family("reentry")
@@ -921,6 +939,14 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     def probe(self, view: View, probe: str) -> None:
         """``__dlpack__(stream=0|True|-5)`` is refused with a clear error; zero-size prefetch/discard are no-ops;
         a view lent for the legacy stream (``lend(None)``, ``lend(0)``) names a stream in its CAI."""
+        if probe == "zero":
+            # A zero-size ManagedBuffer of its own (the view drawn need not be one).
+            what = "ManagedBuffer.empty((0,)).prefetch/discard/discard_prefetch"
+            with self.step(what), um.ManagedBuffer.empty((0,), DTYPE) as empty:
+                empty.prefetch(0)
+                empty.discard()
+                empty.discard_prefetch(0)
+            return
         if view.closed or view.kind not in DEVICE_KINDS:
             return
         if probe.startswith("lend-"):
@@ -933,13 +959,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 "means 'no synchronisation needed' in CAI v3, but the work must be ordered on the legacy stream"
             )
             return
-        if probe == "zero":
-            if view.kind != "managed" or view.model().size:
-                return
-            with self.step(f"{view.label} (zero-size).prefetch/discard", view):
-                view.buf.prefetch(0)
-                view.buf.discard()
-            return
+
         stream = {"dlpack-stream-0": 0, "dlpack-stream-True": True, "dlpack-stream--5": -5}[probe]
         what = f"{view.label}.__dlpack__(stream={stream!r})"
         try:

@@ -12,7 +12,9 @@ streams, pools, model and steps.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
+import time
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,9 @@ from support.fuzz_model import (
     NON_BLOCKING,
     NUMBA_STREAMS,
     SLEEP_NS,
+    STEP_TIMEOUT,
     STREAMS,
+    StepHungError,
     View,
     check_equal,
     family,
@@ -39,6 +43,7 @@ from support.fuzz_model import (
     launch_config,
     values_for,
 )
+from support.helpers import worker_thread
 
 #: Temporaries of the reuse races: ``(kind of the model, pool name or None, buffer class)``.
 #: ``device`` is a DeviceBuffer without ``pool=`` (the process-wide pool), ``vmm`` a VMMBuffer
@@ -542,3 +547,91 @@ class RaceRules:
                 )
             finally:
                 other.close()
+
+    # -- another library reads what a kernel still writes --------------------------------------------------
+    @family("races")
+    @rule(
+        view=BUFFERS,
+        writer_stream=st.sampled_from((*NON_BLOCKING, *STREAMS)),  # non-blocking first: the legacy stream skips them
+        consumer_stream=st.sampled_from(("none", *STREAMS)),
+        via=st.sampled_from(("export", "lend")),
+        lend_stream=st.sampled_from(STREAMS),
+        value=st.integers(1, 1000),
+    )
+    def consumer_reads_race(
+        self: Any, view: View, writer_stream: str, consumer_stream: str, via: str, lend_stream: str, value: int
+    ) -> None:
+        """A sleeping writer, then a DLPack consumer (``__dlpack__(stream=...)``, ``None``: the legacy
+        stream; of the buffer, or of a lent view) that copies the tensor out on its stream and waits for
+        that stream alone: it must get the writer's values."""
+        if view.closed or view.kind not in DEVICE_KINDS or not view.contiguous() or not 1 <= len(view.shape) <= 2:
+            return
+        nd = len(view.shape)
+        grid, block = launch_config(view.shape)
+        what = f"{view.label}: writer on {writer_stream}, a DLPack consumer on {consumer_stream} reads it ({via})"
+        with self.run(what, view):
+            KERNELS.get(f"sleepfill{nd}")[grid, block, self.stream(writer_stream)](view.buf, value, SLEEP_NS)
+            view.model()[...] = value
+            view.known()[...] = True
+            handle = 0 if consumer_stream == "none" else self.handle(consumer_stream)
+            named = None if consumer_stream == "none" else self.dlpack_stream(consumer_stream)
+            m = view.model()
+            out = cuda.pinned_array(
+                m.shape, DTYPE, order="F" if m.flags.f_contiguous and not m.flags.c_contiguous else "C"
+            )
+
+            def copy_out(capsule: Any) -> None:
+                cap = Capsule(capsule)
+                try:
+                    if out.size:
+                        um.driver_call("cuMemcpyDtoHAsync", out.ctypes.data, cap.ptr, out.nbytes, handle, detail="fuzz")
+                finally:
+                    cap.release()
+
+            if via == "export":
+                copy_out(view.buf.__dlpack__(stream=named))
+                view.alloc.escaped = True
+            else:
+                with view.buf.lend(self.stream(lend_stream)) as lent:
+                    copy_out(lent.__dlpack__(stream=named))
+            um.driver_call("cuStreamSynchronize", handle, detail="fuzz consumer")
+            check_equal(np.array(out), view, what)
+
+    # -- another thread reads while a lend block is open ------------------------------------------------------
+    @family("races")
+    @rule(
+        view=BUFFERS,
+        lend_stream=st.sampled_from(STREAMS),
+        consumer_stream=st.sampled_from(STREAMS),
+        value=st.integers(1, 1000),
+    )
+    def read_during_lend(self: Any, view: View, lend_stream: str, consumer_stream: str, value: int) -> None:
+        """``with buf.lend(s) as v:`` on this thread, ``.host`` on another thread started inside the
+        block, then a DLPack consumer writes ``v``: the other thread's read waits for the block and the
+        consumer's work filed at its end, so it gets the consumer's value."""
+        # Host access (.host) waits for the registrations in flight on other threads; device work
+        # (copy_to_host is a DMA) is ordered by what is filed when it is issued, so a copy started
+        # while the block is open may rightly read the values from before it.
+        if view.closed or view.kind not in DEVICE_KINDS or view.kind not in HOST_KINDS:
+            return
+        what = f"{view.label}: .host on another thread during lend({lend_stream}), a consumer on {consumer_stream}"
+
+        def read() -> np.ndarray:
+            return np.array(view.buf.host)
+
+        with self.run(what, view):
+            with view.buf.lend(self.stream(lend_stream)) as lent:
+                pending = worker_thread("fuzz-a").submit(read)
+                time.sleep(0.01)  # let it reach its wait
+                cap = Capsule(lent.__dlpack__(stream=self.dlpack_stream(consumer_stream)))
+                try:
+                    memset_elements(cap.ptr, cap.shape, cap.strides, value, self.handle(consumer_stream))
+                finally:
+                    cap.release()
+            view.model()[...] = value
+            view.known()[...] = True
+            try:
+                got = pending.result(timeout=STEP_TIMEOUT)
+            except concurrent.futures.TimeoutError:
+                raise StepHungError(f"{what}: the other thread's read did not return") from None
+            check_equal(got, view, what)
