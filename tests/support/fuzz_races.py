@@ -635,3 +635,48 @@ class RaceRules:
             except concurrent.futures.TimeoutError:
                 raise StepHungError(f"{what}: the other thread's read did not return") from None
             check_equal(got, view, what)
+
+    # -- a pool block freed by one thread's default stream, taken by another's ----------------------------
+    @family("races")
+    @rule(
+        target=BUFFERS,
+        temp=st.sampled_from(("device-pool", "managed-pool", "device")),
+        shape=st.tuples(st.integers(1, 24)),
+        thread=st.sampled_from(("fuzz-a", "fuzz-b")),
+        values=st.tuples(st.integers(1, 1000), st.integers(1, 1000)),
+        raw=st.booleans(),
+    )
+    def cross_thread_reuse(
+        self: Any, temp: str, shape: tuple[int, ...], thread: str, values: tuple[int, int], raw: bool
+    ) -> Any:
+        """A worker thread allocates a temporary on its default stream (handle 2), writes it, copies it
+        into a kept buffer there and lets it go; this thread then allocates one of its size on its own
+        default stream (handle 2 too, another stream) and writes it at once (raw through ``ptr``, or
+        tracked): the worker's copy must still read the worker's value."""
+        model_kind, pool = TEMPS[temp]
+        what = f"{temp} temporary let go on {thread}'s default stream, the next one taken on this thread's"
+        out = um.DeviceBuffer.zeros(shape, DTYPE)
+        kept = self.register("device", out, True, None)
+
+        def worker() -> None:
+            tmp = self.temporary(temp, shape, "per-thread")
+            self.write_temp(tmp, model_kind, values[0], "per-thread", sleep=True)
+            um.copy(out, tmp, stream=self.stream("per-thread"))
+            del tmp
+
+        with self.run(what, kept):
+            in_worker(thread, worker, what)
+            kept.model()[...] = values[0]
+            buf = self.temporary(temp, shape, "per-thread")
+            keep = self.register(model_kind, buf, True, pool, np.full(shape, values[1], DTYPE))
+            if raw:
+                host = np.full(shape, values[1], DTYPE)
+                h = self.handle("per-thread")
+                um.driver_call("cuMemcpyHtoDAsync", buf.ptr, host.ctypes.data, host.nbytes, h, detail="fuzz")
+                um.driver_call("cuStreamSynchronize", h, detail="fuzz")
+            else:
+                self.write_temp(buf, model_kind, values[1], "per-thread", sleep=False)
+            self.read_checked(kept, what)
+            self.read_checked(keep, what)
+            return multiple(kept, keep)
+        return multiple(kept)

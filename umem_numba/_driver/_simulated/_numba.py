@@ -28,14 +28,15 @@ class SimStream:
     numba's ``Stream`` under the simulator (:func:`install_numba` names it so in
     numba's driver module) and, like numba's, says whether it owns its handle:
     ``external`` is False for a stream it created (``cuda.stream()``), which is
-    destroyed only when the object is collected, True for the default streams
-    and ``cuda.external_stream()``.
+    destroyed only when the object is collected, and for the default streams
+    (numba's own objects over the handles 0, 1 and 2, as on a GPU); True for
+    ``cuda.external_stream()``.
     """
 
     def __init__(self, drv: SimDriver, handle: int | None = None, *, flags: int = 0) -> None:
         self._drv = drv
         self._owned = handle is None
-        self.external = not self._owned
+        self.external = not self._owned and int(handle or 0) > 2
         if handle is None:
             _, handle = drv.cuStreamCreate(flags)
         self.handle = int(handle)
