@@ -109,7 +109,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         self.baseline_allocations = driver_allocations()
         self.streams: dict[str, Any] = {name: cuda.stream() for name in NUMBA_STREAMS}
         for name in NON_BLOCKING:
-            self.streams[name] = cuda.external_stream(um.driver_call("cuStreamCreate", 1, detail="fuzz"))
+            self.streams[name] = cuda.external_stream(int(um.driver_call("cuStreamCreate", 1, detail="fuzz")))
         self.streams["legacy"] = cuda.default_stream()
         self.streams["per-thread"] = cuda.per_thread_default_stream()
         self.pools: dict[str, um.MemoryPool] = {}
@@ -1078,12 +1078,19 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         # Closed buffers of the process-wide pools (DeviceBuffer without pool=) stay on their free
         # lists for the next buffer of their size: held, not leaked.
         cached = pool_cached() - self.baseline_cached
-        if self.baseline_free - free > max(cached, 0) and not escaped:
+        # A GPU driver's memory moves by itself too (a thread's or a stream's first use, a module
+        # load; in 2 MiB steps): there, a drop of a few steps is its own.  The simulated driver's is exact.
+        slack = 0 if _sim.active() else DRIVER_SLACK
+        if self.baseline_free - free > max(cached, 0) + slack and not escaped:
             now = driver_allocations()
             extra = {hex(b): v for b, v in now.items() if b not in self.baseline_allocations}
             raise AssertionError(
                 f"device memory not given back: {self.baseline_free - free} bytes; allocations: {extra}"
             )
+
+
+#: Free device memory a GPU's driver may take for itself during a program (see _final_checks).
+DRIVER_SLACK = 4 << 20
 
 
 class _RefusedError(Exception):
