@@ -1117,10 +1117,23 @@ BASELINE_EVENTS: list[int] = []
 
 
 def warm_up() -> None:
-    """Make what umem_numba makes once per process (the internal staging area), so it is in the baseline."""
+    """Make what umem_numba and the driver make once per process, so it is in the baseline.
+
+    The internal staging area; and every kernel of the fuzzer, compiled and launched once: a GPU's
+    driver reserves memory for a kernel's local memory at its first launch, and keeps it.
+    """
     with um.DeviceBuffer.zeros(4, DTYPE) as buf:
         buf.copy_from_host(np.ones(4, DTYPE), staging=True)
         buf.copy_to_host(staging=True)
+    with um.DeviceBuffer.zeros(1, DTYPE) as one, um.DeviceBuffer.zeros((1, 1), DTYPE) as two:
+        for nd, a in ((1, one), (2, two)):
+            for name in ("fill", "opaquefill", "rowfill", "plainfill"):
+                KERNELS.get(f"{name}{nd}")[launch_config(a.shape)](a, 1)
+            KERNELS.get(f"sleepfill{nd}")[launch_config(a.shape)](a, 1, 0)
+            for name in ("add", "copy"):
+                KERNELS.get(f"{name}{nd}")[launch_config(a.shape)](a, a, *a.shape)
+        one.synchronize()
+        two.synchronize()
     cuda.synchronize()
     if _sim.active():
         _driver.api().drv.drain_quietly()

@@ -883,11 +883,16 @@ class MemoryPool:
         return alloc
 
     def _refuse_capture(self, handle: int, what: str) -> None:
-        """:func:`refuse_capture` for an allocation stream (handle 0: the legacy stream of the pool's device)."""
+        """:func:`refuse_capture` for an allocation stream (handle 0: the legacy stream of the pool's device).
+
+        The special handles 0, 1 and 2 name a stream of the *current* context: in a thread
+        that has none yet (a worker thread's first CUDA call), the driver answers
+        ``CUDA_ERROR_INVALID_CONTEXT``, so the check is made again with the pool's context current.
+        """
         try:
             refuse_capture(handle, what)
         except CudaError:
-            if handle != 0:
+            if handle > 2:
                 raise
             with _driver.device_context(self.device_id):  # no context current in this thread
                 refuse_capture(handle, what)
