@@ -368,3 +368,22 @@ def test_tracked_reader_on_a_non_blocking_stream_waits_for_a_legacy_stream_write
         buf.close()
         out.close()
         _driver.call("cuStreamDestroy", handle)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_htod_copy_into_pinned_pool_memory_is_refused_and_a_plain_copy_taken():
+    """``cuMemcpyHtoDAsync`` into a pinned pool's memory: an H100 (driver 580) answers INVALID_VALUE,
+    as the API fuzzer found there; ``cuMemcpyAsync`` (unified addressing) copies it.  The simulated
+    driver took both."""
+    pool = um.MemoryPool("pinned")
+    try:
+        with um.PinnedBuffer.empty(16, np.int32, pool=pool) as buf:
+            src = np.arange(16, dtype=np.int32)
+            err = _driver.api().drv.cuMemcpyHtoDAsync(buf.ptr, src.ctypes.data, src.nbytes, 0)[0]
+            assert int(err) == 1, f"cuMemcpyHtoDAsync into pinned pool memory answered {err}, not INVALID_VALUE (1)"
+            _driver.call("cuMemcpyAsync", buf.ptr, src.ctypes.data, src.nbytes, 0)
+            _driver.call("cuStreamSynchronize", 0)
+            np.testing.assert_array_equal(np.array(buf.host), src)
+    finally:
+        pool.close()

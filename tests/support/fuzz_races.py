@@ -207,7 +207,7 @@ class RaceRules:
                 n = host.nbytes
                 if n:
                     um.driver_call(
-                        "cuMemcpyHtoDAsync", buf.ptr, host.ctypes.data, n, self.handle(alloc_stream), detail="fuzz"
+                        "cuMemcpyAsync", buf.ptr, host.ctypes.data, n, self.handle(alloc_stream), detail="fuzz"
                     )
                     um.driver_call("cuStreamSynchronize", self.handle(alloc_stream), detail="fuzz")
             else:
@@ -672,7 +672,7 @@ class RaceRules:
             if raw:
                 host = np.full(shape, values[1], DTYPE)
                 h = self.handle("per-thread")
-                um.driver_call("cuMemcpyHtoDAsync", buf.ptr, host.ctypes.data, host.nbytes, h, detail="fuzz")
+                um.driver_call("cuMemcpyAsync", buf.ptr, host.ctypes.data, host.nbytes, h, detail="fuzz")
                 um.driver_call("cuStreamSynchronize", h, detail="fuzz")
             else:
                 self.write_temp(buf, model_kind, values[1], "per-thread", sleep=False)

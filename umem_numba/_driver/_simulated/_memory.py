@@ -251,6 +251,12 @@ class Allocations(Scheduling):
     def cuMemcpyHtoDAsync(self, dst: Any, src: Any, nbytes: Any, handle: Any) -> tuple[Any, ...]:
         if isinstance(src, np.ndarray):
             src = src.ctypes.data
+        with self._lock:
+            mem = self._find(_int(dst))
+        if mem is not None and mem.kind == "pinned" and mem.pool:
+            # Host memory of a pinned pool is no device destination: an H100 (driver 580) answers
+            # CUDA_ERROR_INVALID_VALUE (cuMemcpyAsync takes it, by unified addressing).
+            return (_INVALID_VALUE,)
         return self._copy(dst, src, nbytes, handle, "cuMemcpyHtoDAsync")
 
     def cuMemcpyDtoHAsync(self, dst: Any, src: Any, nbytes: Any, handle: Any) -> tuple[Any, ...]:
