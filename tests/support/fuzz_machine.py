@@ -1077,7 +1077,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         free = um.mem_info()[0]
         # Closed buffers of the process-wide pools (DeviceBuffer without pool=) stay on their free
         # lists for the next buffer of their size: held, not leaked.
-        cached = pool_cached() - self.baseline_cached
+        cached = max(now - then for now, then in zip(pool_cached(), self.baseline_cached, strict=True))
         # A GPU driver's memory moves by itself too (a thread's or a stream's first use, a module
         # load; in 2 MiB steps): there, a drop of a few steps is its own.  The simulated driver's is exact.
         slack = 0 if _sim.active() else DRIVER_SLACK

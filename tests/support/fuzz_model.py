@@ -389,9 +389,15 @@ def driver_event_count() -> int | None:
     return len(table) if isinstance(table, dict) else None
 
 
-def pool_cached() -> int:
+def pool_cached() -> tuple[int, int]:
+    """``(free lists, reserved)``: bytes the live pools keep for later buffers, two ways.
+
+    umem_numba's free lists hold closed buffers' blocks; a GPU driver's pool also reserves in
+    chunks (32 MiB for small blocks), kept while the pool lives (the process-wide pools live on).
+    The growth of either during a program is memory held, not leaked.
+    """
     pools = um.stats()["pool"]
-    return int(getattr(pools, "cached", 0))
+    return int(getattr(pools, "cached", 0)), int(getattr(pools, "reserved_current", 0) or 0)
 
 
 def driver_allocations() -> dict[int, tuple[str, int]]:
