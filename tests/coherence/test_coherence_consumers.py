@@ -208,14 +208,23 @@ def test_lend_waits_for_exactly_the_lent_work(sleep_write, sleep_only, rng, cons
     busy, lent = _NonBlocking(), _NonBlocking()
     try:
         values = random_array(rng, N, np.float64)
-        # a ~400 ms tracked kernel on another buffer, another stream: not to be waited for
-        slow = random_array(rng, N, np.float64)
-        um.coherent(sleep_write)[N // 128, 128, cuda.external_stream(busy.handle)](other, cuda.to_device(slow), 400)
+        # Allocations first: a page-locked allocation (cuMemHostAlloc) or a first cudaMalloc waits
+        # for the whole device, which would wait for the slow kernel below whatever umem_numba does.
         source = um.PinnedBuffer.from_array(values)
+        src = cupy.asarray(values) if cupy is not None else None
+        slow = random_array(rng, N, np.float64)
+        slow_dev = cuda.to_device(slow)
+        # Compiled and loaded first too: a compile inside the block could outlast the slow kernel.
+        if cupy is not None:
+            _cupy_sleep_write().compile()
+        else:
+            sleep_only[1, 1](0)
+        cuda.synchronize()
+        # a ~400 ms tracked kernel on another buffer, another stream: not to be waited for
+        um.coherent(sleep_write)[N // 128, 128, cuda.external_stream(busy.handle)](other, slow_dev, 400)
         with buf.lend(lent.handle) as view:
             if cupy is not None:
                 with cupy.cuda.ExternalStream(lent.handle):
-                    src = cupy.asarray(values)
                     # DLPack: CuPy names its current stream (the lent one), so the block's end stays
                     # precise; a CUDA Array Interface consumer names none (the next host access then
                     # synchronises the device: docs/concepts/coherence.md, "lend")
