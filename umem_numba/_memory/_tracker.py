@@ -333,12 +333,20 @@ class Tracker:
                 self._idle.notify_all()
 
     def _refuse_if_blocked(self, what: str) -> None:
-        if self._blocked is not None:
-            error = BufferClosedError if self._blocked == "closing" else CoherenceError
-            raise error(f"{what}: the buffer is being {self._blocked} by another thread")
+        blocked = self._blocked
+        if blocked is None:
+            return
+        if blocked == "closed":  # for good: close() returned (recycle() reopens pool memory)
+            raise BufferClosedError(f"{what}: the buffer is closed")
+        error = BufferClosedError if blocked == "closing" else CoherenceError
+        raise error(f"{what}: the buffer is being {'closed' if blocked == 'closing' else blocked} by another thread")
 
     def block(self, reason: str) -> None:
-        """Refuse new device use (``reason``: "closing", "resized") until :meth:`unblock`.
+        """Refuse new device use (``reason``: "closing", "closed", "resized") until :meth:`unblock`.
+
+        ``"closed"`` is for good: a launch that took a buffer's address before ``close()``
+        (on another thread) and registers after it returned must not write memory that host
+        views still hold, with nothing to wait for it.
 
         Work registered before is waited for by the settling done while
         blocked; nothing can start between that wait and :meth:`unblock`.
