@@ -58,6 +58,9 @@ def _env_float(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
+#: ``UMEM_FUZZ_TRACE=1``: each step's description on stderr as it starts (a process that crashes in a
+#: driver call leaves no shrunk program: the trace is the program up to the crash).
+TRACE = os.environ.get("UMEM_FUZZ_TRACE", "").strip() not in ("", "0")
 #: Seconds one step may take before it counts as a hang.
 STEP_TIMEOUT = _env_float("UMEM_FUZZ_STEP_TIMEOUT", 10.0)
 #: Device sleep of the sleeping writer, in nanoseconds (the simulator sleeps this long in wall-clock time).
@@ -120,6 +123,17 @@ def watchdog(what: str, seconds: float = STEP_TIMEOUT) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def page_locked(shape: tuple[int, ...], order: str = "C") -> np.ndarray:
+    """numba's ``cuda.pinned_array`` (page-locked numpy memory); a plain array where it is empty.
+
+    On a GPU numba cannot make an empty one (``memhostalloc(0)`` gives a null pointer, which numpy
+    refuses), and an empty array is never copied.
+    """
+    if not int(np.prod(shape)):
+        return np.empty(shape, DTYPE, order=order)
+    return cuda.pinned_array(shape, DTYPE, order=order)
 
 
 def in_worker(name: str, fn: Callable[[], Any], what: str) -> Any:

@@ -41,6 +41,7 @@ from support.fuzz_model import (
     family,
     in_worker,
     launch_config,
+    page_locked,
     values_for,
 )
 from support.helpers import worker_thread
@@ -84,6 +85,7 @@ class RaceRules:
         if temp == "device-shared":
             return um.DeviceBuffer.empty(shape, DTYPE, pool=um.MemoryPool.default("device"), stream=s)
         if temp == "managed-shared":
+            self.managed_pool_used = True
             return um.ManagedBuffer.empty(shape, DTYPE, pool=um.MemoryPool.default("managed"), stream=s)
         return um.VMMBuffer.empty(shape, DTYPE)
 
@@ -331,7 +333,7 @@ class RaceRules:
         owner: Any = None
         with self.run(what, view):
             if host == "pinned_array":
-                arr = cuda.pinned_array(shape, DTYPE, order=order)
+                arr = page_locked(shape, order)
             else:
                 cls = um.PinnedBuffer if host.startswith("Pinned") else um.ManagedBuffer
                 owner = cls.empty(shape, DTYPE, order=order)
@@ -576,9 +578,7 @@ class RaceRules:
             handle = 0 if consumer_stream == "none" else self.handle(consumer_stream)
             named = None if consumer_stream == "none" else self.dlpack_stream(consumer_stream)
             m = view.model()
-            out = cuda.pinned_array(
-                m.shape, DTYPE, order="F" if m.flags.f_contiguous and not m.flags.c_contiguous else "C"
-            )
+            out = page_locked(m.shape, "F" if m.flags.f_contiguous and not m.flags.c_contiguous else "C")
 
             def copy_out(capsule: Any) -> None:
                 cap = Capsule(capsule)
