@@ -10,32 +10,22 @@ after it returned wrote memory that host views still held, and nothing waited fo
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+from numba import cuda
 
 import umem_numba as um
 from umem_numba import _driver
+from umem_numba._memory._tracker import Tracker
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "make",
-    [
-        "managed_zeros",
-        pytest.param(
-            "pool",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="open: a pool buffer's record goes to the free list at close (recycled, open for "
-                "the next buffer); a launch registering late files its event there, and the next buffer "
-                "waits for it, but it may still write that buffer's memory after its initialisation",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("make", ["managed_zeros"])
 def test_no_device_use_registers_after_close(make):
-    pool = um.MemoryPool("device") if make == "pool" else None
-    buf = um.managed_zeros(64, np.float64) if make == "managed_zeros" else um.DeviceBuffer.zeros(64, pool=pool)
+    pool = None
+    buf = um.managed_zeros(64, np.float64) if make == "managed_zeros" else um.DeviceBuffer.zeros(64, np.float64)
     view = buf.host if make == "managed_zeros" else None  # a host view keeps the memory mapped after close
     tracker = buf._coherence_tracker
     try:
@@ -53,3 +43,64 @@ def test_no_device_use_registers_after_close(make):
         del view
         if pool is not None:
             pool.close()
+
+
+@cuda.jit
+def _fill(a, v):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["launch", "copy"])
+def test_work_that_took_a_pool_buffer_before_close_never_writes_the_next_buffer(op, rng, monkeypatch):
+    """Thread T takes a pool buffer's address (a launch, a copy into it) and stops just before
+    registering; the main thread closes the buffer and the pool hands its block, with its record,
+    to a new buffer, which it fills.  T's work must be refused, and the new buffer keep its values."""
+    pool = um.MemoryPool("device")
+    a = um.DeviceBuffer.zeros(64, np.float64, pool=pool)
+    kernel = um.jit(_fill)
+    kernel[1, 64](a, 1.0)  # compiled, and its direct call cached: the launch T makes is the fast one
+    a.synchronize()
+    tracker = a._coherence_tracker
+    at_registration, go = threading.Event(), threading.Event()
+    begin_use = Tracker.begin_use
+
+    def paused(self, *args, **kwargs):
+        if threading.current_thread().name == "late-work" and not at_registration.is_set():
+            at_registration.set()
+            assert go.wait(60), "the main thread never let the late work go on"
+        return begin_use(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tracker, "begin_use", paused)
+    outcome: list[BaseException | None] = []
+
+    def late_work() -> None:
+        try:
+            if op == "launch":
+                kernel[1, 64](a, 7.0)
+            else:
+                a.copy_from_host(np.full(64, 7.0), staging=False)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=late_work, name="late-work")
+    t.start()
+    try:
+        assert at_registration.wait(60), "the late work never reached its registration"
+        a.close()
+        b = um.DeviceBuffer.empty(64, np.float64, pool=pool)
+        assert b._coherence_tracker is tracker, "the pool did not hand the closed buffer's block on (no race made)"
+        values = rng.random(64)
+        b.copy_from_host(values)
+    finally:
+        go.set()
+        t.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], um.BufferClosedError), outcome
+    np.testing.assert_array_equal(b.copy_to_host(), values)
+    b.synchronize()
+    np.testing.assert_array_equal(b.copy_to_host(), values)
+    b.close()
+    pool.close()

@@ -417,6 +417,9 @@ class Buffer(DeviceExports, _Base):
     def _copy_side(self) -> _copy.Side:
         """This buffer as an operand of the copy layer."""
         alloc = self._live()
+        epoch = alloc.tracker.epoch
+        if alloc.closed:  # read the epoch, then see the buffer open: a later close changes it
+            self._live()
         ptr = alloc.device_ptr + self._offset if self.size else 0
         host_view = self._host_array if self._host_accessible else None
         order = _layout.dense_order(self._shape, self._strides, self._dtype.itemsize)
@@ -432,6 +435,7 @@ class Buffer(DeviceExports, _Base):
             alloc.resource,
             host_view,
             order,
+            epoch=epoch,
         )
 
     def synchronize(self) -> None:

@@ -157,6 +157,7 @@ class Side:
     host_view: Callable[[str], np.ndarray] | None = None  # settles coherence, then a numpy view
     order: str = "C"  # the orders the elements are dense in: "C", "F", "CF" (both) or "" (strided)
     raw: bool = False  # bytes without a shape (a cuda.core Buffer): matched by size only
+    epoch: int | None = None  # the tracker's epoch when ``ptr`` was taken (Tracker.begin_use)
 
     @property
     def nbytes(self) -> int:
@@ -362,7 +363,7 @@ def _dma(
     if not nbytes:
         return None
     device_id = _driver.ensure_context()
-    with DeviceUse(_uses(dst, src), handle, what) as use:
+    with DeviceUse(_uses(dst, src), handle, what, _epochs(dst, src)) as use:
         _wait_for_interface_streams((dst, src), handle, device_id, what)
         _driver.call(
             "cuMemcpyAsync",
@@ -381,6 +382,11 @@ def _dma(
 def _uses(dst: Side, src: Side) -> list[tuple[Tracker, bool]]:
     """The copy writes its destination and reads its source."""
     return [(s.tracker, s is dst) for s in (dst, src) if s.tracker is not None]
+
+
+def _epochs(dst: Side, src: Side) -> list[int | None]:
+    """The epochs of :func:`_uses`' trackers when the sides took their addresses."""
+    return [s.epoch for s in (dst, src) if s.tracker is not None]
 
 
 def _wait_for_interface_streams(sides: tuple[Side, ...], handle: int, device_id: int, what: str) -> None:

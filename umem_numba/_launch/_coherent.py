@@ -587,14 +587,18 @@ class _ConfiguredLaunch:
         type_ids: list[int] = []  # numba types are interned: their ids name them, cheaply hashed
         values: list[Any] = []
         uses: dict[Tracker, bool] = {}
+        epochs: dict[Tracker, int] = {}
         for i, a in enumerate(args):
             if isinstance(a, Buffer):
                 k = a._kparams
                 if k is None or k[0].closed or a._views_can_retire:
                     k = a._launch_arg()  # checks closed, retired and host-only buffers
+                tracker = k[0].tracker
+                epochs[tracker] = tracker.epoch
+                if k[0].closed:  # the epoch read, then the buffer seen open: a close from here on changes it
+                    a._launch_arg()
                 type_ids.append(id(k[1]))
                 values += k[2]
-                tracker = k[0].tracker
                 if not uses.get(tracker, False):  # a write wins over reads of one allocation
                     uses[tracker] = i >= nwrites or writes[i]
             else:
@@ -612,14 +616,14 @@ class _ConfiguredLaunch:
         key = (*type_ids, device)
         entry = self._calls.get(key)
         if entry is None:
-            self._issue(list(uses.items()), args)  # numba compiles for these types
+            self._issue(list(uses.items()), args, epochs=epochs)  # numba compiles for these types
             types = tuple(a._launch_arg()[1] if isinstance(a, Buffer) else scalar_type(a) for a in args)
             self._calls[key] = (types, self._direct_call(types))  # the types keep their ids valid
             return
         call = entry[1]
         if call is not None and getattr(self._configured, "pre_launch_callbacks", None):
             call = None  # numba runs its callbacks (with the compiled kernel) before launching
-        self._issue(list(uses.items()), args, call, values, device)
+        self._issue(list(uses.items()), args, call, values, device, epochs)
 
     @property
     def pre_launch_callbacks(self) -> list[Any]:
@@ -661,8 +665,14 @@ class _ConfiguredLaunch:
         call: KernelCall | None = None,
         values: list[Any] | None = None,
         device: int | None = None,
+        epochs: dict[Tracker, int] | None = None,
     ) -> None:
-        """Order the stream after conflicting work, launch (directly or through numba), record one event."""
+        """Order the stream after conflicting work, launch (directly or through numba), record one event.
+
+        ``epochs``: each tracker's epoch when the launch took the buffer's address (see
+        :meth:`Tracker.begin_use`): a buffer closed since, whose pool memory went to the
+        next buffer, is refused rather than written.
+        """
         handle = self._handle
         if _driver.is_capturing(handle):
             raise CoherenceError(
@@ -680,7 +690,7 @@ class _ConfiguredLaunch:
         try:
             waits: list[_events.Event] = []
             for tracker, write in uses:
-                wait, covered = tracker.begin_use(key, write, "launch")
+                wait, covered = tracker.begin_use(key, write, "launch", epochs.get(tracker) if epochs else None)
                 begun.append((tracker, write, covered))
                 if wait:
                     waits += wait

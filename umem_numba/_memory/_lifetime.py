@@ -305,6 +305,10 @@ class Allocation:
         self.tracker.refuse_inside_own_lend(f"closing {self.kind} buffer")
         memory = self.memory
         if memory is not None and memory.stream_ordered:
+            # Work that took the address before this close must not register after it: memory
+            # freed to the driver keeps the record blocked for good; a pool that hands the block
+            # on reopens it under a new epoch (Tracker.recycle), which refuses such work too.
+            self.tracker.block("closed")
             self._mark_closed()
             return
         tracker = self.tracker

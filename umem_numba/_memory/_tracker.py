@@ -168,6 +168,7 @@ class Tracker:
         "attached",
         "concurrent",
         "device_id",
+        "epoch",
         "escaped",
         "holds",
         "inflight",
@@ -198,6 +199,9 @@ class Tracker:
         self.escaped = False
         #: Toolkit work between its begin and its recorded event.
         self.inflight = 0
+        #: Bumped when a pool hands the record on to the next buffer over the memory (:meth:`recycle`):
+        #: work that took the address before must not register under the next owner.
+        self.epoch = 0
         self.holds = 0
         #: Why new device use is refused right now (closing, resizing), or None.
         self._blocked: str | None = None
@@ -253,8 +257,16 @@ class Tracker:
                 self.unknown_devices.add(device)
                 self._unknown_gen += 1
 
-    def begin_use(self, key: int, write: bool, what: str) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
+    def begin_use(
+        self, key: int, write: bool, what: str, epoch: int | None = None
+    ) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
         """Register device work about to be issued on stream ``key``.
+
+        ``epoch``: :attr:`epoch` as read when the work took the buffer's address
+        (before checking that the buffer was open).  Pool memory is handed on
+        with its record when a buffer closes: work that took the closed
+        buffer's address and registers only now would write the next buffer's
+        memory, so it is refused.
 
         Returns
         -------
@@ -277,6 +289,8 @@ class Tracker:
             # view) cannot be ordered on the device: settle it on the host first.
             self.settle(what, self.effective_policy())
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                raise BufferClosedError(f"{what}: the buffer was closed (its pool memory went to another buffer)")
             if self._blocked is not None or self.holds:
                 self._refuse_if_blocked(what)
                 raise CoherenceError(
@@ -390,6 +404,7 @@ class Tracker:
             return False
         self.policy = None
         self.attached = None
+        self.epoch += 1  # before reopening: a late registration of the closed buffer is refused
         self._blocked = None
         return True
 
@@ -641,6 +656,9 @@ class DeviceUse:
         current (the event is recorded there).
     what : str
         Words for messages.
+    epochs : list of int or None, optional
+        Per entry of ``uses``, the tracker's :attr:`Tracker.epoch` when the
+        work took the buffer's address (``None``: not known).
 
     Examples
     --------
@@ -648,13 +666,19 @@ class DeviceUse:
     ...     _driver.call("cuMemsetD8Async", ptr, 0, n, handle)
     """
 
-    __slots__ = ("covered", "event", "key", "stream", "uses", "what")
+    __slots__ = ("covered", "epochs", "event", "key", "stream", "uses", "what")
 
-    def __init__(self, uses: list[tuple[Tracker, bool]], stream: int, what: str) -> None:
+    def __init__(
+        self, uses: list[tuple[Tracker, bool]], stream: int, what: str, epochs: list[int | None] | None = None
+    ) -> None:
         merged: dict[int, tuple[Tracker, bool]] = {}
-        for tracker, write in uses:
+        #: Per tracker, the epoch its address was taken in (see Tracker.begin_use), where known.
+        self.epochs: dict[int, int | None] = {}
+        for i, (tracker, write) in enumerate(uses):
             old = merged.get(id(tracker))
             merged[id(tracker)] = (tracker, write or (old is not None and old[1]))
+            if epochs is not None:
+                self.epochs[id(tracker)] = epochs[i]
         self.uses = list(merged.values())
         self.stream = stream
         self.what = what
@@ -670,7 +694,7 @@ class DeviceUse:
         try:
             waits: dict[int, _events.Event] = {}
             for tracker, write in self.uses:
-                wait, covered = tracker.begin_use(self.key, write, self.what)
+                wait, covered = tracker.begin_use(self.key, write, self.what, self.epochs.get(id(tracker)))
                 begun.append((tracker, write))
                 self.covered.append(covered)
                 for event in wait:
