@@ -42,7 +42,10 @@ __all__ = [
     "kernel_array_params",
     "kernel_function_handle",
     "launch_dims",
+    "missing",
+    "numba_cuda_version",
     "pre_launch_callbacks",
+    "python_scalar_types",
     "scalar_type",
     "set_pre_launch_callbacks",
     "sim_array_data",
@@ -53,6 +56,7 @@ __all__ = [
     "simulator_api",
     "simulator_arg_hint",
     "stream_classes",
+    "stream_owns_handle",
     "strided_view_launch_supported",
 ]
 
