@@ -72,8 +72,7 @@ def compile_for_arrays(kernel: Any, ndim: int, dtype: Any) -> Any:
     """
     if simulating() or not hasattr(kernel, "compile"):
         return kernel
-    from numba.core import types
-    from numba.np.numpy_support import from_dtype
+    from numba import from_dtype, types  # numba's public names (not numba.core / numba.np)
 
     scalar = from_dtype(_as_float_dtype(dtype))
     array = types.Array(scalar, ndim, "C")

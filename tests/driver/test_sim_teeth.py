@@ -54,33 +54,31 @@ def _plugin_module():
 
     Under numba's simulator the module cannot be imported as it is: its plugin class
     derives from numba's memory-manager classes, which the simulator's driver module
-    lacks.  It is then loaded, under another name, over a stand-in for that driver module
-    with empty base classes; the functions used here (``_pool_free`` and its context
-    guard) use none of numba's driver.
+    lacks (``umem_numba._numba_compat.emm_api`` refuses).  It is then loaded, under another
+    name, over a stand-in for those classes (empty base classes); the functions used here
+    (``_pool_free`` and its context guard) use none of numba's driver.
     """
     if not _sim.active():
         from umem_numba._interop import _emm
 
         return _emm
-    from numba.cuda import cudadrv
+    from umem_numba import _numba_compat
 
-    real = cudadrv.driver
-    stand_in = types.ModuleType(real.__name__)
-    stand_in.__dict__.update(vars(real))
-    for name in ("GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "IpcHandle"):
-        if not hasattr(stand_in, name):
-            setattr(stand_in, name, type(name, (), {}))
-    if not hasattr(stand_in, "CudaAPIError"):
-        stand_in.CudaAPIError = type("CudaAPIError", (Exception,), {})
+    stand_in = types.SimpleNamespace(
+        **{name: type(name, (), {}) for name in ("GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "IpcHandle")},
+        CudaAPIError=type("CudaAPIError", (Exception,), {}),
+        shutting_down=lambda: False,
+    )
     origin = importlib.util.find_spec("umem_numba._interop._emm").origin
     spec = importlib.util.spec_from_file_location("umem_numba._interop._emm_over_simulator", origin)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    cudadrv.driver = stand_in
+    real = _numba_compat._emm
+    _numba_compat._emm = stand_in
     try:
         spec.loader.exec_module(module)
     finally:
-        cudadrv.driver = real
+        _numba_compat._emm = real
     return module
 
 

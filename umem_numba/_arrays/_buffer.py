@@ -41,9 +41,9 @@ def _simulator_base() -> type:
     :meth:`Buffer.to_device`).
     """
     if _sim.active():
-        from numba.cuda.simulator.args import ArgHint
+        from .._numba_compat import simulator_arg_hint
 
-        return ArgHint
+        return simulator_arg_hint()[0]
     return object
 
 

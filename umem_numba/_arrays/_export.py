@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .. import _driver
+from .. import _driver, _numba_compat
 from .._driver._location import _MAX_HANDLE, stream_handle
 from .._errors import BufferClosedError, UnsupportedError
 from .._memory import _events
@@ -74,22 +74,6 @@ class _HostExport:
 
 class _NotOnDeviceError(UnsupportedError, AttributeError):
     """Also an AttributeError, so ``hasattr(buf, "__cuda_array_interface__")`` is False."""
-
-
-def _fast_launch_path() -> bool:
-    """Whether numba-cuda's launch takes our precomputed device view (see StridedViewShim)."""
-    global _FAST
-    if _FAST is None:
-        try:
-            from numba.cuda.cudadrv import devicearray
-
-            _FAST = hasattr(devicearray, "_to_strided_memory_view")
-        except Exception:
-            _FAST = False
-    return _FAST
-
-
-_FAST: bool | None = None
 
 
 def _nothing() -> None:
@@ -232,7 +216,7 @@ class DeviceExports(DLPackExport):
         k = self._kparams
         if k is None or k[0] is not alloc:
             ptr = alloc.device_ptr + self._offset
-            params = _layout.kernel_params(ptr, self._shape, self._strides, self._dtype.itemsize)
+            params = _numba_compat.kernel_array_params(ptr, self._shape, self._strides, self._dtype.itemsize)
             k = self._kparams = (alloc, t, params)
         return k
 
@@ -263,7 +247,7 @@ class DeviceExports(DLPackExport):
     @property
     def __cuda_memory__(self) -> bool:
         # True lets numba-cuda launch straight from _strided_memory_view_shim.
-        return _fast_launch_path() and self._device_accessible
+        return _numba_compat.strided_view_launch_supported() and self._device_accessible
 
     @property
     def _numba_type_(self) -> Any:

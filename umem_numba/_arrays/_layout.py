@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from .. import _numba_compat
 from .._checks import as_int
 
 #: No single buffer may claim more bytes than this (well past any GPU); it keeps
@@ -276,10 +277,7 @@ def cuda_array_info(obj: Any, what: str) -> DeviceArrayInfo:
 
 
 def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
-    """The numba ``types.Array`` a kernel sees for this layout."""
-    from numba.core import types
-    from numba.np.numpy_support import from_dtype
-
+    """The numba ``types.Array`` a kernel sees for this layout (:func:`umem_numba._numba_compat.array_type`)."""
     ndim = len(shape)
     layout: Literal["C", "F", "A"]
     if is_c_contiguous(shape, strides, dtype.itemsize):
@@ -288,19 +286,7 @@ def numba_type(dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
         layout = "F"
     else:
         layout = "A"
-    return types.Array(from_dtype(dtype), ndim, layout)
-
-
-def kernel_params(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    """An array's kernel parameters in numba's order: meminfo, parent, nitems, itemsize, data, shape, strides.
-
-    numba-cuda flattens an array argument into these 8-byte parameters
-    (``_Kernel._prepare_args``); meminfo and parent are null for device memory.
-    """
-    size = 1
-    for d in shape:
-        size *= d
-    return (0, 0, size, itemsize, ptr if size else 0, *shape, *strides)
+    return _numba_compat.array_type(dtype, ndim, layout)
 
 
 class _StridedLayoutShim:

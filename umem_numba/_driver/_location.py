@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _driver
+from .. import _driver, _numba_compat
 from .._errors import UnsupportedError
 
 __all__ = [
@@ -441,22 +441,13 @@ def stream_classes() -> tuple[tuple[type, ...], type | None]:
     """(the stream kinds numba's launch takes, numba's own ``Stream`` class); found once."""
     global _STREAM_CLASSES
     if _STREAM_CLASSES is None:
-        try:
-            from numba.cuda.cudadrv import driver as nbdriver
-
-            found = [getattr(nbdriver, n, None) for n in ("Stream", "ExperimentalStream", "GraphBuilder")]
-            native = tuple(t for t in found if isinstance(t, type))
-            own = found[0] if isinstance(found[0], type) else None
-        except Exception:  # numba-cuda reorganised: wrap everything, keep no identity
-            native, own = (), None
-        _STREAM_CLASSES = (native, own)
+        _STREAM_CLASSES = _numba_compat.stream_classes()  # none where numba-cuda's driver cannot be read
     return _STREAM_CLASSES
 
 
 def owns_stream(stream: Any) -> bool:
     """Whether ``stream`` owns its handle: a stream numba created, destroyed only when it is collected."""
-    _, own = stream_classes()
-    return own is not None and isinstance(stream, own) and getattr(stream, "external", True) is False
+    return _numba_compat.stream_owns_handle(stream, stream_classes()[1])
 
 
 _STREAM_CLASSES: tuple[tuple[type, ...], type | None] | None = None

@@ -77,13 +77,18 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from numba.cuda.cudadrv import driver as nbdriver
-
-from .. import _driver
+from .. import _driver, _numba_compat
 from .._errors import OutOfMemoryError, UnsupportedError
 from .._memory import _resources, _stats
 
 __all__ = ["UmemNumbaMemoryManager"]
+
+#: numba-cuda's memory-manager classes and driver state (checked at import: a clear error if one lacks).
+_nb = _numba_compat.emm_api()
+_CudaAPIError: Any = _nb.CudaAPIError
+_GetIpcHandleMixin: Any = _nb.GetIpcHandleMixin
+_HostOnlyCUDAMemoryManager: Any = _nb.HostOnlyCUDAMemoryManager
+_IpcHandle: Any = _nb.IpcHandle
 
 _ENV = "UMEM_NUMBA_EMM_POOL"
 _ENV_IPC = "UMEM_NUMBA_EMM_IPC"
@@ -106,16 +111,10 @@ def _env_ipc() -> bool:
 
 def _existing_context() -> int | None:
     """A device on which numba already has a context (None if none)."""
-    drv = nbdriver.driver
-    if not getattr(drv, "is_initialized", False):
-        return None
-    for dev in list(getattr(drv, "devices", {}).values()):
-        if getattr(dev, "primary_context", None) is not None:
-            return int(dev.id)
-    return None
+    return _nb.context_device()
 
 
-class _NumbaOutOfMemoryError(OutOfMemoryError, nbdriver.CudaAPIError):
+class _NumbaOutOfMemoryError(OutOfMemoryError, _CudaAPIError):
     """Out of memory in the pool: umem_numba's OutOfMemoryError and numba's CudaAPIError at once."""
 
     def __init__(self, err: OutOfMemoryError) -> None:
@@ -184,12 +183,10 @@ def _finalizer(mgr: UmemNumbaMemoryManager, pool: Any, ptr: int, size: int) -> A
 
 
 def _shutting_down() -> bool:
-    from numba.core import utils
-
-    return utils.shutting_down()
+    return bool(_nb.shutting_down())
 
 
-class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMemoryManager):
+class UmemNumbaMemoryManager(_GetIpcHandleMixin, _HostOnlyCUDAMemoryManager):
     """numba-cuda EMM plugin that allocates numba's device memory from umem_numba pools.
 
     Parameters
@@ -254,7 +251,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
                 fd = int(_driver.consts().vmm_posix_fd)
                 exportable = bool(_driver.device_attribute("MEMPOOL_SUPPORTED_HANDLE_TYPES", dev) & fd)
             self._pool = MemoryPool(self._resource.name, device=dev, exportable=exportable)
-        if self.deallocations.memory_capacity == nbdriver._SizeNotSet:
+        if _nb.capacity_unset(self.deallocations):
             self.deallocations.memory_capacity = self.get_memory_info().total
 
     @property
@@ -266,7 +263,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
     def _wrap(self, pool: Any, ptr: int, size: int, cls: type) -> Any:
         _stats.record_alloc("emm", size)
         finalizer = _finalizer(self, pool, ptr, size)
-        mem = cls(weakref.proxy(self.context), nbdriver.binding.CUdeviceptr(ptr), size, finalizer=finalizer)
+        mem = cls(weakref.proxy(self.context), _nb.device_pointer(ptr), size, finalizer=finalizer)
         self.allocations[ptr] = mem
         return mem.own()
 
@@ -287,9 +284,9 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         if self._pool is None:
             self.initialize()
         if size == 0:
-            return nbdriver.MemoryPointer(weakref.proxy(self.context), nbdriver.binding.CUdeviceptr(0), 0)
+            return _nb.MemoryPointer(weakref.proxy(self.context), _nb.device_pointer(0), 0)
         ptr = self._allocate(self._pool, size)
-        return self._wrap(self._pool, ptr, size, nbdriver.AutoFreePointer)
+        return self._wrap(self._pool, ptr, size, _nb.AutoFreePointer)
 
     def memallocmanaged(self, size: int, attach_global: bool) -> Any:
         """``cuda.managed_array``: from a managed pool where possible, else numba's own."""
@@ -297,7 +294,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         if pool is None:
             return super().memallocmanaged(size, attach_global)
         ptr = self._allocate(pool, size)
-        return self._wrap(pool, ptr, size, nbdriver.ManagedMemory)
+        return self._wrap(pool, ptr, size, _nb.ManagedMemory)
 
     def _managed_pool_or_none(self) -> Any:
         if self._resource is _resources.MANAGED:  # the pool numba's arrays come from is managed already
@@ -337,7 +334,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
             if pool is not None and pool.resource.occupies_device and not pool.closed:
                 s = pool.statistics()
                 idle += s.reserved_current - s.used_current + s.cached  # the free lists are free for numba
-        return nbdriver.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
+        return _nb.MemoryInfo(free=min(int(free) + idle, int(total)), total=int(total))
 
     def get_ipc_handle(self, memory: Any) -> Any:
         """A numba IPC handle of device-pool memory (the pool's descriptor and the allocation's export data).
@@ -353,7 +350,7 @@ class UmemNumbaMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         owner = memory.owner
         base = int(owner.handle)
         if base not in self.allocations:  # not ours (numba cannot hand us another's memory, but be sure)
-            base, _end = nbdriver.device_extents(memory)
+            base, _end = _nb.device_extents(memory)
         if pool is None or not pool.resource.pool_exportable:
             raise UnsupportedError(
                 "numba IPC handles need device memory, but umem_numba's memory manager allocates from a "
@@ -430,7 +427,7 @@ class _ExportData:
         return (_ExportData, (self.reserved,))
 
 
-class PoolIpcHandle(nbdriver.IpcHandle):
+class PoolIpcHandle(_IpcHandle):
     """A numba IPC handle of memory from an exportable device pool.
 
     Pickles the pool's file descriptor with :mod:`multiprocessing`'s
@@ -517,7 +514,7 @@ class PoolIpcHandle(nbdriver.IpcHandle):
                 drv.cuMemPoolDestroy(pool)
                 raise
         self._imported = (pool, ptr)
-        mem = nbdriver.MemoryPointer(context, nbdriver.binding.CUdeviceptr(ptr), self.offset + self.size)
+        mem = _nb.MemoryPointer(context, _nb.device_pointer(ptr), self.offset + self.size)
         self._opened_mem = mem
         return mem.own().view(self.offset)
 

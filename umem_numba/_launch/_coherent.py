@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _driver
+from .. import _driver, _numba_compat
 from .._arrays._buffer import Buffer
 from .._arrays._export import device_arrays
 from .._driver import _sim
@@ -165,13 +165,8 @@ def _call_kind(obj: Any, call: ast.Call) -> str | None:
         # An ufunc writes only through ``out``: refused here with any extra argument.
         plain = not call.keywords and not any(isinstance(a, ast.Starred) for a in call.args)
         return _SCALAR if plain and len(call.args) <= obj.nin else None
-    try:
-        from numba.core import types as nbtypes
-
-        if isinstance(obj, (nbtypes.Number, nbtypes.Boolean)):
-            return _SCALAR  # numba.uint64(x): a cast
-    except Exception:
-        pass
+    if _numba_compat.is_scalar_type(obj):
+        return _SCALAR  # numba.uint64(x): a cast
     return None
 
 
@@ -621,19 +616,21 @@ class _ConfiguredLaunch:
             self._calls[key] = (types, self._direct_call(types))  # the types keep their ids valid
             return
         call = entry[1]
-        if call is not None and getattr(self._configured, "pre_launch_callbacks", None):
+        if call is not None and _numba_compat.pre_launch_callbacks(self._configured):
             call = None  # numba runs its callbacks (with the compiled kernel) before launching
         self._issue(list(uses.items()), args, call, values, device, epochs)
 
     @property
     def pre_launch_callbacks(self) -> list[Any]:
         """numba's ``pre_launch_callbacks`` of this configured launch (``(kernel, config)`` before each launch)."""
-        callbacks: list[Any] = self._configured.pre_launch_callbacks
+        callbacks = _numba_compat.pre_launch_callbacks(self._configured)
+        if callbacks is None:
+            raise AttributeError("pre_launch_callbacks: this numba-cuda has none (they came in 0.30)")
         return callbacks
 
     @pre_launch_callbacks.setter
     def pre_launch_callbacks(self, callbacks: list[Any]) -> None:
-        self._configured.pre_launch_callbacks = callbacks
+        _numba_compat.set_pre_launch_callbacks(self._configured, callbacks)
 
     def __getattr__(self, name: str) -> Any:
         # numba's configured launch answers the rest (griddim, blockdim, stream, sharedmem...).
@@ -644,11 +641,14 @@ class _ConfiguredLaunch:
     def _direct_call(self, types: tuple[Any, ...]) -> KernelCall | None:
         """The direct call for ``types`` on the current device, if numba compiled it and nothing forbids."""
         dispatcher = self._info.dispatcher
-        kernel = dispatcher.overloads.get(types)
+        kernel = _numba_compat.compiled_kernel(dispatcher, types)
         if kernel is None or not supports(dispatcher, kernel):
             return None
-        c = self._configured
-        return KernelCall(kernel, types, c.griddim, c.blockdim, c.sharedmem)
+        griddim, blockdim, sharedmem = _numba_compat.launch_dims(self._configured)
+        try:
+            return KernelCall(kernel, types, griddim, blockdim, sharedmem)
+        except _numba_compat.NumbaInternalsError:  # this numba-cuda hides the compiled function: numba launches
+            return None
 
     def _numba_launch(self, args: tuple[Any, ...]) -> None:
         """Launch through numba, tracking the buffers among ``args`` (nested sequences count as written)."""

@@ -5,17 +5,20 @@ hands the list to cuda.core: tens of microseconds per launch, and more per
 array argument.  For a kernel already compiled for the argument types at
 hand, everything but the values is fixed: the function handle on the current
 device, the parameter layout, and each buffer's ``(pointer, shape, strides)``
-block (:func:`umem_numba._arrays._layout.kernel_params`, cached on the buffer).  A :class:`KernelCall` keeps those per
-(launch configuration, argument types, device) and packs the values into one
-preallocated block with a single ``struct.pack_into`` per launch.
+block (:func:`umem_numba._numba_compat.kernel_array_params`, cached on the
+buffer).  A :class:`KernelCall` keeps those per (launch configuration,
+argument types, device) and packs the values into one preallocated block
+with a single ``struct.pack_into`` per launch.
 
-The parameter layout is numba's (``_Kernel._prepare_args``): an array
+The parameter layout is numba-cuda's (``_Kernel._prepare_args``): an array
 argument is ``meminfo, parent, nitems, itemsize, data, *shape, *strides``,
 each one 8-byte kernel parameter; a scalar is one parameter of its own size.
 Only what that layout covers takes this path (umem_numba buffers and real or
 integer scalars); everything else goes through numba, as do kernels with
 launch extensions, debug or cooperative launches, or a launch-configuration
-sensitive compilation (:func:`supports`).
+sensitive compilation (:func:`supports`).  The layout, the compiled kernel's
+function handle and those flags are numba internals, read through
+:mod:`umem_numba._numba_compat` only.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _driver
+from .. import _driver, _numba_compat
 
 __all__ = ["KernelCall", "scalar_type", "supports"]
 
@@ -54,18 +57,13 @@ _CODES: dict[Any, str] = {}
 
 
 def _load_scalar_types() -> None:
-    from numba.core import types
-    from numba.np.numpy_support import from_dtype
-
     for name, code in _SCALAR_CODES.items():
-        nbtype = types.boolean if name == "bool" else from_dtype(np.dtype(name))
+        nbtype = _numba_compat.scalar_type(np.dtype(name))
         _CODES[nbtype] = code
         _SCALAR_TYPES[np.dtype(name).type] = nbtype
     # What numba's typeof gives plain Python scalars (an int beyond int64
     # fails to pack and the launch goes through numba instead).
-    _SCALAR_TYPES[int] = types.int64
-    _SCALAR_TYPES[float] = types.float64
-    _SCALAR_TYPES[bool] = types.boolean
+    _SCALAR_TYPES.update(_numba_compat.python_scalar_types())
 
 
 def scalar_type(value: Any) -> Any:
@@ -80,15 +78,10 @@ def supports(dispatcher: Any, kernel: Any) -> bool:
 
     Kernels that numba launches with extra work are left to numba: launch
     extensions (``prepare_args`` hooks), debug kernels (exception read-back),
-    cooperative launches, and kernels compiled per launch configuration.
+    cooperative launches, and kernels compiled per launch configuration
+    (:func:`umem_numba._numba_compat.direct_launch_allowed`).
     """
-    return not (
-        getattr(kernel, "debug", True)
-        or getattr(kernel, "cooperative", True)
-        or getattr(kernel, "launch_config_sensitive", True)
-        or getattr(dispatcher, "_launch_config_sensitive", False)
-        or (getattr(dispatcher, "targetoptions", None) or {}).get("extensions")
-    )
+    return _numba_compat.direct_launch_allowed(dispatcher, kernel)
 
 
 class KernelCall:
@@ -116,12 +109,10 @@ class KernelCall:
         blockdim: tuple[int, int, int],
         sharedmem: int,
     ) -> None:
-        from numba.core import types
-
         codes = []
         for t in argtypes:
-            if isinstance(t, types.Array):
-                codes += ["q"] * (5 + 2 * t.ndim)
+            if _numba_compat.is_array_type(t):
+                codes += ["q"] * _numba_compat.array_param_count(t)
             else:
                 codes.append(_CODES[t])
         # Every parameter in its own 8-byte slot: the driver copies each from its pointer.
@@ -131,8 +122,7 @@ class KernelCall:
         base = ctypes.addressof(self._values)
         self._pointers = (ctypes.c_void_p * max(len(codes), 1))(*[base + 8 * i for i in range(len(codes))])
         self._addr = ctypes.addressof(self._pointers)
-        kernel.bind()  # load the module on this device and run its set-up, as numba's compile does
-        handle = kernel._codelibrary.get_cufunc().handle
+        handle = _numba_compat.kernel_function_handle(kernel)  # loaded on this device, set up
         # A CUkernel handle is accepted wherever a CUfunction is (CUDA 12+).
         drv = _driver.api().drv
         self._func = drv.CUfunction(int(handle))

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import _numba_compat as _nc
 from ..._errors import UnsupportedError
 from ._common import _INVALID_HANDLE, _Error, _int
 from ._memory import Allocations
@@ -84,19 +85,16 @@ def _extent(a: np.ndarray) -> tuple[int, int]:
 
 def fake_array(array: np.ndarray) -> Any:
     """numba's simulator array over ``array`` (no copy)."""
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-    return FakeCUDAArray(array)
+    return _nc.simulator_api().FakeCUDAArray(array)
 
 
 def _fake_args(args: Any) -> list[Any]:
     """numpy arrays over device memory as numba's simulator arrays (no copy, unlike a numpy argument)."""
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
+    array_class = _nc.simulator_api().FakeCUDAArray
     out: list[Any] = []
     for a in args:
         if isinstance(a, np.ndarray):
-            out.append(FakeCUDAArray(a))
+            out.append(array_class(a))
         elif isinstance(a, tuple):
             out.append(tuple(_fake_args(a)))
         elif isinstance(a, list):
@@ -188,9 +186,8 @@ def _with_module(fn: Any, module: Any) -> Any:
     if fast is not None:
         # A copy of the globals, with ``cuda`` swapped as numba swaps it in the original (where a
         # kernel of the same module running in another thread may have put its own fake module).
-        from numba.cuda.simulator.kernelapi import FakeCUDAModule
-
-        glob = {k: module if v is cuda or isinstance(v, FakeCUDAModule) else fast.get(k, v) for k, v in glob.items()}
+        fake_module = _nc.simulator_api().FakeCUDAModule
+        glob = {k: module if v is cuda or isinstance(v, fake_module) else fast.get(k, v) for k, v in glob.items()}
     return types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, cells)
 
 
@@ -210,12 +207,11 @@ def _fast_scalars(fn: Any) -> dict[str, Any] | None:
     anything else goes to numba's type itself.  None when the kernel names no
     such type.
     """
-    from numba.core import types as nbtypes
-
+    classes = _nc.fast_scalar_type_classes()
     out: dict[str, Any] = {}
     for name in set(_names(fn.__code__)):
         v = fn.__globals__.get(name)
-        if type(v) not in (nbtypes.Integer, nbtypes.Float, nbtypes.Complex):
+        if type(v) not in classes:
             continue
         fast = _FAST_TYPES.get(id(v))
         if fast is None:
@@ -291,7 +287,7 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     ok = _ONE_BY_ONE.get(fn)
     if ok is None:
         try:
-            ok = fn is not None and not kernel._debug and not kernel.extensions and _one_by_one(fn)
+            ok = fn is not None and not _nc.sim_kernel_debug(kernel) and not kernel.extensions and _one_by_one(fn)
         except Exception:
             ok = False
         _ONE_BY_ONE[fn] = ok
@@ -300,30 +296,27 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
         call = type(kernel).__call__
         getattr(call, "_numba", call)(kernel, *args)
         return
-    from numba.cuda.simulator import kernel as simkernel
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
-    from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAModule, swapped_cuda_module
+    sim = _nc.simulator_api()
+    array_class, dim3 = sim.FakeCUDAArray, sim.Dim3
 
     grid, block = griddim, blockdim
-    module = _one_by_one_module(FakeCUDAModule)(grid, block, shared)
+    module = _one_by_one_module(sim.FakeCUDAModule)(grid, block, shared)
     retr: list[Any] = []
-
-    from numba.cuda.simulator.args import ArgHint, InOut
 
     def fake(a: Any) -> Any:  # numba's simulator's own argument conversion
         if isinstance(a, np.ndarray) and a.ndim > 0:
-            a = InOut(a).to_device(retr)
-        elif isinstance(a, ArgHint):
+            a = sim.InOut(a).to_device(retr)
+        elif isinstance(a, sim.ArgHint):
             a = a.to_device(retr)
         elif isinstance(a, np.void):
-            a = FakeCUDAArray(a)
-        if isinstance(a, FakeCUDAArray):
-            raw = a._ary
+            a = array_class(a)
+        if isinstance(a, array_class):
+            raw = _nc.sim_array_data(a)
             # A plain numpy array indexes the same, several times faster; records keep numba's
             # wrapper (it makes `a[i].x = v` write through).
             if isinstance(raw, np.ndarray) and raw.dtype.fields is None and raw.ndim:
                 return raw
-            return FakeWithinKernelCUDAArray(a)
+            return sim.FakeWithinKernelCUDAArray(a)
         return a
 
     fake_args = [fake(a) for a in args]
@@ -332,11 +325,11 @@ def run_kernel(kernel: Any, griddim: Any, blockdim: Any, shared: int, args: list
     bx, by, _ = block
     body = _with_module(fn, module)
     _clock.longest = 0.0
-    threads = [(t, Dim3(*t), t[0] + bx * (t[1] + by * t[2])) for t in np.ndindex(*block)]
-    with simkernel._push_kernel_context(module), swapped_cuda_module(fn, module):
+    threads = [(t, dim3(*t), t[0] + bx * (t[1] + by * t[2])) for t in np.ndindex(*block)]
+    with _nc.sim_push_kernel_context(module), sim.swapped_cuda_module(fn, module):
         try:
             for g in np.ndindex(*grid):
-                me.blockIdx = module.blockIdx = Dim3(*g)  # type: ignore[attr-defined]
+                me.blockIdx = module.blockIdx = dim3(*g)  # type: ignore[attr-defined]
                 for t, idx, tid in threads:
                     me.threadIdx = module.threadIdx = idx  # type: ignore[attr-defined]
                     me.thread_id = module.thread_id = tid  # type: ignore[attr-defined]

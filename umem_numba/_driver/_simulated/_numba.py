@@ -1,4 +1,8 @@
-"""numba's simulator API over the simulated driver: its streams, events, arrays and plain launches."""
+"""numba's simulator API over the simulated driver: its streams, events, arrays and plain launches.
+
+The simulator's classes and modules, and their private attributes, come from
+:mod:`umem_numba._numba_compat` (checked there: a clear error where a numba-cuda lacks one).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import _numba_compat as _nc
 from ..._errors import UnsupportedError
 from ._common import (
     _DEVICE_ATTRIBUTES,
@@ -122,15 +127,15 @@ def _plain_argument(arg: Any, retr: list[Callable[[], None]], handle: int) -> An
     host numpy array is copied in (and back after the kernel, through ``retr``), and numba's
     arrays (``cuda.as_cuda_array``, ``cuda.to_device``) give the memory they are over.
     """
-    from numba.cuda.simulator.args import ArgHint, InOut
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
+    sim = _nc.simulator_api()
     if isinstance(arg, np.ndarray) and arg.ndim > 0:
-        arg = InOut(arg).to_device(retr)
-    elif isinstance(arg, ArgHint):
+        arg = sim.InOut(arg).to_device(retr)
+    elif isinstance(arg, sim.ArgHint):
         arg = arg.to_device(retr, handle)
-    if isinstance(arg, FakeCUDAArray) and isinstance(arg._ary, np.ndarray):
-        return arg._ary
+    if isinstance(arg, sim.FakeCUDAArray):
+        data = _nc.sim_array_data(arg)
+        if isinstance(data, np.ndarray):
+            return data
     return arg
 
 
@@ -142,13 +147,8 @@ def install_numba(drv: SimDriver) -> None:
     """
     from numba import cuda
 
-    api_modules = [cuda]
-    try:
-        from numba.cuda.simulator import api as sim_api
-
-        api_modules.append(sim_api)
-    except ImportError:  # pragma: no cover - numba-cuda always ships its simulator
-        pass
+    sim = _nc.simulator_api()  # every internal below, checked at once
+    api_modules = [cuda, sim.api]
 
     def stream() -> SimStream:
         return SimStream(drv)
@@ -171,15 +171,15 @@ def install_numba(drv: SimDriver) -> None:
     # numba's driver module names its stream class ``Stream``; the simulator's module has none, and
     # its streams are SimStreams now: what code that recognises numba's own streams looks for
     # (umem_numba's ``owns_stream``: an owned stream's cuStreamGetId may be kept while it lives).
-    from numba.cuda.cudadrv import driver as numba_driver  # the simulator's, under the simulator
-
+    numba_driver = sim.driver  # numba.cuda.cudadrv.driver: the simulator's, under the simulator
     if getattr(numba_driver, "Stream", SimStream) is SimStream:
         numba_driver.Stream = SimStream
 
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    array_class = sim.FakeCUDAArray
+    data = _nc.sim_array_data
 
     def interface(self: Any) -> dict[str, Any]:
-        a = self._ary
+        a = data(self)
         return {
             "shape": a.shape,
             "typestr": a.dtype.str,
@@ -192,7 +192,7 @@ def install_numba(drv: SimDriver) -> None:
 
     # numba's simulated device arrays are host numpy arrays: they offer the CUDA Array
     # Interface over that memory (which the simulated driver treats as pageable host memory).
-    from numba.cuda.simulator.cudadrv.devices import FakeCUDADevice
+    device_class = sim.FakeCUDADevice
 
     def device_attribute(self: Any, name: str) -> Any:
         if name == "id":
@@ -201,21 +201,19 @@ def install_numba(drv: SimDriver) -> None:
             return _DEVICE_ATTRIBUTES[name]
         raise AttributeError(name)
 
-    FakeCUDADevice.__getattr__ = device_attribute  # numba's device attributes, as the driver has them
+    device_class.__getattr__ = device_attribute  # numba's device attributes, as the driver has them
 
-    FakeCUDAArray.__cuda_array_interface__ = property(interface)
+    array_class.__cuda_array_interface__ = property(interface)
 
     # numba's own device arrays are host memory that numba's simulator copies at the call; on a GPU
     # their host copies wait for the work queued before them (a plain launch is queued now).
-    if not getattr(FakeCUDAArray.copy_to_host, "_umem", False):
-        numba_copy_to_host, numba_copy_to_device = FakeCUDAArray.copy_to_host, FakeCUDAArray.copy_to_device
-        get, put = FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__
-
-        from numba.cuda.simulator import kernel as running
+    if not getattr(array_class.copy_to_host, "_umem", False):
+        numba_copy_to_host, numba_copy_to_device = array_class.copy_to_host, array_class.copy_to_device
+        get, put = array_class.__getitem__, array_class.__setitem__
 
         def wait(stream: Any) -> None:
             # Not from inside a simulated kernel (its threads index these arrays): device code.
-            if running._kernel_context is None and not drv._running:
+            if not _nc.sim_in_kernel() and not drv._running:
                 drv.synchronous_copy_sync(_stream_int(stream))
 
         def copy_to_host(self: Any, ary: Any = None, stream: Any = 0) -> Any:
@@ -228,7 +226,7 @@ def install_numba(drv: SimDriver) -> None:
 
         def read_item(self: Any, idx: Any) -> Any:
             item = get(self, idx)
-            if not isinstance(item, FakeCUDAArray):  # an element read on the host: a copy
+            if not isinstance(item, array_class):  # an element read on the host: a copy
                 wait(0)
                 item = get(self, idx)
             return item
@@ -238,12 +236,12 @@ def install_numba(drv: SimDriver) -> None:
             put(self, idx, value)
 
         copy_to_host._umem = True  # type: ignore[attr-defined]
-        FakeCUDAArray.copy_to_host = copy_to_host
-        FakeCUDAArray.copy_to_device = copy_to_device
-        FakeCUDAArray.__getitem__ = read_item
-        FakeCUDAArray.__setitem__ = write_item
-    FakeCUDAArray.device_ctypes_pointer = property(
-        lambda self: ctypes.c_void_p(self._ary.ctypes.data if self._ary.size else 0)
+        array_class.copy_to_host = copy_to_host
+        array_class.copy_to_device = copy_to_device
+        array_class.__getitem__ = read_item
+        array_class.__setitem__ = write_item
+    array_class.device_ctypes_pointer = property(
+        lambda self: ctypes.c_void_p(data(self).ctypes.data if data(self).size else 0)
     )
 
     def from_cuda_array_interface(desc: dict[str, Any], owner: Any = None, sync: bool = True) -> Any:
@@ -253,7 +251,7 @@ def install_numba(drv: SimDriver) -> None:
         dtype = np.dtype([tuple(d) for d in descr]) if named else np.dtype(desc["typestr"])
         ptr = desc["data"][0]
         if not ptr or 0 in shape:
-            return FakeCUDAArray(np.empty(shape, dtype))
+            return array_class(np.empty(shape, dtype))
         iface = {
             "shape": shape,
             "typestr": dtype.str,
@@ -261,7 +259,7 @@ def install_numba(drv: SimDriver) -> None:
             "strides": desc.get("strides"),
             "version": 3,
         }
-        return FakeCUDAArray(np.asarray(_Holder(iface, owner)))
+        return array_class(np.asarray(_Holder(iface, owner)))
 
     def as_cuda_array(obj: Any, sync: bool = True) -> Any:
         if not hasattr(obj, "__cuda_array_interface__"):
@@ -283,19 +281,17 @@ def install_numba(drv: SimDriver) -> None:
         shp = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
         if not nbytes:
-            return FakeCUDAArray(np.empty(shp, dt))
+            return array_class(np.empty(shp, dt))
         ptr = drv.cuMemAllocManaged(nbytes, 1 if attach_global else 2)[1]
         raw = (ctypes.c_byte * nbytes).from_address(ptr)
         arr = np.ndarray(shp, dt, buffer=raw, strides=strides, order=order)  # type: ignore[arg-type]
-        out = FakeCUDAArray(arr)
+        out = array_class(arr)
         import weakref
 
         weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
         return out
 
-    from numba.cuda.simulator.cudadrv import devicearray as sim_arrays
-
-    numba_device_array, numba_to_device = sim_arrays.device_array, sim_arrays.to_device
+    numba_device_array, numba_to_device = sim.device_array, sim.to_device
 
     def device_array(
         shape: Any = None, dtype: Any = np.float64, strides: Any = None, order: str = "C", stream: Any = 0
@@ -318,7 +314,7 @@ def install_numba(drv: SimDriver) -> None:
         import weakref
 
         weakref.finalize(raw, drv.cuMemFree, ptr).atexit = False
-        return FakeCUDAArray(arr)
+        return array_class(arr)
 
     def to_device(ary: Any, stream: Any = 0, copy: bool = True, to: Any = None) -> Any:
         if to is not None:
@@ -333,11 +329,11 @@ def install_numba(drv: SimDriver) -> None:
             return numba_to_device(ary, stream=stream, copy=copy, to=to)
         order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
         out = device_array(host.shape, host.dtype, order=order)
-        out._ary[...] = host  # new memory: no queued work uses it yet
+        data(out)[...] = host  # new memory: no queued work uses it yet
         return out
 
     def device_array_like(ary: Any, stream: Any = 0) -> Any:
-        host = ary._ary if isinstance(ary, FakeCUDAArray) else np.asarray(ary)
+        host = data(ary) if isinstance(ary, array_class) else np.asarray(ary)
         order = "F" if host.flags.f_contiguous and not host.flags.c_contiguous else "C"
         return device_array(host.shape, host.dtype, order=order)
 
@@ -361,28 +357,27 @@ def install_numba(drv: SimDriver) -> None:
     # the thread-level API; other threads of the program may meanwhile use the same global:
     # the rest of the API stays reachable through it.  nanosleep (absent there) takes time:
     # a simulated kernel lasts as long as its longest-sleeping thread (see run_kernel).
-    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    module_class = sim.FakeCUDAModule
 
     def fallback(self: Any, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(cuda, name)
 
-    FakeCUDAModule.__getattr__ = fallback
-    FakeCUDAModule.nanosleep = staticmethod(_nanosleep)
+    module_class.__getattr__ = fallback
+    module_class.nanosleep = staticmethod(_nanosleep)
 
     # A plain launch (kernel[g, b, s](...)) is queued on its stream like the toolkit's launches,
     # and runs (one by one where it can) when that stream's work is needed, as on a GPU.
-    from numba.cuda.simulator import kernel as simkernel
+    kernel_class = sim.FakeCUDAKernel
+    normalize_kernel_dimensions = sim.normalize_kernel_dimensions
 
-    numba_call = simkernel.FakeCUDAKernel.__call__
+    numba_call = kernel_class.__call__
     if not getattr(numba_call, "_umem", False):
 
         def call(self: Any, *args: Any) -> Any:
-            if self._device or simkernel._kernel_context is not None or self.grid_dim is None:
+            if _nc.sim_kernel_is_device(self) or _nc.sim_in_kernel() or self.grid_dim is None:
                 return numba_call(self, *args)
-            from numba.cuda.errors import normalize_kernel_dimensions
-
             handle = getattr(self, "_umem_stream", 0)
             drv.refuse_plain_launch_in_capture(handle)
             configured = copy.copy(self)
@@ -399,12 +394,12 @@ def install_numba(drv: SimDriver) -> None:
 
         call._umem = True  # type: ignore[attr-defined]
         call._numba = numba_call  # type: ignore[attr-defined]
-        simkernel.FakeCUDAKernel.__call__ = call
+        kernel_class.__call__ = call
 
         # numba's simulator configures a launch by setting the kernel object's own grid: two
         # threads launching one kernel race, and a queued launch must keep its grid.  A
         # configured launch is a configured copy instead.
-        numba_getitem = simkernel.FakeCUDAKernel.__getitem__
+        numba_getitem = kernel_class.__getitem__
 
         def getitem(self: Any, configuration: Any) -> Any:
             configured = copy.copy(self)
@@ -415,7 +410,7 @@ def install_numba(drv: SimDriver) -> None:
             configured._umem_stream_owner = stream  # alive until the launch, as numba's launch keeps it
             return configured
 
-        simkernel.FakeCUDAKernel.__getitem__ = getitem
+        kernel_class.__getitem__ = getitem
 
     def event(timing: bool = True) -> SimEvent:
         return SimEvent(drv, timing)
