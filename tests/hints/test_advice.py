@@ -633,9 +633,7 @@ def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
     drv = pytest.importorskip("cuda.bindings.driver")
     results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, None)}
     fake = SimpleNamespace(
-        drv=SimpleNamespace(
-            cuPointerGetAttributes=lambda count, attrs, ptr: results["answer"], CUresult=drv.CUresult
-        ),
+        drv=SimpleNamespace(cuPointerGetAttributes=lambda count, attrs, ptr: results["answer"], CUresult=drv.CUresult),
         c=_driver._constants(drv),
     )
     monkeypatch.setattr(_driver, "api", lambda: fake)
