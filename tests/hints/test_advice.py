@@ -177,6 +177,11 @@ def test_argument_types_checked_before_the_driver():
         plan.add(fake, "gpu")
     with pytest.raises(TypeError):
         plan.add(fake, 2.0)
+    # Issue #30 item 7: None is not "the current device" for a migration; refused, naming None.
+    with pytest.raises(TypeError, match="the target is None; say where the memory should go"):
+        plan.add(fake, None)
+    with pytest.raises(TypeError, match="the target is None"):
+        plan.add_range(fake, 0, 10, None, discard=True)
     assert len(plan) == 0 and repr(plan) == "PrefetchPlan(0 entries)"
 
 
@@ -366,8 +371,20 @@ def test_prefetch_errors_name_the_bad_value(rng):
             buf.prefetch(0, stream="s")
         with pytest.raises(ValueError, match="C-contiguous"):
             buf[::2].prefetch(0)
+        # Issue #30 item 7: None meant the current device, silently; now refused, naming None.
+        for call in (
+            lambda: buf.prefetch(None),
+            lambda: buf.prefetch_range(0, 4, None),
+            lambda: buf.discard_prefetch(None),
+            lambda: buf.discard_prefetch_range(0, 4, None),
+            lambda: PrefetchPlan().add(buf, None),
+        ):
+            with pytest.raises(TypeError, match=r"the target is None; say where the memory should go: a device"):
+                call()
         # None of the refused calls reached the driver.
         assert buf.hints.state() == (False, None, frozenset(), None)
+        buf.prefetch(0)  # and the buffer goes on as usual
+        assert buf.hints.last_prefetch_location == DEV0
 
 
 @pytest.mark.sim
