@@ -80,6 +80,15 @@ def test_public_api_is_declared():
             assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
 
 
+def test_dir_shows_the_public_api_only():
+    """Issue #30 item 7: ``dir(um)`` (and so tab completion) listed ``annotations`` and the private modules."""
+    names = dir(umem_numba)
+    assert names == sorted(names)
+    assert set(names) == {*umem_numba.__all__, "__version__"}, sorted(set(names) ^ {*umem_numba.__all__})
+    for name in names:
+        assert getattr(umem_numba, name) is not None
+
+
 def test_error_types_are_catchable_as_builtin_kinds():
     assert issubclass(umem_numba.OutOfMemoryError, MemoryError)
     assert issubclass(umem_numba.CudaError, RuntimeError)
