@@ -8,7 +8,7 @@ to the start of their allocation, exactly like a numpy array over a buffer.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -29,8 +29,9 @@ def _unusable_by_kernels(dt: np.dtype) -> str:
         )
     if dt.kind == "V" and dt.names is None and dt.subdtype is None:
         return f"dtype {dt} is raw bytes with no fields, which GPU kernels cannot use; use uint8 and one more dimension"
+    fields: Mapping[str, tuple[Any, ...]] = dt.fields or {}
     for name in dt.names or ():
-        why = _unusable_by_kernels(dt.fields[name][0])
+        why = _unusable_by_kernels(fields[name][0])
         if why:
             return f"field {name!r} of dtype {dt}: {why}"
     return ""
