@@ -74,3 +74,18 @@ class CoherenceError(UmemError, RuntimeError):
 
 class BufferClosedError(UmemError, ValueError):
     """The buffer (or the allocation behind a view) was closed."""
+
+
+# Shown as umem_numba.CudaUnavailableError (the name users import and catch) in tracebacks, reprs and
+# pickles, rather than the private module that defines them.
+for _cls in (
+    BufferClosedError,
+    CoherenceError,
+    CudaError,
+    CudaUnavailableError,
+    OutOfMemoryError,
+    UmemError,
+    UnsupportedError,
+):
+    _cls.__module__ = "umem_numba"
+del _cls

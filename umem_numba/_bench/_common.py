@@ -9,7 +9,8 @@ Every benchmark module ``umem_numba._bench.NAME`` (registered in
     results: a JSON-able dict with at least ``"benchmark"`` (its name) and
     ``"figures"``, a list of :func:`goal_row` dicts (each measured figure
     next to its goal).  Raises :class:`BenchSkipped` when it cannot run here
-    (no GPU, too little free memory).
+    (no GPU, numba's simulator, too little free memory): :func:`require_gpu`
+    first.
 ``main(argv: list[str] | None = None) -> int``
     The command line, ``python -m umem_numba bench NAME``: ``run`` plus
     ``--json PATH``; returns the exit status.
@@ -71,6 +72,25 @@ def wall_timer_us(fn: Callable[[], Any], n: int, repeat: int = 3) -> float:
 
 class BenchSkipped(Exception):  # noqa: N818  (a skip, like pytest's Skipped, not an error)
     """A benchmark cannot run on this machine; the message says why (no GPU, too little memory)."""
+
+
+#: Why no benchmark runs under numba's simulator (the same reason for all: the report names it once).
+SIMULATOR_SKIP = (
+    "timing needs a real GPU: under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run on the "
+    "CPU and buffers are host memory, so no figure would say anything about a GPU"
+)
+
+
+def require_gpu() -> None:
+    """Raise :class:`BenchSkipped` unless a real GPU is in use: first thing in every benchmark's ``run``."""
+    from .. import _driver
+    from .._driver import _sim
+
+    if _sim.active():
+        raise BenchSkipped(SIMULATOR_SKIP)
+    reason = _driver.unavailable_reason()
+    if reason:
+        raise BenchSkipped(f"no usable GPU: {reason}")
 
 
 def goal_row(

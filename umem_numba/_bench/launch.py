@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from ._common import (
-    BenchSkipped,
     command_line,
     goal_row,
     one_block_launches,
     print_figures,
     print_table,
+    require_gpu,
     wall_timer_us,
 )
 
@@ -95,10 +95,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     import umem_numba as um
-    from umem_numba import _driver
 
-    if not um.gpu_available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     from numba import cuda
 
     @cuda.jit

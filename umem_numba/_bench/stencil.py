@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table, progress
+from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table, progress, require_gpu
 
 KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
 GOAL_PREFETCH_VS_DEVICE = 0.98
@@ -344,12 +344,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    import umem_numba as um
     from umem_numba import _driver
     from umem_numba.kernels import MemoryBudgetError, require_free_memory
 
-    if not um.gpu_available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     from numba import cuda
 
     from ._common import device_name

@@ -29,7 +29,16 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_figures, print_table
+from ._common import (
+    BenchSkipped,
+    command_line,
+    device_name,
+    goal_row,
+    goal_text,
+    print_figures,
+    print_table,
+    require_gpu,
+)
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -315,6 +324,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    require_gpu()
     try:
         _driver.ensure_context()
         free, total = _driver.mem_get_info()
