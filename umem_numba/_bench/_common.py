@@ -23,11 +23,29 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+
+def plain_text(doc: str | None) -> str:
+    """A docstring as ``--help`` shows it: reST markup taken out (literals, roles, emphasis, escapes).
+
+    ``:class:`~a.b.C``` becomes ``C``, ``:sup:`2``` becomes ``^2`` and
+    ````x```` becomes ``x``; the line breaks stay (the parsers print the
+    description as written).
+    """
+    text = inspect.cleandoc(doc or "")
+    text = re.sub(r"\\ ?:sup:`([^`]*)`", r"^\1", text)
+    text = re.sub(r":[a-z]+:`~?(?:[\w.]*\.)?([^`.]+)`", r"\1", text)
+    text = re.sub(r"``([^`]*)``", r"\1", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
+    text = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", text)
+    return text.replace("\\ ", "")
 
 
 def cuda_timer_ms(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, stream: Any = 0) -> float:

@@ -49,9 +49,27 @@ def _load(name: str) -> ModuleType:
     return importlib.import_module(f"umem_numba._bench.{name}")
 
 
+#: ``bench all --help``: what a user runs and gets (the module docstring is about the protocol).
+DESCRIPTION = """\
+Run every benchmark, one after the other, and write one report into DIR:
+
+  DIR/report.md     the summary: the machine, then every figure next to its goal
+  DIR/report.json   the machine (python -m umem_numba info) and every benchmark's
+                    full results, or why it was skipped, or the error it raised
+  DIR/NAME.png      each benchmark's figures against their goals (and its own charts)
+  DIR/NAME.log      the tables each benchmark printed
+
+A benchmark that cannot run here (no GPU, numba's simulator, too little memory)
+is reported as skipped with its reason; one that fails is reported with its
+error, and the others still run.  Each benchmark alone: python -m umem_numba
+bench NAME --help."""
+
+
 def _parse(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m umem_numba bench all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m umem_numba bench all",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created if missing)")
     ap.add_argument(

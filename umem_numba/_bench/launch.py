@@ -31,6 +31,7 @@ from ._common import (
     command_line,
     goal_row,
     one_block_launches,
+    plain_text,
     print_figures,
     print_table,
     require_gpu,
@@ -55,7 +56,7 @@ class _PlainCAI:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m umem_numba bench launch",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--launches", type=int, default=None, help="launches per batch (default 2000; 200 with --quick)")

@@ -35,6 +35,7 @@ from ._common import (
     device_name,
     goal_row,
     goal_text,
+    plain_text,
     print_figures,
     print_table,
     require_gpu,
@@ -48,7 +49,9 @@ _HEADROOM = 1 * _GIB
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m umem_numba bench vmm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m umem_numba bench vmm",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
