@@ -42,7 +42,7 @@ def test_help_is_plain_text_without_private_names(capsys, command):
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top level")
 def test_a_bad_flag_gets_the_usage_of_its_own_command(capsys, command):
-    code, out, err = _run(capsys, [*command, "--bogus"])
+    code, _, err = _run(capsys, [*command, "--bogus"])
     assert code == 2
     prog = " ".join(["python -m umem_numba", *command])
     assert err.startswith(f"usage: {prog} "), err
