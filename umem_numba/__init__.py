@@ -30,6 +30,7 @@ from ._errors import (
     CoherenceError,
     CudaError,
     CudaUnavailableError,
+    NotDeviceAccessibleError,
     OutOfMemoryError,
     UmemError,
     UnsupportedError,
@@ -86,6 +87,7 @@ __all__ = [
     "OutOfMemoryError",
     "CudaUnavailableError",
     "UnsupportedError",
+    "NotDeviceAccessibleError",
     "CoherenceError",
     "BufferClosedError",
     # machine

@@ -357,7 +357,7 @@ class Buffer(DeviceExports, _Base):
             The stream of the copy (``None``/``0``: the buffer's device's
             default stream).
         staging : None, bool or PinnedBuffer
-            How to reach pageable numpy memory (see :mod:`umem_numba._arrays._copy`):
+            How to reach pageable numpy memory (see :doc:`/concepts/memory-kinds`):
             ``None`` picks the measured faster path, ``False`` lets the driver
             copy straight into it, ``True`` or a :class:`PinnedBuffer` goes
             through pinned staging chunks.
