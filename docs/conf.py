@@ -48,3 +48,18 @@ html_theme = "furo"
 html_title = f"umem_numba {release}"
 # Every public name has a docstring, and none documents a parameter that does not exist.
 numpydoc_validation_checks = {"GL08", "PR02"}
+
+
+def class_signature(app, what, name, obj, options, signature, return_annotation):  # type: ignore[no-untyped-def]
+    """No call signature for the buffer classes: they cannot be called (``Buffer.__init__`` refuses,
+    naming the constructors), so ``ManagedBuffer(*args, **kwargs)`` would show a call that fails;
+    their pages start with the constructors (``empty``, ``zeros``, ``from_array``) instead."""
+    from umem_numba._arrays._buffer import Buffer
+
+    if what == "class" and isinstance(obj, type) and issubclass(obj, Buffer) and obj.__init__ is Buffer.__init__:
+        return "", return_annotation
+    return None
+
+
+def setup(app):  # type: ignore[no-untyped-def]
+    app.connect("autodoc-process-signature", class_signature)

@@ -97,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--steps must be at least 1, got {args.steps}")
     if not 0.0 <= args.alpha <= 0.25:
         p.error(f"--alpha must be in [0, 0.25] for a stable explicit step, got {args.alpha}")
+    try:  # the picture is written at the end: a bad path is refused now, before any work
+        kernels.check_output_path(args.out)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 

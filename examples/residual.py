@@ -66,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-steps and --check-every must be at least 1")
     if not args.tol > 0:
         p.error(f"--tol must be positive, got {args.tol}")
+    if args.out:
+        try:  # the picture is written at the end: a bad path is refused now, before any work
+            kernels.check_output_path(args.out)
+        except ValueError as exc:
+            p.error(str(exc))
     return args
 
 

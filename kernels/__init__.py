@@ -23,6 +23,7 @@ from __future__ import annotations
 from ._common import MIN_BLOCKS, SUPPORTED_DTYPES, MemoryBudgetError, require_free_memory, stencil_weights
 from ._report import (
     MissingExtraError,
+    check_output_path,
     human_bytes,
     progress,
     report_check,
@@ -103,6 +104,7 @@ __all__ = [
     "report_check",
     "rerun_on_simulator",
     "save_field",
+    "check_output_path",
     "progress",
     "require_plot_extra",
     "MissingExtraError",

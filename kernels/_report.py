@@ -17,6 +17,7 @@ from ._plot import MissingExtraError, progress, require_plot_extra, save_field
 
 __all__ = [
     "MissingExtraError",
+    "check_output_path",
     "human_bytes",
     "progress",
     "report_check",
@@ -49,6 +50,45 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}"
         n /= 1024
     return f"{n:.2f} GiB"
+
+
+def check_output_path(path: str | os.PathLike, option: str = "--out") -> None:
+    """Refuse an output file that could not be written, before any work is done.
+
+    The examples write their picture at the end of a run; checking first
+    turns a missing or read-only folder into an argument error at the start
+    instead of a traceback after the whole simulation.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file to be written (it may exist: it is replaced).
+    option : str
+        The command-line option that gave it, named in the message.
+
+    Raises
+    ------
+    ValueError
+        The folder does not exist, is not a folder, or is not writable, or
+        ``path`` is a folder; the message names the option and the path.
+
+    Examples
+    --------
+    >>> check_output_path("/missing/dir/plate.png")
+    Traceback (most recent call last):
+    ...
+    ValueError: --out /missing/dir/plate.png: folder /missing/dir does not exist
+    """
+    name = os.fspath(path)
+    folder = os.path.dirname(name) or "."
+    if os.path.isdir(name):
+        raise ValueError(f"{option} {name}: is a folder; give a file name (e.g. {os.path.join(name, 'out.png')})")
+    if not os.path.exists(folder):
+        raise ValueError(f"{option} {name}: folder {folder} does not exist")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {name}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(name) and not os.access(name, os.W_OK)):
+        raise ValueError(f"{option} {name}: cannot write there (permission denied)")
 
 
 def report_check(result: Any, expected: Any, steps: int) -> int:

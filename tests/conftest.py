@@ -73,6 +73,21 @@ SIM_NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The skip reason of every GPU test on a machine without a GPU; the note at the end of the run
+#: (pytest_terminal_summary) says why once, and how to run them on the simulator.
+NO_GPU_SKIP = 'no CUDA GPU (why, and how to run these tests on the simulator: the "GPU tests" line above)'
+#: The command that runs the GPU tests on numba's simulator (README, docs/contributing.md).
+SIM_COMMAND = 'NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m "gpu or multigpu"'
+#: Set on an item that this file skips: its report names this file, so that ``-rs`` folds the skips of
+#: every test file into one line per reason instead of one line per file.
+_FOLDED = pytest.StashKey[bool]()
+
+
+def _skip(item: pytest.Item, reason: str) -> None:
+    item.add_marker(pytest.mark.skip(reason=reason))
+    item.stash[_FOLDED] = True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _sim.active():
         # numba's CUDA simulator: the GPU tests run over umem_numba's simulated driver.
@@ -93,18 +108,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     "device) and so does the simulated driver (cuDeviceGetCount is 1, no peer access)"
                 )
             if why is not None:
-                item.add_marker(pytest.mark.skip(reason=f"needs {why}; numba's simulator runs over a simulated driver"))
+                _skip(item, f"needs {why}; numba's simulator runs over a simulated driver")
         return
     reason = _gpu_reason()
     many = None
     for item in items:
         if reason and ("gpu" in item.keywords or "multigpu" in item.keywords):
-            item.add_marker(pytest.mark.skip(reason=f"no CUDA GPU: {reason}"))
+            _skip(item, NO_GPU_SKIP)
         elif "multigpu" in item.keywords:
             if many is None:
                 many = _driver.device_count()
             if many < 2:
-                item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, this machine has {many}"))
+                _skip(item, f"needs 2 GPUs, this machine has {many}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """Say once why the GPU tests skipped on a machine without a GPU, and how to run them on the simulator."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _skip_reason(r) == NO_GPU_SKIP]
+    if skipped:
+        terminalreporter.write_line(
+            f"GPU tests: {len(skipped)} skipped, no CUDA GPU here ({_gpu_reason()}). They run on numba's CUDA "
+            f"simulator, over umem_numba's simulated driver (docs/concepts/simulator.md): {SIM_COMMAND}"
+        )
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+    return reason.removeprefix("Skipped: ")
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +175,9 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield
     report = outcome.get_result()
+    if report.skipped and item.stash.get(_FOLDED, False) and isinstance(report.longrepr, tuple):
+        # pytest points a mark's skip at the test's own line; this file decided it (one line per reason).
+        report.longrepr = (__file__, None, report.longrepr[2])
     if report.failed:
         for name, value in item.user_properties:
             if name == "random seed":

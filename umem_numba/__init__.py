@@ -30,6 +30,7 @@ from ._errors import (
     CoherenceError,
     CudaError,
     CudaUnavailableError,
+    NotDeviceAccessibleError,
     OutOfMemoryError,
     UmemError,
     UnsupportedError,
@@ -67,6 +68,11 @@ def __getattr__(name: str) -> type:
     raise AttributeError(f"module 'umem_numba' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # dir(um) and tab completion show the public API only, not the private subpackages or `annotations`.
+    return sorted([*__all__, "__version__"])
+
+
 __all__ = [
     # vmm
     "VMMBuffer",
@@ -81,6 +87,7 @@ __all__ = [
     "OutOfMemoryError",
     "CudaUnavailableError",
     "UnsupportedError",
+    "NotDeviceAccessibleError",
     "CoherenceError",
     "BufferClosedError",
     # machine

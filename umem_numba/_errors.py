@@ -13,6 +13,7 @@ __all__ = [
     "CoherenceError",
     "CudaError",
     "CudaUnavailableError",
+    "NotDeviceAccessibleError",
     "OutOfMemoryError",
     "UmemError",
     "UnsupportedError",
@@ -64,6 +65,27 @@ class UnsupportedError(UmemError, RuntimeError):
     """The device or the memory does not support the requested operation."""
 
 
+class NotDeviceAccessibleError(UnsupportedError, AttributeError):
+    """The buffer's memory cannot be reached from the device, so it has no device view.
+
+    Raised where a device view of such a buffer is asked for: its
+    ``__cuda_array_interface__``, :meth:`~umem_numba.PinnedBuffer.lend`, a
+    launch through :func:`~umem_numba.launch` or :func:`~umem_numba.jit`
+    (a plain numba launch raises :class:`UnsupportedError`, its base).  The
+    case today is a :class:`~umem_numba.PinnedBuffer` allocated without
+    ``HostAllocFlags.DEVICEMAP``.  Also an ``AttributeError``, so that
+    ``hasattr(buf, "__cuda_array_interface__")`` is ``False`` for it, as
+    numba and other libraries expect of an object with no device view.
+
+    Examples
+    --------
+    >>> buf = um.PinnedBuffer.empty(16)                  # doctest: +SKIP
+    >>> hasattr(buf, "__cuda_array_interface__")         # doctest: +SKIP
+    False
+    >>> mapped = um.PinnedBuffer.empty(16, np.float32, um.HostAllocFlags.DEVICEMAP)  # doctest: +SKIP
+    """
+
+
 class CoherenceError(UmemError, RuntimeError):
     """Host access to memory that device work may still be using.
 
@@ -74,3 +96,19 @@ class CoherenceError(UmemError, RuntimeError):
 
 class BufferClosedError(UmemError, ValueError):
     """The buffer (or the allocation behind a view) was closed."""
+
+
+# Shown as umem_numba.CudaUnavailableError (the name users import and catch) in tracebacks, reprs and
+# pickles, rather than the private module that defines them.
+for _cls in (
+    BufferClosedError,
+    CoherenceError,
+    CudaError,
+    CudaUnavailableError,
+    NotDeviceAccessibleError,
+    OutOfMemoryError,
+    UmemError,
+    UnsupportedError,
+):
+    _cls.__module__ = "umem_numba"
+del _cls

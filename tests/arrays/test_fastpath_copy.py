@@ -436,7 +436,7 @@ def test_refused_operation_leaves_the_graph_capture_intact(op, mode, rng):
 
 
 class _FakeApi:
-    """Answers cuPointerGetAttribute like the driver for one kind of memory."""
+    """Answers cuPointerGetAttributes like the driver for one kind of memory."""
 
     def __init__(self, kind: str) -> None:
         from types import SimpleNamespace
@@ -444,27 +444,28 @@ class _FakeApi:
         from cuda.bindings import driver as drv
 
         self.c = _driver._constants(drv)
-        bad = self.c.invalid_value
         answers = {
-            "pageable": {"managed": (bad, 0), "type": (bad, 0)},
-            "pageable-hmm": {"managed": (0, 0), "type": (0, 0)},  # known address, no CUDA memory type
-            "managed": {"managed": (0, 1), "type": (0, 2)},
-            "pinned": {"managed": (0, 0), "type": (0, self.c.memorytype_host)},
-        }[kind]
+            "pageable": {"managed": False, "type": 0},  # unknown to the driver: NULL values, no error
+            "managed": {"managed": True, "type": 2},
+            "pinned": {"managed": False, "type": self.c.memorytype_host},
+        }.get(kind)
 
-        def get(attribute, ptr):
-            return answers["managed" if attribute == self.c.pointer_is_managed else "type"]
+        def get(count, attributes, ptr):
+            assert count == len(attributes)
+            if answers is None:  # a sticky error from earlier work: the answer says nothing
+                return (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, None)
+            return (0, [answers["managed" if a == self.c.pointer_is_managed else "type"] for a in attributes])
 
-        self.drv = SimpleNamespace(cuPointerGetAttribute=get)
+        self.drv = SimpleNamespace(cuPointerGetAttributes=get)
 
 
 @pytest.mark.parametrize(
-    ("kind", "known"), [("pageable", False), ("pageable-hmm", False), ("managed", True), ("pinned", True)]
+    ("kind", "known"), [("pageable", False), ("sticky-error", False), ("managed", True), ("pinned", True)]
 )
 def test_host_memory_the_driver_reads_asynchronously_is_recognised(kind, known, monkeypatch):
     """Issue #19 item 6: managed and page-locked numpy memory is recognised (the copy then waits);
-    pageable memory is not, also where the driver knows its address (HMM), so it keeps the
-    staged path (CPU, fake driver answers)."""
+    pageable memory is not (memory type 0), so it keeps the staged path (CPU, fake driver answers).
+    Issue #30 item 9: asked with cuPointerGetAttributes, which answers unknown memory without an error."""
     pytest.importorskip("cuda.bindings.driver")
     monkeypatch.setattr(_driver, "api", lambda: _FakeApi(kind))
     assert _copy._driver_memory(np.ones(8, np.float32)) is known

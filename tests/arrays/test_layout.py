@@ -126,12 +126,55 @@ def test_numba_type_layouts():
         (np.dtype(("i2", (2, 2))), "subarray dtype"),
         (">f4", "byte order"),
         (np.dtype([("a", ">i4"), ("b", "<f8")]), "byte order"),
+        # issue #30 item 7: text and raw bytes are not numbers a kernel can use; the message names the dtype
+        ("U5", "dtype <U5 holds text"),
+        (np.str_, "dtype <U0"),
+        ("S3", r"dtype \|S3 holds text"),
+        (np.dtype([("name", "U4"), ("x", "f4")]), r"field 'name' of dtype .* holds text"),
+        ("V8", r"dtype \|V8 is raw bytes"),
+        (object, "dtype object holds Python objects"),
     ],
 )
-@pytest.mark.parametrize("make", [um.ManagedBuffer.empty, um.PinnedBuffer.empty, um.VMMBuffer.empty])
+@pytest.mark.parametrize(
+    "make", [um.ManagedBuffer.empty, um.PinnedBuffer.empty, um.VMMBuffer.empty, um.DeviceBuffer.empty]
+)
 def test_dtypes_kernels_cannot_use_are_refused_before_the_driver(make, dtype, message):
     with pytest.raises(TypeError, match=message):
         make(4, dtype)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("hello", r"from_array\('hello'\): dtype <U5 holds text"),
+        (["a", "bc"], r"from_array\(\['a', 'bc'\]\): dtype <U2 holds text"),
+        (np.array([b"xyz"]), r"dtype \|S3 holds text"),
+        (None, r"from_array\(None\): the source is None; pass the data to copy"),
+        ([1, None], r"from_array\(\[1, None\]\): dtype object holds Python objects"),
+    ],
+)
+@pytest.mark.parametrize(
+    "make",
+    [um.ManagedBuffer.from_array, um.PinnedBuffer.from_array, um.VMMBuffer.from_array, um.DeviceBuffer.from_array],
+)
+def test_sources_kernels_cannot_use_are_refused_before_the_driver(make, source, message):
+    """Issue #30 item 7: ``from_array("hello")`` made a ``<U5`` buffer; ``from_array(None)`` did not name None."""
+    with pytest.raises(TypeError, match=message):
+        make(source)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ManagedBuffer", "PinnedBuffer", "VMMBuffer", "DeviceBuffer"])
+def test_after_a_refused_source_the_next_buffer_is_made_as_usual(kind, rng):
+    cls = getattr(um, kind)
+    live = um.stats()
+    for bad in ("hello", None, np.array([b"xyz"])):
+        with pytest.raises(TypeError, match="from_array"):
+            cls.from_array(bad)
+    assert um.stats() == live  # nothing was allocated for the refused calls
+    data = rng.random((5, 7)).astype(np.float32)
+    with cls.from_array(data) as buf:
+        np.testing.assert_array_equal(buf.copy_to_host(), data)
 
 
 def test_numpy_integers_are_ints_everywhere():

@@ -124,6 +124,38 @@ def test_unmapped_pinned_has_no_device_view():
     buf.close()
 
 
+def test_a_launch_on_unmapped_pinned_memory_raises_a_public_error(rng):
+    """Issue #30 item 6: it raised the private ``umem_numba._arrays._export._NotOnDeviceError``."""
+    from numba import cuda
+
+    @cuda.jit
+    def triple(a):
+        i = cuda.grid(1)
+        if i < a.shape[0]:
+            a[i] *= 3
+
+    data = random_array(rng, 64, np.float32)
+    buf = um.PinnedBuffer.from_array(data)
+    launches = {
+        "um.launch": lambda: um.launch(triple, 1, 64, buf),
+        "um.jit": lambda: um.jit(triple.py_func)[1, 64](buf),
+        "plain numba": lambda: triple[1, 64](buf),
+        "device view": lambda: buf.__cuda_array_interface__,
+        "lend": lambda: buf.lend(0).__enter__(),
+    }
+    for what, call in launches.items():
+        with pytest.raises(um.UnsupportedError, match="not accessible from the device") as info:
+            call()
+        assert type(info.value).__module__ == "umem_numba", (what, type(info.value))
+        assert not type(info.value).__name__.startswith("_"), (what, type(info.value))
+    for what in ("device view", "lend"):
+        with pytest.raises(um.NotDeviceAccessibleError):
+            launches[what]()
+    assert issubclass(um.NotDeviceAccessibleError, AttributeError)  # hasattr(buf, "__cuda_array_interface__")
+    np.testing.assert_array_equal(buf.host, data)  # nothing ran; the buffer goes on as usual
+    buf.close()
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize(
     "shape,dtype,match", [((10,), np.float32, r"\(10,\) float32 vs \(11,\) float32"), ((11,), np.float64, "float64")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 import types
@@ -162,13 +163,53 @@ def test_bench_all_without_a_gpu_reports_every_benchmark_skipped(tmp_path):
     assert proc.returncode == 0, proc.stderr
     md = (out / "report.md").read_text()
     reason = _driver.unavailable_reason()
+    # Issue #30 item 5: the reason was repeated 14 times and seven empty logs were written.
+    assert f"| {', '.join(_BENCHES)} | skipped: no usable GPU: {reason}" in md, md
+    assert md.count(reason) == 2, md  # the shared skip reason once, and `info` in the machine section
     for name in _BENCHES:
-        assert f"| {name} | skipped: no usable GPU" in md
         assert f"{name}: skipped" in proc.stderr
-    assert reason.split(":")[0] in md
+    assert proc.stderr.count(reason) == 1, proc.stderr
     data = json.loads((out / "report.json").read_text())
     assert list(data["benchmarks"]) == list(_BENCHES)
     assert all(e["status"] == "skipped" for e in data["benchmarks"].values())
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]  # no empty logs
+
+
+def test_bench_all_on_the_simulator_skips_every_benchmark_with_one_reason(tmp_path):
+    """Issue #30 item 5: under the simulator vmm, copy and pool crashed (numba.cuda has no
+    event_elapsed_time; the simulated device has no name) and ``bench all`` exited 1."""
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "umem_numba", "bench", "all", "--out", str(out), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((out / "report.json").read_text())
+    entries = data["benchmarks"]
+    assert list(entries) == list(_BENCHES)
+    assert all(e["status"] == "skipped" for e in entries.values()), entries
+    reasons = {e["reason"] for e in entries.values()}
+    assert len(reasons) == 1, reasons
+    (reason,) = reasons
+    assert "numba's CUDA simulator" in reason and "real GPU" in reason, reason
+    md = (out / "report.md").read_text()
+    assert md.count(reason) == 1, md
+    assert f"| {', '.join(_BENCHES)} | skipped: {reason}" in md, md
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]  # no empty logs
+    for name in _BENCHES:  # each benchmark alone says so too, and exits 2 (it cannot run here)
+        alone = subprocess.run(
+            [sys.executable, "-m", "umem_numba", "bench", name, "--quick"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"),
+        )
+        assert alone.returncode == 2 and alone.stderr.strip() == f"bench {name}: {reason}", alone.stderr
 
 
 @pytest.mark.gpu

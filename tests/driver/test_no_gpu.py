@@ -12,10 +12,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import umem_numba
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _no_gpu_env() -> dict[str, str]:
@@ -61,6 +64,21 @@ def test_import_and_first_call_raise_one_clear_error():
     assert any(ln.startswith("VAL") and "negative dimension -3" in ln for ln in lines)
 
 
+def test_the_first_gpu_call_says_how_to_run_on_the_simulator():
+    """Issue #30 item 5: README's example, on a machine without a GPU, raised
+    ``umem_numba._errors.CudaUnavailableError: ... libcuda could not be loaded`` and no word of the
+    simulator.  The error is the public ``umem_numba.CudaUnavailableError`` and says how."""
+    proc = _run_without_gpu("""
+        import numpy as np
+        import umem_numba as um
+        um.ManagedBuffer.from_array(np.random.rand(1000).astype(np.float32))
+    """)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("umem_numba.CudaUnavailableError: "), last
+    assert "NUMBA_ENABLE_CUDASIM=1" in last and "simulator" in last, last
+
+
 def test_cli_info_without_gpu():
     env = _no_gpu_env()
     proc = subprocess.run(
@@ -69,6 +87,30 @@ def test_cli_info_without_gpu():
     assert proc.returncode == 0, proc.stderr
     assert "CUDA: not available" in proc.stdout
     assert "numba-cuda" in proc.stdout
+    # Issue #30 item 5: it said only "not available"; now also how to run without a GPU.
+    assert "NUMBA_ENABLE_CUDASIM=1 python -m umem_numba info" in proc.stdout, proc.stdout
+
+
+def test_pytest_without_a_gpu_says_once_why_the_gpu_tests_skip_and_how_to_run_them():
+    """Issue #30 item 5: ``pytest -q -rs`` printed one SKIPPED line per GPU test (184 of 193 the same
+    libcuda sentence) and never said that they run on the simulator, or how."""
+    files = ["tests/arrays/test_pointer_probes.py", "tests/docs/test_readme.py"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files],
+        check=False,
+        env=_no_gpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    skipped = [ln for ln in proc.stdout.splitlines() if ln.startswith("SKIPPED")]
+    assert len(skipped) == 1, proc.stdout  # one line for every GPU test, not one per test
+    assert skipped[0].startswith("SKIPPED [7] ") and "no CUDA GPU" in skipped[0], skipped
+    assert proc.stdout.count("NUMBA_ENABLE_CUDASIM=1") == 1, proc.stdout
+    command = 'NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m "gpu or multigpu"'
+    assert command in proc.stdout, proc.stdout
 
 
 def test_public_api_is_declared():
@@ -78,6 +120,15 @@ def test_public_api_is_declared():
         assert not name.startswith("_")
         if callable(obj) or isinstance(obj, type):
             assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+def test_dir_shows_the_public_api_only():
+    """Issue #30 item 7: ``dir(um)`` (and so tab completion) listed ``annotations`` and the private modules."""
+    names = dir(umem_numba)
+    assert names == sorted(names)
+    assert set(names) == {*umem_numba.__all__, "__version__"}, sorted(set(names) ^ {*umem_numba.__all__})
+    for name in names:
+        assert getattr(umem_numba, name) is not None
 
 
 def test_error_types_are_catchable_as_builtin_kinds():

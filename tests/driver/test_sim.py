@@ -74,6 +74,21 @@ def test_cli_info_says_simulator():
     assert "numba's CUDA simulator" in proc.stdout and "simulated driver" in proc.stdout
 
 
+@pytest.mark.parametrize("manager", ["umem_numba", ""])
+def test_the_memory_manager_variable_warns_that_the_simulator_ignores_it(manager):
+    """Issue #30 item 5: ``NUMBA_CUDA_MEMORY_MANAGER=umem_numba`` was silently ignored on the simulator."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_CUDA_MEMORY_MANAGER=manager)
+    code = "import numpy as np, umem_numba as um; print(um.ManagedBuffer.from_array(np.arange(3.0)).copy_to_host())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0. 1. 2.]"  # and the program goes on
+    warned = "NUMBA_CUDA_MEMORY_MANAGER=umem_numba has no effect under numba's CUDA simulator"
+    assert (warned in proc.stderr) is bool(manager), proc.stderr
+    assert proc.stderr.count("NUMBA_CUDA_MEMORY_MANAGER") == (1 if manager else 0), proc.stderr
+
+
 def test_kernels_see_views_and_aliasing_and_hold_is_enforced(tmp_path, rng):
     """Kernels get the buffer's own memory: strided views, two views of one buffer, every launch form."""
     data = random_array(rng, (40, 30), np.float64)

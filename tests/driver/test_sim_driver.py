@@ -524,3 +524,20 @@ def test_sim_waits_run_with_garbage_collection_off(drv):
     ok((*drv.cuStreamSynchronize(s), None))
     assert seen == [("choice", False), ("run", False)]
     assert gc.isenabled()
+
+
+def test_sim_pointer_attributes_answer_unknown_memory_as_the_driver_does(drv, rng):
+    """cuPointerGetAttributes: memory the driver does not know gets NULL answers with CUDA_SUCCESS (unlike
+    cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE); what the simulator cannot answer it refuses."""
+    attr = drv.CUpointer_attribute
+    plain = rng.random(64)
+    assert drv.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, plain.ctypes.data)[0] == 1
+    both = [attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE]
+    assert ok(drv.cuPointerGetAttributes(2, both, plain.ctypes.data)) == [False, 0]
+    pinned = ok(drv.cuMemHostAlloc(256, 0))
+    values = ok(drv.cuPointerGetAttributes(2, both, pinned + 100))  # inside the allocation
+    assert values == [False, drv.CUmemorytype.CU_MEMORYTYPE_HOST]
+    assert drv.cuPointerGetAttributes(3, both, pinned)[0] == 1  # the count must match the list
+    with pytest.raises(UnsupportedError, match="DEVICE_ORDINAL"):
+        drv.cuPointerGetAttributes(1, [attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL], plain.ctypes.data)
+    ok((*drv.cuMemFreeHost(pinned), None))

@@ -86,12 +86,18 @@ def test_help_runs_anywhere(script, options):
         ("heat3d.py", ["--memory", "vmm"], "invalid choice"),
         ("residual.py", ["--tol", "0"], "--tol must be positive"),
         ("residual.py", ["--check-every", "0"], "must be at least 1"),
+        # issue #30 item 7: a picture that cannot be written is refused before any work
+        ("heat2d.py", ["--out", "/missing/dir/h.png"], "--out /missing/dir/h.png: folder /missing/dir does not exist"),
+        ("heat2d.py", ["--out", __file__ + "/h.png"], f"--out {__file__}/h.png: {__file__} is not a folder"),
+        ("heat3d.py", ["--out", "/missing/dir/c.png"], "--out /missing/dir/c.png: folder /missing/dir does not exist"),
+        ("residual.py", ["--out", "/missing/r.png"], "--out /missing/r.png: folder /missing does not exist"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(script, args, message):
     proc = _run(script, *args, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout  # refused before any work
 
 
 @pytest.mark.gpu

@@ -177,6 +177,11 @@ def test_argument_types_checked_before_the_driver():
         plan.add(fake, "gpu")
     with pytest.raises(TypeError):
         plan.add(fake, 2.0)
+    # Issue #30 item 7: None is not "the current device" for a migration; refused, naming None.
+    with pytest.raises(TypeError, match="the target is None; say where the memory should go"):
+        plan.add(fake, None)
+    with pytest.raises(TypeError, match="the target is None"):
+        plan.add_range(fake, 0, 10, None, discard=True)
     assert len(plan) == 0 and repr(plan) == "PrefetchPlan(0 entries)"
 
 
@@ -366,8 +371,20 @@ def test_prefetch_errors_name_the_bad_value(rng):
             buf.prefetch(0, stream="s")
         with pytest.raises(ValueError, match="C-contiguous"):
             buf[::2].prefetch(0)
+        # Issue #30 item 7: None meant the current device, silently; now refused, naming None.
+        for call in (
+            lambda: buf.prefetch(None),
+            lambda: buf.prefetch_range(0, 4, None),
+            lambda: buf.discard_prefetch(None),
+            lambda: buf.discard_prefetch_range(0, 4, None),
+            lambda: PrefetchPlan().add(buf, None),
+        ):
+            with pytest.raises(TypeError, match=r"the target is None; say where the memory should go: a device"):
+                call()
         # None of the refused calls reached the driver.
         assert buf.hints.state() == (False, None, frozenset(), None)
+        buf.prefetch(0)  # and the buffer goes on as usual
+        assert buf.hints.last_prefetch_location == DEV0
 
 
 @pytest.mark.sim
@@ -631,21 +648,21 @@ def test_a_sticky_driver_error_is_not_reported_as_not_managed(monkeypatch):
     from umem_numba._hints import _managed_span
 
     drv = pytest.importorskip("cuda.bindings.driver")
-    results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, 0)}
+    results = {"answer": (drv.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, None)}
     fake = SimpleNamespace(
-        drv=SimpleNamespace(cuPointerGetAttribute=lambda attr, ptr: results["answer"], CUresult=drv.CUresult),
+        drv=SimpleNamespace(cuPointerGetAttributes=lambda count, attrs, ptr: results["answer"], CUresult=drv.CUresult),
         c=_driver._constants(drv),
     )
     monkeypatch.setattr(_driver, "api", lambda: fake)
     with pytest.raises(CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS") as info:
         _managed_span._require_managed(0x1000, "prefetch")
     assert not isinstance(info.value, UnsupportedError)
-    results["answer"] = (drv.CUresult.CUDA_ERROR_INVALID_VALUE, 0)
+    # An address the driver does not know: NULL values with success (no error for memcheck to report).
+    results["answer"] = (drv.CUresult.CUDA_SUCCESS, [False])
     with pytest.raises(UnsupportedError, match="not managed memory"):
         _managed_span._require_managed(0x1000, "prefetch")
-    results["answer"] = (drv.CUresult.CUDA_SUCCESS, 0)
-    with pytest.raises(UnsupportedError, match="not managed memory"):
-        _managed_span._require_managed(0x1000, "prefetch")
+    results["answer"] = (drv.CUresult.CUDA_SUCCESS, [True])
+    _managed_span._require_managed(0x1000, "prefetch")
 
 
 def test_an_unsupported_error_is_not_its_own_cause():

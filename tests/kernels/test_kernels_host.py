@@ -236,3 +236,32 @@ def test_bench_help_lists_options(capsys):
     out = capsys.readouterr().out
     for option in ("--json", "--png", "--size", "--steps", "--quick", "--allow-oversubscribe"):
         assert option in out
+
+
+def test_check_output_path_refuses_what_could_not_be_written(tmp_path):
+    """Issue #30 item 7: the examples check ``--out`` before any work (heat2d.py ran the whole plate first)."""
+    kernels.check_output_path(tmp_path / "plate.png")  # a new file in a writable folder
+    (tmp_path / "old.png").write_bytes(b"x")
+    kernels.check_output_path(str(tmp_path / "old.png"))  # an existing file is replaced
+    missing = tmp_path / "missing" / "plate.png"
+    with pytest.raises(ValueError, match=f"--out {missing}: folder {missing.parent} does not exist"):
+        kernels.check_output_path(missing)
+    with pytest.raises(ValueError, match=f"--picture {tmp_path}/old.png/p.png: {tmp_path}/old.png is not a folder"):
+        kernels.check_output_path(f"{tmp_path}/old.png/p.png", option="--picture")
+    with pytest.raises(ValueError, match="is a folder; give a file name"):
+        kernels.check_output_path(tmp_path)
+
+
+def test_check_output_path_refuses_a_read_only_folder(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="cannot write there"):
+            kernels.check_output_path(folder / "plate.png")
+    finally:
+        folder.chmod(0o700)

@@ -19,6 +19,7 @@ Close semantics
 
 from __future__ import annotations
 
+import reprlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -356,7 +357,7 @@ class Buffer(DeviceExports, _Base):
             The stream of the copy (``None``/``0``: the buffer's device's
             default stream).
         staging : None, bool or PinnedBuffer
-            How to reach pageable numpy memory (see :mod:`umem_numba._arrays._copy`):
+            How to reach pageable numpy memory (see :doc:`/concepts/memory-kinds`):
             ``None`` picks the measured faster path, ``False`` lets the driver
             copy straight into it, ``True`` or a :class:`PinnedBuffer` goes
             through pinned staging chunks.
@@ -555,7 +556,20 @@ def cuda_core_source(array: Any, order: Any, what: str) -> tuple[_copy.Side | No
 
 
 def host_source(array: Any) -> np.ndarray:
-    """A ``from_array`` source as numpy (a cuda.core view of host memory through DLPack)."""
-    if _copy.is_cuda_core(array) and hasattr(array, "__dlpack__"):
-        return np.from_dlpack(array)
-    return np.asarray(array)
+    """A ``from_array`` source as numpy (a cuda.core view of host memory through DLPack).
+
+    Raises ``TypeError`` naming the source when it is ``None`` or its values
+    are not numbers kernels can use (text, Python objects), before anything
+    else is checked or allocated.
+    """
+    if array is None:
+        raise TypeError(
+            "from_array(None): the source is None; pass the data to copy: a numpy array (or anything "
+            "np.asarray takes, such as a list of numbers), or a cuda.core StridedMemoryView / Buffer"
+        )
+    src = np.from_dlpack(array) if _copy.is_cuda_core(array) and hasattr(array, "__dlpack__") else np.asarray(array)
+    try:
+        _layout.normalize_dtype(src.dtype)
+    except TypeError as exc:
+        raise TypeError(f"from_array({reprlib.repr(array)}): {exc}") from None
+    return src

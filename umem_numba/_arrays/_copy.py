@@ -475,18 +475,23 @@ def _driver_memory(arr: np.ndarray) -> bool:
     A DMA reads (or writes) such memory when the copy engine gets to it, not
     when ``cuMemcpyAsync`` returns, unlike pageable memory, which the driver
     stages before returning.  Page-locked memory is the driver's host memory
-    type; plain (pageable) memory makes both queries fail, also where devices
+    type; plain (pageable) memory has none (memory type 0), also where devices
     can read it directly (HMM, ATS), so it keeps the staged path.
+
+    One ``cuPointerGetAttributes`` call, not ``cuPointerGetAttribute``: the
+    latter fails (``CUDA_ERROR_INVALID_VALUE``) for the pageable memory most
+    copies come from, and compute-sanitizer reports that failure as an error
+    of the user's program; the former answers NULL values with success.
     """
     if not arr.size:
         return False
     a = _driver.api()
-    get, ptr = a.drv.cuPointerGetAttribute, arr.ctypes.data
-    err, managed = get(a.c.pointer_is_managed, ptr)
-    if int(err) == 0 and int(managed):
-        return True
-    err, memory_type = get(a.c.pointer_memory_type, ptr)
-    return int(err) == 0 and int(memory_type) == a.c.memorytype_host
+    attrs = [a.c.pointer_is_managed, a.c.pointer_memory_type]
+    err, values = a.drv.cuPointerGetAttributes(len(attrs), attrs, arr.ctypes.data)
+    if int(err) != 0:
+        return False
+    managed, memory_type = (int(v or 0) for v in values)
+    return bool(managed) or memory_type == a.c.memorytype_host
 
 
 class _Staging:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _driver, _numba_compat
 from .._driver._location import _MAX_HANDLE, stream_handle
-from .._errors import BufferClosedError, UnsupportedError
+from .._errors import BufferClosedError, NotDeviceAccessibleError, UnsupportedError
 from .._memory import _events
 from .._memory._lifetime import Allocation, finalizer
 from .._memory._tracker import DeviceUse, _launching
@@ -70,10 +70,6 @@ class _HostExport:
         self.__array_interface__ = interface
         alloc.add_export()
         finalizer(self, alloc.drop_export)
-
-
-class _NotOnDeviceError(UnsupportedError, AttributeError):
-    """Also an AttributeError, so ``hasattr(buf, "__cuda_array_interface__")`` is False."""
 
 
 def _nothing() -> None:
@@ -191,7 +187,7 @@ class DeviceExports(DLPackExport):
     def _device_alloc(self) -> Allocation:
         alloc = self._live()
         if not self._device_accessible:
-            raise _NotOnDeviceError(
+            raise NotDeviceAccessibleError(
                 f"this {type(self).__name__} is not accessible from the device "
                 "(pinned memory needs HostAllocFlags.DEVICEMAP)"
             )
@@ -256,7 +252,7 @@ class DeviceExports(DLPackExport):
         if alloc is None or alloc.closed or not self._device_accessible:
             try:
                 alloc = self._device_export()  # raises the right error
-            except _NotOnDeviceError as exc:
+            except NotDeviceAccessibleError as exc:
                 # Not as an AttributeError here: numba's typing would take that
                 # as "no _numba_type_" and launch on the host pointer through
                 # __dlpack__, with nothing tracked.
@@ -354,7 +350,7 @@ class DeviceExports(DLPackExport):
         alloc = self._live()
         _driver.exit_hook_first()  # the consumer's library exits after umem_numba's hook
         if not self._device_accessible:
-            raise _NotOnDeviceError(f"this {type(self).__name__} is not accessible from the device")
+            raise NotDeviceAccessibleError(f"this {type(self).__name__} is not accessible from the device")
         view = LentView(self, alloc, handle)
         tracker = alloc.tracker
         with _driver.device_context(alloc.device_id), DeviceUse([(tracker, not readonly)], handle, "lend"):

@@ -8,7 +8,7 @@ to the start of their allocation, exactly like a numpy array over a buffer.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -21,14 +21,34 @@ from .._checks import as_int
 MAX_NBYTES = 1 << 60
 
 
+def _unusable_by_kernels(dt: np.dtype) -> str:
+    """Why kernels cannot use values of ``dt`` ('' when they can): text, raw bytes, in a field too."""
+    if dt.kind in "US":
+        return (
+            f"dtype {dt} holds text (numpy {'str_' if dt.kind == 'U' else 'bytes_'}), which GPU kernels cannot "
+            "use; store numbers (text as its bytes, e.g. np.frombuffer(text.encode(), np.uint8))"
+        )
+    if dt.kind == "V" and dt.names is None and dt.subdtype is None:
+        return f"dtype {dt} is raw bytes with no fields, which GPU kernels cannot use; use uint8 and one more dimension"
+    fields: Mapping[str, tuple[Any, ...]] = dt.fields or {}
+    for name in dt.names or ():
+        why = _unusable_by_kernels(fields[name][0])
+        if why:
+            return f"field {name!r} of dtype {dt}: {why}"
+    return ""
+
+
 def normalize_dtype(dtype: Any) -> np.dtype:
-    """A fixed-size numpy dtype, or ``TypeError`` naming what was wrong."""
+    """A fixed-size numpy dtype of values kernels can use, or ``TypeError`` naming what was wrong."""
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"not a numpy dtype: {dtype!r} ({exc})") from None
     if dt.hasobject:
         raise TypeError(f"dtype {dt} holds Python objects, which cannot live in GPU memory")
+    why = _unusable_by_kernels(dt)
+    if why:
+        raise TypeError(why)
     if dt.itemsize == 0:
         raise TypeError(f"dtype {dt} has no fixed size")
     if dt.subdtype is not None:

@@ -9,7 +9,8 @@ Every benchmark module ``umem_numba._bench.NAME`` (registered in
     results: a JSON-able dict with at least ``"benchmark"`` (its name) and
     ``"figures"``, a list of :func:`goal_row` dicts (each measured figure
     next to its goal).  Raises :class:`BenchSkipped` when it cannot run here
-    (no GPU, too little free memory).
+    (no GPU, numba's simulator, too little free memory): :func:`require_gpu`
+    first.
 ``main(argv: list[str] | None = None) -> int``
     The command line, ``python -m umem_numba bench NAME``: ``run`` plus
     ``--json PATH``; returns the exit status.
@@ -22,11 +23,29 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+
+def plain_text(doc: str | None) -> str:
+    """A docstring as ``--help`` shows it: reST markup taken out (literals, roles, emphasis, escapes).
+
+    ``:class:`~a.b.C``` becomes ``C``, ``:sup:`2``` becomes ``^2`` and
+    ````x```` becomes ``x``; the line breaks stay (the parsers print the
+    description as written).
+    """
+    text = inspect.cleandoc(doc or "")
+    text = re.sub(r"\\ ?:sup:`([^`]*)`", r"^\1", text)
+    text = re.sub(r":[a-z]+:`~?(?:[\w.]*\.)?([^`.]+)`", r"\1", text)
+    text = re.sub(r"``([^`]*)``", r"\1", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
+    text = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", text)
+    return text.replace("\\ ", "")
 
 
 def cuda_timer_ms(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, stream: Any = 0) -> float:
@@ -71,6 +90,25 @@ def wall_timer_us(fn: Callable[[], Any], n: int, repeat: int = 3) -> float:
 
 class BenchSkipped(Exception):  # noqa: N818  (a skip, like pytest's Skipped, not an error)
     """A benchmark cannot run on this machine; the message says why (no GPU, too little memory)."""
+
+
+#: Why no benchmark runs under numba's simulator (the same reason for all: the report names it once).
+SIMULATOR_SKIP = (
+    "timing needs a real GPU: under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) kernels run on the "
+    "CPU and buffers are host memory, so no figure would say anything about a GPU"
+)
+
+
+def require_gpu() -> None:
+    """Raise :class:`BenchSkipped` unless a real GPU is in use: first thing in every benchmark's ``run``."""
+    from .. import _driver
+    from .._driver import _sim
+
+    if _sim.active():
+        raise BenchSkipped(SIMULATOR_SKIP)
+    reason = _driver.unavailable_reason()
+    if reason:
+        raise BenchSkipped(f"no usable GPU: {reason}")
 
 
 def goal_row(

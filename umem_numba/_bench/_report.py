@@ -49,9 +49,27 @@ def _load(name: str) -> ModuleType:
     return importlib.import_module(f"umem_numba._bench.{name}")
 
 
+#: ``bench all --help``: what a user runs and gets (the module docstring is about the protocol).
+DESCRIPTION = """\
+Run every benchmark, one after the other, and write one report into DIR:
+
+  DIR/report.md     the summary: the machine, then every figure next to its goal
+  DIR/report.json   the machine (python -m umem_numba info) and every benchmark's
+                    full results, or why it was skipped, or the error it raised
+  DIR/NAME.png      each benchmark's figures against their goals (and its own charts)
+  DIR/NAME.log      the tables each benchmark printed
+
+A benchmark that cannot run here (no GPU, numba's simulator, too little memory)
+is reported as skipped with its reason; one that fails is reported with its
+error, and the others still run.  Each benchmark alone: python -m umem_numba
+bench NAME --help."""
+
+
 def _parse(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m umem_numba bench all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m umem_numba bench all",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created if missing)")
     ap.add_argument(
@@ -79,7 +97,8 @@ def run_all(
 
     Each entry has ``status`` (``"ran"``, ``"skipped"`` or ``"error"``),
     ``seconds``, and ``result`` (what ``run`` returned), ``reason`` or
-    ``error``.  Printed output goes to ``out_dir/NAME.log``.
+    ``error``.  Printed output goes to ``out_dir/NAME.log`` (``log``), and
+    a benchmark that printed nothing leaves no log (``log`` is ``None``).
 
     Parameters
     ----------
@@ -101,6 +120,7 @@ def run_all(
 
     entries: dict[str, dict[str, Any]] = {}
     argv = ["--quick"] if quick else []
+    skipped_for: dict[str, str] = {}  # a skip reason -> the first benchmark skipped for it
     with progress(total=len(names), desc="bench all", unit="benchmark") as bar:
         for name in names:
             bar.set_postfix_str(name)
@@ -122,8 +142,13 @@ def run_all(
                     print(entry["traceback"])
             entry["seconds"] = time.perf_counter() - t0
             entry["log"] = os.path.basename(log)
+            if not os.path.getsize(log):  # a skip prints nothing: no empty file in the report folder
+                os.remove(log)
+                entry["log"] = None
             entries[name] = entry
-            bar.write(f"{name}: {_one_line(entry)}", file=sys.stderr)
+            first = skipped_for.setdefault(entry["reason"], name) if entry["status"] == "skipped" else name
+            line = f"skipped (as {first})" if first != name else _one_line(entry)
+            bar.write(f"{name}: {line}", file=sys.stderr)
             bar.update(1)
     return entries
 
@@ -166,7 +191,8 @@ def _machine_lines(data: dict[str, Any]) -> list[str]:
     lines = []
     versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items())
     if not data.get("available"):
-        lines.append(f"- CUDA: not available ({_md_escape(data.get('reason', ''))})")
+        # why: `python -m umem_numba info` just below says it (once in the report)
+        lines.append("- CUDA: not available (`python -m umem_numba info` below says why)")
     else:
         dv = data["driver_version"]
         lines.append(f"- CUDA driver {dv // 1000}.{dv % 1000 // 10}, cuda-bindings {data.get('cuda_bindings', '?')}")
@@ -264,9 +290,16 @@ def write_report(
         "</details>",
     ]
     md += ["", "## Figures and goals", "", "| benchmark | figure | value | goal | |", "|---|---|---|---|---|"]
+    # Benchmarks skipped for the same reason share one row: the reason is said once.
+    skipped: dict[str, list[str]] = {}
     for name, entry in entries.items():
         if entry["status"] == "skipped":
-            md.append(f"| {name} | skipped: {_md_escape(entry['reason'])} | | | |")
+            skipped.setdefault(entry["reason"], []).append(name)
+    for name, entry in entries.items():
+        if entry["status"] == "skipped":
+            names = skipped[entry["reason"]]
+            if names[0] == name:
+                md.append(f"| {', '.join(names)} | skipped: {_md_escape(entry['reason'])} | | | |")
         elif entry["status"] == "error":
             md.append(f"| {name} | **error**: {_md_escape(entry['error'])} | | | |")
         else:
@@ -277,14 +310,14 @@ def write_report(
                     f"{format_goal(f)} | {'**MISSED**' if met == 'MISSED' else met} |"
                 )
     for name, entry in entries.items():
-        md += ["", f"## {name}", ""]
-        if entry["status"] == "skipped":
-            md.append(f"Skipped: {entry['reason'].rstrip('.')}.")
+        if entry["status"] == "skipped":  # the table says why; there is nothing more to say
             continue
+        md += ["", f"## {name}", ""]
         if entry["status"] == "error":
             md += [f"Failed: `{entry['error']}` (traceback in `{entry['log']}`)."]
             continue
-        md.append(f"Ran in {entry['seconds']:.0f} s; its printed tables are in `{entry['log']}`.")
+        printed = f"; its printed tables are in `{entry['log']}`" if entry.get("log") else ""
+        md.append(f"Ran in {entry['seconds']:.0f} s{printed}.")
         if entry["result"].get("figures_note"):
             md += ["", entry["result"]["figures_note"] + "."]
         notes = [f for f in entry["result"].get("figures", []) if f.get("note")]

@@ -34,7 +34,7 @@ import numpy as np
 from .. import _driver
 from .._arrays import _copy
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_table
+from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_table, require_gpu
 
 _GIB = 1 << 30
 _HEADROOM = 1 << 30
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    require_gpu()
     try:
         _driver.api()
     except CudaUnavailableError as exc:

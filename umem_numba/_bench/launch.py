@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from ._common import (
-    BenchSkipped,
     command_line,
     goal_row,
     one_block_launches,
+    plain_text,
     print_figures,
     print_table,
+    require_gpu,
     wall_timer_us,
 )
 
@@ -55,7 +56,7 @@ class _PlainCAI:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m umem_numba bench launch",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--launches", type=int, default=None, help="launches per batch (default 2000; 200 with --quick)")
@@ -95,10 +96,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     import umem_numba as um
-    from umem_numba import _driver
 
-    if not um.gpu_available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     from numba import cuda
 
     @cuda.jit

@@ -32,6 +32,7 @@ from ._common import (
     goal_row,
     goal_text,
     print_table,
+    require_gpu,
     wall_timer_us,
 )
 
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    require_gpu()
     try:
         _driver.api()
     except CudaUnavailableError as exc:

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table
+from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table, require_gpu
 
 #: Device memory left alone besides the benchmark's own buffer.
 _HEADROOM = 512 << 20
@@ -431,8 +431,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_and_print(args: argparse.Namespace) -> dict[str, Any]:
-    if not _driver.available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     try:
         res = _run(args)
     except (_Refused, CudaUnavailableError) as exc:

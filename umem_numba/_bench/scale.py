@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, command_line, goal_row, goal_text, print_table
+from ._common import command_line, goal_row, goal_text, plain_text, print_table, require_gpu
 
 GOAL_WEAK = 0.95
 GOAL_STRONG_PEER = 1.85
@@ -65,7 +65,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "heat2d_mpi.py"
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m umem_numba bench scale",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
@@ -236,11 +236,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    import umem_numba as um
     from umem_numba import _driver
 
-    if not um.gpu_available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     from ._common import device_name
 
     count = _driver.device_count()

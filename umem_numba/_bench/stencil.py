@@ -59,7 +59,17 @@ from typing import Any
 
 import numpy as np
 
-from ._common import BenchSkipped, command_line, goal_row, goal_text, print_figures, print_table, progress
+from ._common import (
+    BenchSkipped,
+    command_line,
+    goal_row,
+    goal_text,
+    plain_text,
+    print_figures,
+    print_table,
+    progress,
+    require_gpu,
+)
 
 KINDS = ("device_array", "managed", "managed+prefetch", "managed+prefetch+advice", "vmm")
 GOAL_PREFETCH_VS_DEVICE = 0.98
@@ -80,7 +90,7 @@ VARIANT_SWEEP_3D = [
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m umem_numba bench stencil",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
@@ -344,12 +354,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    import umem_numba as um
     from umem_numba import _driver
     from umem_numba.kernels import MemoryBudgetError, require_free_memory
 
-    if not um.gpu_available():
-        raise BenchSkipped(f"no usable GPU: {_driver.unavailable_reason()}")
+    require_gpu()
     from numba import cuda
 
     from ._common import device_name

@@ -29,7 +29,17 @@ import numpy as np
 
 from .. import _driver
 from .._errors import CudaUnavailableError
-from ._common import BenchSkipped, command_line, device_name, goal_row, goal_text, print_figures, print_table
+from ._common import (
+    BenchSkipped,
+    command_line,
+    device_name,
+    goal_row,
+    goal_text,
+    plain_text,
+    print_figures,
+    print_table,
+    require_gpu,
+)
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -39,7 +49,9 @@ _HEADROOM = 1 * _GIB
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m umem_numba bench vmm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m umem_numba bench vmm",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
@@ -315,6 +327,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    require_gpu()
     try:
         _driver.ensure_context()
         free, total = _driver.mem_get_info()

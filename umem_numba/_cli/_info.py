@@ -101,6 +101,10 @@ def format_info(data: dict[str, Any]) -> str:
         return "\n".join(lines)
     if not data["available"]:
         lines.append(f"CUDA: not available ({data['reason']})")
+        lines.append(
+            "without a GPU: numba's CUDA simulator runs your kernels and umem_numba's buffers in host memory; "
+            "set NUMBA_ENABLE_CUDASIM=1 before Python starts (NUMBA_ENABLE_CUDASIM=1 python -m umem_numba info)"
+        )
         return "\n".join(lines)
     dv = data["driver_version"]
     lines.append(f"CUDA driver: {dv // 1000}.{dv % 1000 // 10}")

@@ -22,6 +22,7 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -155,7 +156,7 @@ def _load() -> _Api:
         if _unavailable is None:
             _unavailable = _probe()
         if _unavailable:
-            raise CudaUnavailableError(_unavailable)
+            raise CudaUnavailableError(f"{_unavailable}; {_sim.HINT}")
         assert _api is not None
         return _api
 
@@ -170,6 +171,14 @@ def _probe() -> str:
 
         sim = SimDriver()
         install_numba(sim)
+        if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "") in ("umem_numba", "umem_numba._interop._emm"):
+            warnings.warn(
+                "NUMBA_CUDA_MEMORY_MANAGER=umem_numba has no effect under numba's CUDA simulator "
+                "(NUMBA_ENABLE_CUDASIM=1): the simulator has no memory managers, and numba's device arrays "
+                "there are numpy arrays; umem_numba's own buffers and pools work as usual",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         # The binding's version: the simulated driver offers its entry points and enums.
         _api = _Api(sim, getattr(bindings, "__version__", "unknown"))
         return ""
@@ -249,11 +258,11 @@ def available() -> bool:
 
 
 def unavailable_reason() -> str:
-    """Why a real GPU cannot be used ('' when it can)."""
+    """Why a real GPU cannot be used ('' when it can), without the simulator hint the error adds."""
     try:
         a = api()
     except CudaUnavailableError as exc:
-        return str(exc)
+        return _unavailable or str(exc)
     return _sim.NOTE if a.simulated else ""
 
 

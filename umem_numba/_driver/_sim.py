@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["NOTE", "active"]
+__all__ = ["HINT", "NOTE", "active"]
 
 #: What umem_numba says about the simulation (``info()``, skip reasons).
 NOTE = (
     "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): umem_numba runs over a simulated driver whose memory "
     "is host memory; kernels run on the CPU, late, when a synchronisation needs them, with streams in a "
     "seeded adversarial order (UMEM_SIM_SEED)"
+)
+
+
+#: How to run without a GPU: said by CudaUnavailableError, ``python -m umem_numba info`` and the test run.
+HINT = (
+    "without a GPU, run on numba's CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 before Python starts "
+    "(NUMBA_ENABLE_CUDASIM=1 python your_script.py); umem_numba then runs over a simulated driver, "
+    "in host memory"
 )
 
 

@@ -116,16 +116,17 @@ def managed_span(obj: Any, lo: int, hi: int, what: str) -> ManagedSpan:
 
 def _require_managed(ptr: int, what: str) -> None:
     api = _driver.api()
-    res = api.drv.cuPointerGetAttribute(api.c.pointer_is_managed, ptr)
-    err = int(res[0])
-    # The driver does not know the address at all (plain host memory): not managed.
-    # Any other failure (a sticky launch error, say) is reported as what it is.
-    if err not in (0, api.c.invalid_value):
-        _driver.raise_for(err, "cuPointerGetAttribute", f"{what}: asking whether {ptr:#x} is managed memory")
-    if err or not int(res[1]):
+    # cuPointerGetAttributes, not cuPointerGetAttribute: for an address the driver does not know
+    # (plain host memory) it answers "not managed" with success, where the singular call fails with
+    # CUDA_ERROR_INVALID_VALUE, which compute-sanitizer reports as an error of the user's program.
+    # Any failure (a sticky launch error, say) is reported as what it is.
+    err, values = api.drv.cuPointerGetAttributes(1, [api.c.pointer_is_managed], ptr)
+    if int(err):
+        _driver.raise_for(err, "cuPointerGetAttributes", f"{what}: asking whether {ptr:#x} is managed memory")
+    if not int(values[0] or 0):
         raise UnsupportedError(
             f"{what}: the memory at {ptr:#x} is not managed memory "
-            "(cuPointerGetAttribute IS_MANAGED); advice and prefetch need "
+            "(cuPointerGetAttributes IS_MANAGED); advice and prefetch need "
             "cuMemAllocManaged memory"
         )
 

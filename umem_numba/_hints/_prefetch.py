@@ -57,7 +57,22 @@ def _uses(spans: Iterable[ManagedSpan]) -> list[tuple[Tracker, bool]]:
     return [(s.tracker, False) for s in spans if s.tracker is not None]
 
 
+def _require_target(target: Target, what: str) -> None:
+    """Refuse ``None`` as a prefetch target, before any driver call.
+
+    Elsewhere ``None`` means the current device (:func:`as_location`); for a
+    migration that reads as "nowhere in particular", so it is refused instead
+    of moving the memory to whichever device happens to be current.
+    """
+    if target is None:
+        raise TypeError(
+            f"{what}: the target is None; say where the memory should go: a device (an ordinal such as 0, "
+            "or a numba device), 'cpu' ('cpu:N' for host NUMA node N) or a Location"
+        )
+
+
 def _prepare(obj: Any, target: Target, start: Any, stop: Any, what: str) -> tuple[ManagedSpan, Location]:
+    _require_target(target, what)
     lo, hi = check_range(start, stop, element_count(obj, what), what, whole_may_be_empty=True)
     loc = as_location(target, check=False, what=what)
     return managed_span(obj, lo, hi, what), as_location(loc, require_concurrent=True, what=what)
@@ -72,6 +87,8 @@ def prefetch(
     ----------
     obj : ManagedBuffer or managed array
     target : numba device, int, "cpu"/"host", "cpu:N" (host NUMA node N) or Location
+        Where the memory goes; ``None`` is refused (``TypeError``), not read
+        as the current device.
     stream : numba stream, 0 or None
         ``None``/``0``: the legacy default stream of the current context.
     start, stop : int, optional
@@ -80,7 +97,7 @@ def prefetch(
     Raises
     ------
     TypeError, IndexError, ValueError
-        Bad object, range or target (before any driver call).
+        Bad object, range or target (``None`` included), before any driver call.
     UnsupportedError
         Not managed memory, or no concurrentManagedAccess on the target
         device or the stream's device.
@@ -253,6 +270,7 @@ def discard_prefetch(
     """
     whole = start is None and stop is None
     what = "discard_prefetch" if whole else f"discard_prefetch_range({start}, {stop})"
+    _require_target(target, what)
     _discard(obj, target, stream, start, stop, what)
 
 
@@ -381,6 +399,8 @@ class PrefetchPlan:
 
     def _add(self, obj: Any, start: Any, stop: Any, target: Target | None, op: str, name: str) -> PrefetchPlan:
         what = f"{name} (entry {len(self._entries)})"
+        if op != _DISCARD:
+            _require_target(target, what)
         lo, hi = check_range(start, stop, element_count(obj, what), what, whole_may_be_empty=True)
         loc = None if op == _DISCARD else as_location(target, check=False, what=what)
         managed_span(obj, lo, hi, what)  # asks the driver whether a foreign array is managed

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import os
 import weakref
 from collections.abc import Iterator
@@ -191,9 +192,10 @@ class UmemNumbaMemoryManager(_GetIpcHandleMixin, _HostOnlyCUDAMemoryManager):
 
     Parameters
     ----------
-    *args, **kwargs
-        What numba passes: ``context=``, its Context (``None`` for its
-        version check); all of it goes on to numba's base class.
+    context : numba Context or None
+        What numba passes (keyword only): the context whose allocations the
+        instance serves (``None`` for numba's interface check in
+        ``cuda.set_memory_manager``); it goes on to numba's base class.
 
     Attributes
     ----------
@@ -216,6 +218,8 @@ class UmemNumbaMemoryManager(_GetIpcHandleMixin, _HostOnlyCUDAMemoryManager):
 
     pool_kind: str = _env_pool_kind()
     exportable: bool = _env_ipc()
+    # What numba calls it with (its base classes take *args, **kwargs): the signature help() and the docs show.
+    __signature__ = inspect.Signature([inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY)])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         context = kwargs.get("context")

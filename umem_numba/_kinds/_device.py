@@ -24,7 +24,7 @@ class DeviceBuffer(Buffer):
 
     Notes
     -----
-    * Allocation and release are stream-ordered (see :mod:`umem_numba._memory._pool`):
+    * Allocation and release are stream-ordered (see :doc:`/concepts/pools`):
       use the buffer on its allocation stream, or order other streams after
       it; ``close()`` queues the free without synchronising.
     * Counted in ``umem_numba.stats()["device"]``.

@@ -54,10 +54,15 @@ class ManagedBuffer(Buffer):
 
     Examples
     --------
+    >>> @cuda.jit                                                         # doctest: +SKIP
+    ... def double(a):
+    ...     i = cuda.grid(1)
+    ...     if i < a.shape[0]:
+    ...         a[i] *= 2
     >>> buf = ManagedBuffer.from_array(np.arange(8, dtype=np.float32))  # doctest: +SKIP
     >>> double[1, 8](buf)                                                 # doctest: +SKIP
     >>> buf.host                                                          # doctest: +SKIP
-    array([ 0.,  2.,  4., ...], dtype=float32)
+    array([ 0.,  2.,  4.,  6.,  8., 10., 12., 14.], dtype=float32)
     """
 
     __slots__ = ()
@@ -90,7 +95,7 @@ class ManagedBuffer(Buffer):
             devices without concurrentManagedAccess).
         pool : MemoryPool, optional
             A ``"managed"`` :class:`~umem_numba.MemoryPool` to allocate from
-            (stream-ordered, see :mod:`umem_numba._memory._pool`); ``attach`` must then
+            (stream-ordered, see :doc:`/concepts/pools`); ``attach`` must then
             be ``"global"``.
         stream : numba stream, 0 or None
             The allocation stream of a pool buffer, and the stream of the
@@ -289,7 +294,7 @@ class ManagedBuffer(Buffer):
         value.  Tracked as a write (ordered after every earlier use; host
         access and later work wait for it).  Use it on scratch data whose
         values are about to be overwritten, before it would otherwise
-        migrate (see :mod:`umem_numba._hints._prefetch`).
+        migrate (see :doc:`/concepts/hints-prefetch`).
 
         Raises
         ------

@@ -402,7 +402,7 @@ class MemoryPool:
 
     @property
     def resource(self) -> _resources.MemoryResource:
-        """What the pool's memory is (:mod:`umem_numba._memory._resources`): where it is reachable, what it supports."""
+        """What the pool's memory is: where it is reachable, what it supports (one description per kind)."""
         return _resources.RESOURCES[self.kind]
 
     @property
@@ -824,7 +824,7 @@ class MemoryPool:
         _driver.call("cuMemPoolTrimTo", self._handle, keep, detail="trimming a memory pool")
 
     def allocation(self, nbytes: int, stream: StreamLike, kind: str, what: str = "") -> Allocation:
-        """An :class:`~umem_numba._memory._lifetime.Allocation` of ``nbytes`` on ``stream``, freed back stream-ordered.
+        """The allocation record a buffer views: ``nbytes`` on ``stream``, freed back stream-ordered.
 
         ``nbytes`` may be 0 (nothing is allocated); ``kind`` is the
         statistics bucket (``"managed"`` or ``"device"``); ``what`` names the

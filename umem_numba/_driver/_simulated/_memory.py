@@ -26,6 +26,11 @@ from ._common import (
 )
 from ._scheduling import Scheduling
 
+#: What ``cuPointerGetAttributes`` answers for an address the driver does not know (plain host
+#: memory): NULL values with ``CUDA_SUCCESS`` (cuda.core reads memory type 0 as "unregistered host
+#: memory" the same way).  Only the attributes umem_numba asks about unknown memory.
+_UNKNOWN_POINTER: dict[str, Any] = {"MEMORY_TYPE": 0, "IS_MANAGED": False}
+
 
 class _Memory:
     """One allocation: host bytes, their kind and the hints set on them."""
@@ -361,3 +366,35 @@ class Allocations(Scheduling):
                 f"cuPointerGetAttribute({name}): not supported under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
             )
         return (_SUCCESS, values[name])
+
+    def cuPointerGetAttributes(self, numAttributes: Any, attributes: Any, ptr: Any) -> tuple[Any, ...]:  # noqa: N803
+        """The driver's answers: for memory it knows, ``cuPointerGetAttribute``'s; for other memory, NULL values.
+
+        Unlike ``cuPointerGetAttribute``, the driver does not fail for an
+        address it does not know (plain host memory): it answers ``CUDA_SUCCESS``
+        with every attribute NULL.  Only the NULL answers umem_numba relies on
+        are given here (memory type 0, not managed); other attributes of
+        unknown memory are refused rather than guessed.
+        """
+        attributes = list(attributes or ())
+        if int(numAttributes) != len(attributes):
+            return (_INVALID_VALUE, None)
+        p = _int(ptr)
+        with self._lock:
+            mem = self._find(p)
+        values = []
+        for attr in attributes:
+            name = getattr(attr, "name", str(attr)).replace("CU_POINTER_ATTRIBUTE_", "")
+            if mem is None:
+                if name not in _UNKNOWN_POINTER:
+                    raise UnsupportedError(
+                        f"cuPointerGetAttributes({name}) of memory the driver does not know: not supported under "
+                        "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
+                    )
+                values.append(_UNKNOWN_POINTER[name])
+                continue
+            err, value = self.cuPointerGetAttribute(attr, p)
+            if err != _SUCCESS:
+                return (err, None)
+            values.append(value)
+        return (_SUCCESS, values)
