@@ -421,7 +421,7 @@ class _FakeTracker:
     def __init__(self) -> None:
         self.keys: list[int] = []
 
-    def begin_use(self, key, write, what):
+    def begin_use(self, key, write, what, epoch=None):
         self.keys.append(key)
         return [], ()
 
