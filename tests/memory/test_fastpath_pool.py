@@ -387,6 +387,8 @@ def _fake_pool(monkeypatch):
     from umem_numba._memory import _free_lists, _pool
 
     pool = object.__new__(um.MemoryPool)
+
+    pool._owner = None  # a façade without a driver pool of its own
     pool.kind, pool.device_id, pool.exportable = "device", 0, False
     pool._handle, pool._closed, pool._lists = 1, False, _free_lists.FreeLists(0, _free_lists.KEEP_ALL)
     pool._raw_sizes, pool._limit, pool._legacy_key = {}, 1 << 40, None

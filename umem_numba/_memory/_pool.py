@@ -233,6 +233,7 @@ class MemoryPool:
         "_limit",
         "_lists",
         "_owned",
+        "_owner",
         "_raw_sizes",
         "_where",
         "device_id",
@@ -293,7 +294,7 @@ class MemoryPool:
                 # managed memory preferring the host is mapped for every device by the driver.
                 self._grant(loc.id, "rw")
             tx.commit()
-        self._finalizer = finalizer(self, _destroy, handle, self._lists, loc.id)
+        self._finalizer = finalizer(self, _let_go, self._lists, self._raw_sizes, self._owner)
         _live.add(self)
 
     def _adopt(self, kind: str, device_id: int, handle: Any, where: Location, *, owned: bool, exportable: bool) -> None:
@@ -307,6 +308,9 @@ class MemoryPool:
         self._owned = owned
         self._handle = handle
         self._closed = False
+        #: The driver pool, destroyed once neither this pool nor any allocation of it uses it
+        #: (None for the driver's shared pools, which umem_numba never destroys).
+        self._owner: _PoolHandle | None = _PoolHandle(handle, device_id) if owned else None
         self._alloc_fn = drv.cuMemAllocFromPoolAsync
         self._free_fn = drv.cuMemFreeAsync
         #: The free lists (the policy: what is kept for reuse, and when it may be reused).  A
@@ -759,7 +763,9 @@ class MemoryPool:
                 raise ValueError(
                     f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
                 )
-            self._lists.hold(ptr, entry[0], {self.device_id}, True)
+            self._lists.hold(ptr, entry[0], {self.device_id}, True)  # a closed pool's: settled and freed now
+            if self._closed and not self._raw_sizes:
+                self._owner = None
             return
         ref, handle, key, lists = self._last  # the last live numba stream (see _resolve), inline as in allocate()
         owner = ref()
@@ -776,6 +782,11 @@ class MemoryPool:
             raise ValueError(
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
+        if self._closed:  # closed: nothing is kept, and the last free lets the driver pool go
+            self._driver_free(ptr, handle)
+            if not self._raw_sizes:
+                self._owner = None
+            return
         size = entry[0]
         if self._lists.has_room(size):
             if lists is None:
@@ -935,10 +946,12 @@ class MemoryPool:
     def close(self) -> None:
         """Destroy the pool (``cuMemPoolDestroy``), after giving the free lists back.
 
-        Allocations still alive stay valid; the driver releases the pool's
-        memory once they are all freed.  The device is synchronised first:
-        destroying a pool while its allocations or frees are still queued on a
-        stream crashed the driver in our tests (an H200, driver 580).  Closing
+        Allocations still alive stay valid, and the driver pool is destroyed
+        only once the last of them is freed: destroying a pool, then freeing an
+        allocation of it, crashed the driver in our tests (SIGSEGV at the next
+        synchronise; H100, driver 580), and so did destroying one while its
+        frees were still queued (an H200, driver 580), so the device is
+        synchronised before the destroy.  Closing
         twice does nothing.  A shared pool (:meth:`default`) is not destroyed:
         umem_numba only stops using it (the next :meth:`default` call makes a
         new wrapper).
@@ -950,8 +963,10 @@ class MemoryPool:
         self.release_cached()
         self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
-        if self._owned:
-            _destroy_settled(self._handle, self.device_id)
+        if self._owned and not self._raw_sizes:
+            # Destroyed now if no buffer of the pool lives, else when the last one goes (_PoolHandle).
+            self._owner = None
+        # Addresses of allocate() still in use: the last free() lets the driver pool go.
 
     def __enter__(self) -> MemoryPool:
         return self
@@ -985,10 +1000,41 @@ def _release_all(lists: FreeLists) -> None:
         pass
 
 
-def _destroy(handle: Any, lists: FreeLists, device_id: int) -> None:
-    """A collected pool: its free lists back to the driver, then the pool."""
+def _let_go(lists: FreeLists, raw_sizes: dict[int, Any], owner: _PoolHandle | None) -> None:
+    """A collected pool: its free lists back to the driver; the driver pool goes with its last buffer.
+
+    Addresses of :meth:`MemoryPool.allocate` nobody can free any more (the pool is gone) keep the
+    driver pool for good: it is released with the context.
+    """
     try:
         lists.release()
+    except Exception:  # the context is gone: the driver released everything with it
+        pass
+    if owner is not None and raw_sizes:
+        owner.state[0] = True
+
+
+class _PoolHandle:
+    """An owned driver pool: destroyed (``cuMemPoolDestroy``) when nothing refers to it any more.
+
+    The :class:`MemoryPool` refers to it until :meth:`MemoryPool.close`, and every
+    buffer of the pool (its :class:`_PoolMemory`) until its memory is freed: a pool
+    destroyed before its allocations are freed crashed the driver at the next
+    synchronise (H100, driver 580).
+    """
+
+    __slots__ = ("__weakref__", "state")
+
+    def __init__(self, handle: Any, device_id: int) -> None:
+        #: ``[leaked]``: addresses of allocate() outlived their pool; never destroy it then.
+        self.state = [False]
+        finalizer(self, _destroy_unused, handle, device_id, self.state)
+
+
+def _destroy_unused(handle: Any, device_id: int, state: list[bool]) -> None:
+    if state[0]:
+        return
+    try:
         _destroy_settled(handle, device_id)
     except Exception:  # the context is gone: the driver released everything with it
         pass
@@ -1012,6 +1058,7 @@ class _PoolMemory(Memory):
         "nbytes",
         "ordered_mark",
         "ordered_on",
+        "owner",
         "pool_ref",
         "ptr",
         "size",
@@ -1021,6 +1068,8 @@ class _PoolMemory(Memory):
 
     def __init__(self, pool: MemoryPool, kind: str, ptr: int, nbytes: int, size: int) -> None:
         self.pool_ref = weakref.ref(pool)
+        #: Keeps the driver pool from being destroyed while this memory is allocated.
+        self.owner = pool._owner
         self.device_id = pool.device_id
         self.kind = kind
         self.ptr = ptr
