@@ -338,6 +338,16 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             alloc.buf.close()
         alloc.closed = True
 
+    @rule(kind=st.sampled_from(("device", "managed", "pinned")))
+    def close_pool(self, kind: str) -> None:
+        """``MemoryPool.close()`` while buffers of the pool may still live (and work on them be queued):
+        they stay valid; the pool's next use makes a new pool."""
+        pool = self.pools.pop(kind, None)
+        if pool is None:
+            return
+        with self.run(f"{kind} pool.close() with its buffers alive"):
+            pool.close()
+
     # -- kernels ------------------------------------------------------------------------------
     @rule(
         view=buffers,
