@@ -237,6 +237,27 @@ MUTATIONS = [
         "    if False:",
         "issue #27 item 9 reverted (087fc51): prefetch / discard of a zero-size buffer raise ValueError",
     ),
+    Mutation(
+        "revert-pool-destroyed-with-last-allocation",
+        P,
+        "        if self._owned and not self._raw_sizes:\n"
+        "            # Destroyed now if no buffer of the pool lives, else when the last one goes (_PoolHandle).\n"
+        "            self._owner = None\n",
+        "        if self._owned:\n"
+        "            _destroy_settled(self._handle, self.device_id)\n"
+        "            self._owner.state[0] = True  # destroyed here, never again\n"
+        "            self._owner = None\n",
+        "fuzzer-found on a GPU (3d3b7b5) reverted: close() destroys the driver pool while buffers of it live "
+        "(their frees then crashed an H100's driver)",
+    ),
+    Mutation(
+        "revert-registration-epoch",
+        T,
+        "            if epoch is not None and epoch != self.epoch:\n",
+        "            if False:\n",
+        "7ade936 reverted: work that took a pool buffer's address before close() on another thread registers "
+        "under the next buffer over the memory, and writes it",
+    ),
     # The reverts of issue #19's fixes kept in .ci/proof/*.patch (written for c16682b), re-expressed on
     # today's code, every hunk of each.
     Mutation(
