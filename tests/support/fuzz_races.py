@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import threading
 import time
 from typing import Any
 
@@ -45,6 +46,7 @@ from support.fuzz_model import (
     values_for,
 )
 from support.helpers import worker_thread
+from umem_numba._memory._tracker import Tracker
 
 #: Temporaries of the reuse races: ``(kind of the model, pool name or None, buffer class)``.
 #: ``device`` is a DeviceBuffer without ``pool=`` (the process-wide pool), ``vmm`` a VMMBuffer
@@ -680,3 +682,73 @@ class RaceRules:
             self.read_checked(keep, what)
             return multiple(kept, keep)
         return multiple(kept)
+
+    # -- work that took a pool buffer's address registers only after a close on another thread ----------
+    @family("races")
+    @rule(
+        target=BUFFERS,
+        temp=st.sampled_from(("device-pool", "managed-pool", "device")),
+        n=st.integers(1, 24),
+        op=st.sampled_from(("launch", "copy_from_host", "um.copy")),
+        values=st.tuples(st.integers(1, 1000), st.integers(1, 1000)),
+    )
+    def late_registration(self: Any, temp: str, n: int, op: str, values: tuple[int, int]) -> Any:
+        """A thread starts work that writes a pool temporary and stops right before the work registers
+        (it has taken the address); this thread closes the temporary, takes the next one of its size
+        (the pool may hand the same memory on) and writes it.  The late work must be refused with
+        BufferClosedError: never write the next buffer."""
+        model_kind, pool = TEMPS[temp]
+        shape = (n,)
+        what = f"{op} on a {temp} temporary registering after its close on another thread"
+        reached, go = threading.Event(), threading.Event()
+        begin_use = Tracker.begin_use
+
+        def paused(tracker: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name == "fuzz-late" and not reached.is_set():
+                reached.set()
+                go.wait(STEP_TIMEOUT)
+            return begin_use(tracker, *args, **kwargs)
+
+        outcome: list[BaseException | None] = []
+        with self.run(what):
+            tmp = self.temporary(temp, shape, "s1")
+            src = um.DeviceBuffer.from_array(np.full(shape, values[0], DTYPE))
+            grid, block = launch_config(shape)
+            launch = KERNELS.get("fill1")[grid, block, self.stream("s2")]
+            launch(tmp, values[0])  # compiled for these types and cached: the late launch is the direct one
+            launch(tmp, values[0])
+
+            def late() -> None:
+                try:
+                    if op == "launch":
+                        launch(tmp, values[0])
+                    elif op == "copy_from_host":
+                        tmp.copy_from_host(np.full(shape, values[0], DTYPE), stream=self.stream("s2"), staging=False)
+                    else:
+                        um.copy(tmp, src, stream=self.stream("s2"))
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            Tracker.begin_use = paused  # type: ignore[method-assign]
+            worker = threading.Thread(target=late, name="fuzz-late", daemon=True)
+            try:
+                worker.start()
+                if not reached.wait(STEP_TIMEOUT):
+                    raise StepHungError(f"{what}: the work never reached its registration")
+                tmp.close()
+                nxt = self.temporary(temp, shape, "s1")
+                nxt.copy_from_host(np.full(shape, values[1], DTYPE), stream=self.stream("s1"), staging=False)
+            finally:
+                go.set()
+                worker.join(STEP_TIMEOUT)
+                Tracker.begin_use = begin_use  # type: ignore[method-assign]
+            keep = self.register(model_kind, nxt, True, pool, np.full(shape, values[1], DTYPE))
+            src.close()
+            if worker.is_alive():
+                raise StepHungError(f"{what}: the late work did not return")
+            if not (outcome and isinstance(outcome[0], um.BufferClosedError)):
+                raise AssertionError(f"{what}: the late work was not refused (BufferClosedError): {outcome!r}")
+            self.read_checked(keep, what)
+            return keep
+        return multiple()
