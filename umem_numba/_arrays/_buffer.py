@@ -211,7 +211,50 @@ class Buffer(DeviceExports, _Base):
 
     @property
     def ptr(self) -> int:
-        """Address of the first element (as kernels see it)."""
+        """The device address of the first element, for work umem_numba does not issue.
+
+        For a raw kernel, a driver call or another library given only the
+        address.  Reading it marks the buffer as shared, as reading
+        ``__cuda_array_interface__`` does: device work that may still use
+        the buffer is settled first, under the coherence policy (the reader
+        may start its own work at once, on any stream), and the buffer
+        *escapes*: from then on host access, and toolkit work on it,
+        synchronise every device, since work through the address cannot be
+        seen.  A zero-size buffer or view gives 0 and marks nothing.
+
+        For bounded raw work, read the address of a lent view instead:
+        ``with buf.lend(stream) as view: view.ptr`` gives the same address
+        for work on ``stream``, recorded precisely when the block ends
+        (nothing escapes).  Kernels through :func:`~umem_numba.launch`,
+        :func:`~umem_numba.jit` or a plain ``kernel[g, b](buf)`` take the
+        buffer itself, never its address.
+
+        Raises
+        ------
+        CoherenceError
+            Inside this buffer's own ``lend`` block on this thread (use the
+            lent view's ``ptr``), or device work is pending under the
+            ``"raise"`` policy.
+        """
+        alloc = self._live()
+        if not self.size:
+            return 0
+        tracker = alloc.tracker
+        tracker.refuse_inside_own_lend(
+            "reading ptr of a lent buffer (use the lent view's ptr for work on the lent stream)"
+        )
+        tracker.before_host_access("ptr")
+        tracker.on_device_export(True)
+        _driver.exit_hook_first()  # the library given the address exits after umem_numba's hook
+        return alloc.device_ptr + self._offset
+
+    @property
+    def _address(self) -> int:
+        """The device address of the first element, untracked: umem_numba's own reads (copies, launches, pools).
+
+        Reading it tells the coherence tracker nothing; code that hands the
+        address to device work umem_numba does not see reads :attr:`ptr`.
+        """
         alloc = self._live()
         return alloc.device_ptr + self._offset if self.size else 0
 
@@ -464,7 +507,7 @@ class Buffer(DeviceExports, _Base):
         extra = self._repr_extra()
         return (
             f"{type(self).__name__}(shape={self._shape}, dtype={self._dtype}{extra}, "
-            f"ptr={self.ptr:#x}{', view' if not self._owner else ''})"
+            f"ptr={self._address:#x}{', view' if not self._owner else ''})"
         )
 
     def _repr_extra(self) -> str:

@@ -612,7 +612,7 @@ class VMMBuffer(Buffer):
         if self.size == 0:
             raise ValueError("get_access() needs a non-empty buffer: nothing is mapped at an empty view")
         with _driver.device_context(alloc.device_id):
-            return get_access(self.ptr, target)
+            return get_access(self._address, target)
 
     def _access_span(self, alloc: VMMAllocation) -> tuple[int, int]:
         """Byte range ``[start, stop)`` of the allocation that set_access covers."""
