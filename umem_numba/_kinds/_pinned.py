@@ -261,16 +261,25 @@ class PinnedBuffer(Buffer):
         return f", flags={self._flags!r}"
 
     # -- copies ------------------------------------------------------------------
-    def copy_to_device(self, dst: Any, stream: StreamLike = 0) -> None:
+    def copy_into(self, dst: Any, stream: StreamLike = 0) -> None:
         """Asynchronously copy this buffer into ``dst`` (a numba device array or a buffer).
+
+        Named ``copy_to_device(dst)`` before 0.2: numba's ``copy_to_device(ary)``
+        copies the other way (from ``ary`` into the array), which
+        :meth:`copy_to_device` now does here too.
 
         Raises
         ------
         ValueError
             Shapes or dtypes differ, or the sides are not contiguous in the same order.
+        TypeError
+            ``dst`` is neither a buffer nor a device array.
         """
         copy(dst, self, stream)
 
     def copy_from_device(self, src: Any, stream: StreamLike = 0) -> None:
-        """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer."""
+        """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer.
+
+        :meth:`copy_to_device` (numba's name) does the same, and also takes host arrays.
+        """
         copy(self, src, stream)
