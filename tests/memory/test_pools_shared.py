@@ -448,4 +448,4 @@ def test_set_access_and_pinned_pool_buffers_refuse_bad_input_before_the_driver()
     with pytest.raises(ValueError, match=r"flags .* are cuMemHostAlloc's; pool memory takes none"):
         um.PinnedBuffer.empty(4, flags=um.HostAllocFlags.DEVICEMAP, pool=_fake_pool("pinned"))
     with pytest.raises(ValueError, match="stream= is the allocation stream of pool memory; pass pool= too"):
-        um.PinnedBuffer.empty(4, stream=0)
+        um.PinnedBuffer.empty(4, stream=7)  # a stream handle other than the default (0) needs a pool

@@ -730,6 +730,28 @@ def new_layout(shape: Any, dtype: Any, order: str = "C") -> Layout:
     return layout
 
 
+def like_layout(array: Any, order: Any, what: str) -> tuple[Any, Any, str]:
+    """``(shape, dtype, order)`` of a new buffer like ``array`` (``np.empty_like``'s rules; the ``*_like`` shortcuts).
+
+    ``array`` is anything with ``shape`` and ``dtype`` (a buffer, a numba or
+    numpy array; nothing is read from it) or that ``np.asarray`` takes.
+    ``order="K"`` keeps an F-ordered ``array``'s order and makes anything
+    else C-ordered.
+    """
+    shape = getattr(array, "shape", None)
+    dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
+    if shape is None or dtype is None:
+        arr = np.asarray(array)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, what, allow_keep=True)
+    if order == "K":
+        dt = np.dtype(dtype)
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), dt.itemsize) == "F"
+        order = "F" if f_only else "C"
+    return shape, dtype, order
+
+
 def source_order(src: np.ndarray, order: Any, what: str) -> str:
     """The order a ``from_array`` copy of ``src`` is stored in: ``"K"`` keeps an F-ordered source's."""
     order = _layout.check_order(order, what, allow_keep=True)

@@ -99,12 +99,12 @@ class PinnedBuffer(Buffer):
     def empty(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         flags: HostAllocFlags = HostAllocFlags.DEFAULT,
         *,
         order: str = "C",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
@@ -121,7 +121,8 @@ class PinnedBuffer(Buffer):
             A ``"pinned"`` pool: the memory comes from it, stream-ordered on
             ``stream`` (see the class notes).
         stream : numba stream, 0 or None
-            The allocation stream of a pool buffer (only with ``pool``).
+            The allocation stream of a pool buffer (only with ``pool``;
+            without one, only the default ``0`` / ``None``).
 
         Raises
         ------
@@ -135,7 +136,7 @@ class PinnedBuffer(Buffer):
         flags = _as_flags(flags)
         if pool is not None:
             return cls._from_pool(pool, stream, shape, dtype, nbytes, strides, flags)
-        if stream is not None:
+        if stream is not None and stream_handle(stream, what="PinnedBuffer.empty") != 0:
             raise ValueError("PinnedBuffer.empty: stream= is the allocation stream of pool memory; pass pool= too")
         device_id = _driver.ensure_context()
         ptr = 0
@@ -191,12 +192,12 @@ class PinnedBuffer(Buffer):
     def zeros(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         flags: HostAllocFlags = HostAllocFlags.DEFAULT,
         *,
         order: str = "C",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """Allocate and zero every byte (``nbytes``, not ``size``); arguments as in :meth:`empty`.
 
@@ -219,7 +220,7 @@ class PinnedBuffer(Buffer):
         *,
         order: str = "K",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order.
 
