@@ -19,7 +19,13 @@ from support.helpers import ORDERING_TRIALS, random_array, sleeping
 import umem_numba as um
 from umem_numba._driver import _sim
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(600),
+    # numba's RNG initialiser on its simulator: object-mode fallbacks and numpy's uint64 wrap-around warnings
+    pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered in scalar:RuntimeWarning"),
+]
 
 #: Every kind, host-readable or not; "pinned" has no device view, "pinned-mapped" has one.
 KINDS = ("managed", "device", "pinned", "pinned-mapped", "vmm")
