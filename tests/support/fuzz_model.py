@@ -50,6 +50,8 @@ FAMILIES: dict[str, str] = {
     "within one allocation, escaped pool memory let go (tests/support/fuzz_races.py)",
     "probes": "bad arguments the docs promise a clear error for (DLPack stream values, lend(None) interfaces, "
     "zero-size prefetch/discard)",
+    "numba": "numba's array habits: element reads and item/slice assignment through indexing, copy_to_device from "
+    "numpy, and ptr read for a raw numba kernel on a stream of its own (the buffer escapes)",
 }
 
 
@@ -238,6 +240,24 @@ def _make_kernel(name: str) -> Any:
                 a[i, j] = v
 
         return cuda.jit(plainfill2)
+    if name == "plainsleepfill1":
+
+        def plainsleepfill1(a, v, ns):
+            cuda.nanosleep(ns)
+            i = cuda.grid(1)
+            if i < a.shape[0]:
+                a[i] = v
+
+        return cuda.jit(plainsleepfill1)
+    if name == "plainsleepfill2":
+
+        def plainsleepfill2(a, v, ns):
+            cuda.nanosleep(ns)
+            i, j = cuda.grid(2)
+            if i < a.shape[0] and j < a.shape[1]:
+                a[i, j] = v
+
+        return cuda.jit(plainsleepfill2)
     if name == "rowfill1":  # one dimension: nothing to index through; the same as fill1
         return _make_kernel("fill1")
     if name == "rowfill2":
