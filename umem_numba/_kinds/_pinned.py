@@ -265,9 +265,9 @@ class PinnedBuffer(Buffer):
     def copy_into(self, dst: Any, stream: StreamLike = 0) -> None:
         """Asynchronously copy this buffer into ``dst`` (a numba device array or a buffer).
 
-        Named ``copy_to_device(dst)`` before 0.2: numba's ``copy_to_device(ary)``
+        It was named ``copy_to_device(dst)``: numba's ``copy_to_device(ary)``
         copies the other way (from ``ary`` into the array), which
-        :meth:`copy_to_device` now does here too.
+        :meth:`copy_to_device` now does here too (see the changelog).
 
         Raises
         ------
