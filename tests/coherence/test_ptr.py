@@ -71,7 +71,7 @@ def test_host_access_after_raw_work_through_ptr_sees_it(kind, consumer, rng):
         buf.synchronize()
         ptr = buf.ptr
         sleeping.fill[1, 1, cuda.external_stream(consumer)](idle, 0.0, SLEEP_MS)
-        _driver.call("cuMemcpyHtoDAsync", ptr, source.ptr, source.nbytes, consumer)
+        _driver.call("cuMemcpyAsync", ptr, source.ptr, source.nbytes, consumer)
         got = _read(buf)
         wrong = int((got != values).sum())
         assert not wrong, f"trial {trial}: host access read {wrong} of {N} elements before the raw write through ptr"
@@ -93,7 +93,7 @@ def test_raw_work_through_the_address_starts_after_earlier_toolkit_work(kind, do
         out = um.PinnedBuffer.empty(N, np.float32)
         fill[N // 128, 128, writer](buf, value, SLEEP_MS)
         ptr = buf.ptr if door == "ptr" else buf.device_ctypes_pointer.value
-        _driver.call("cuMemcpyDtoHAsync", out.ptr, ptr, out.nbytes, consumer)
+        _driver.call("cuMemcpyAsync", out.ptr, ptr, out.nbytes, consumer)
         _driver.call("cuStreamSynchronize", consumer)
         wrong = int((out.host != value).sum())
         assert not wrong, f"trial {trial}: raw work through {door} read {wrong} of {N} elements before the write"
@@ -119,7 +119,7 @@ def test_a_lent_views_ptr_is_tracked_precisely(kind, consumer, rng):
         buf = _zeros(kind)
         with buf.lend(consumer) as view:
             sleeping.fill[1, 1, cuda.external_stream(consumer)](idle, 0.0, SLEEP_MS)
-            _driver.call("cuMemcpyHtoDAsync", view.ptr, address, source.nbytes, consumer)
+            _driver.call("cuMemcpyAsync", view.ptr, address, source.nbytes, consumer)
         assert not buf._coherence_tracker.escaped, "a lent view's ptr made the buffer escape"
         wrong = int((_read(buf) != values).sum())
         assert not wrong, f"trial {trial}: host access read {wrong} of {N} elements before the lent raw work"
