@@ -135,6 +135,8 @@ def test_item_and_slice_assignment_as_numpy_does_it(kind, rng):
         buf[0] = np.zeros(3)
     with pytest.raises(TypeError, match="object"):
         buf[0, 0] = object()
+    with pytest.raises(ValueError, match="abc"):
+        buf[0, 0] = "abc"
     np.testing.assert_array_equal(_read(buf), expected)  # refused assignments wrote nothing
     buf.close()
 

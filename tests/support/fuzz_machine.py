@@ -470,9 +470,11 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             return  # refused with a ValueError: documented, and not interesting every time
         values = values_for(seed, view.shape)
         stg = self.staging_arg(staging)
-        # A strided view of host-visible memory is written by the host, unless staging=False asks for
-        # a DMA, which a strided view cannot take (a documented ValueError).
-        strided_dma = not view.contiguous() and staging == "false"
+        # A strided view of pinned memory is written by the host, unless staging=False asks for a DMA,
+        # which a strided view cannot take (a documented ValueError); one of managed memory, which a
+        # device may hold, is a DMA operand and refused the same way (the copy layer's docs; ``buf[key]
+        # = values`` writes it, the numba family's element_write).
+        strided_dma = not view.contiguous() and (staging == "false" or view.kind == "managed")
         what = f"{view.label}.copy_from_host(values, stream={stream}, staging={staging})"
         with self.run(what, view, allowed=(ValueError,) if strided_dma else ()):
             view.buf.copy_from_host(values, stream=self.stream(stream), staging=stg)
@@ -621,8 +623,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     )
     def copy_to_device_from_numpy(self, view: View, seed: int, stream: str, layout: str) -> None:
         """``buf.copy_to_device(a)``: numba's direction, from a numpy array (any layout) into the buffer."""
-        if not view.contiguous() and view.kind not in HOST_KINDS:
-            return  # a strided view of device memory: a documented ValueError, as for copy_from_host
+        if not view.contiguous() and not view.kind.startswith("pinned"):
+            return  # a strided DMA destination: a documented ValueError, as for copy_from_host
         values = values_for(seed, view.shape)
         if layout == "F":
             src = np.asfortranarray(values)
@@ -1034,8 +1036,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         what = f"on thread {thread}: {view.label}.{op}"
         if op == "fill" and (view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2)):
             return
-        if op == "copy_from_host" and not view.contiguous() and view.kind not in HOST_KINDS:
-            return
+        if op == "copy_from_host" and not view.contiguous() and not view.kind.startswith("pinned"):
+            return  # a strided DMA destination: a documented ValueError (see copy_from_host)
 
         def job() -> Any:
             if op == "fill":

@@ -361,16 +361,17 @@ class Buffer(DeviceExports, _Base):
                 f"cannot assign {type(value).__name__} to a {type(self).__name__} of {self._dtype}: "
                 "object values cannot live in CUDA memory"
             )
-        if self._host_accessible:
-            np.copyto(self._host_array("item assignment"), src, casting="unsafe")
-            return
         order = _layout.dense_order(self._shape, self._strides, self._dtype.itemsize)
         dense = np.empty(self._shape, self._dtype, order="F" if order == "F" else "C")
-        np.copyto(dense, src, casting="unsafe")  # numpy's broadcasting and casting, on the host
-        if order:
+        # numpy's broadcasting and casting, on the host first: a value that does not fit the view
+        # is refused before anything waits for, or is queued on, the device.
+        np.copyto(dense, src, casting="unsafe")
+        if self._host_accessible:
+            self._host_array("item assignment")[...] = dense
+        elif order:
             self.copy_from_host(dense)
         else:
-            self._scatter_from_host(np.ascontiguousarray(dense))
+            self._scatter_from_host(dense)
 
     def _scatter_from_host(self, src: np.ndarray) -> None:
         """Write a strided view of device-only memory from C-ordered ``src``: one DMA per contiguous run.
