@@ -43,12 +43,6 @@ import numba
 import numpy as np
 import pytest
 from numba import cuda
-from numba.cuda.random import (
-    create_xoroshiro128p_states,
-    init_xoroshiro128p_states,
-    xoroshiro128p_dtype,
-    xoroshiro128p_uniform_float32,
-)
 
 import umem_numba as um
 from umem_numba._driver import _sim
@@ -82,16 +76,26 @@ class Mem:
             self.create_xoroshiro128p_states = create_xoroshiro128p_states
 
     def create_xoroshiro128p_states(self, n: int, seed: int) -> Any:
+        # numba.cuda.random is imported where it is used, as numba's examples do (importing it
+        # compiles its CPU initialiser, with numba's warnings under the simulator)
+        from numba.cuda.random import init_xoroshiro128p_states, xoroshiro128p_dtype
+
         states = self.device_array(n, dtype=xoroshiro128p_dtype)
         init_xoroshiro128p_states(states, seed)
         return states
+
+
+def _numbas_create_xoroshiro128p_states(n: int, seed: int) -> Any:
+    from numba.cuda.random import create_xoroshiro128p_states
+
+    return create_xoroshiro128p_states(n, seed=seed)
 
 
 def _pinned_empty(shape: Any, dtype: Any = np.float64) -> um.PinnedBuffer:
     return um.PinnedBuffer.empty(shape, dtype, um.HostAllocFlags.DEVICEMAP)
 
 
-NUMBA = Mem(cuda.to_device, cuda.device_array, cuda.device_array_like, create_xoroshiro128p_states)
+NUMBA = Mem(cuda.to_device, cuda.device_array, cuda.device_array_like, _numbas_create_xoroshiro128p_states)
 MEMS = {
     "managed": Mem(um.managed_from, um.managed_empty, um.managed_like),
     "device": Mem(um.device_from, um.device_empty, um.device_like),
@@ -406,6 +410,8 @@ def laplace(mem: Mem) -> dict[str, Any]:
 def montecarlo(mem: Mem) -> dict[str, Any]:
     """numba-cuda docs: "Monte Carlo integration" (test_montecarlo.py): numba's RNG states and
     ``cuda.reduce`` on the buffers."""
+    from numba.cuda.random import xoroshiro128p_uniform_float32
+
     # number of samples, higher will lead to a more accurate answer
     nsamps = 500 if SIM else 1000000
 
@@ -468,6 +474,7 @@ def montecarlo(mem: Mem) -> dict[str, Any]:
 
 def random_3d(mem: Mem) -> dict[str, Any]:
     """numba-cuda docs: "Random number generation", the 3-D grid example (test_random.py)."""
+    from numba.cuda.random import xoroshiro128p_uniform_float32
 
     @cuda.jit
     def random_3d(arr, rng_states):
