@@ -160,12 +160,23 @@ def _same_memory(a: Any, b: Any) -> bool:
     return pa is not None and pa == pb and pa != 0
 
 
+def raw_address(buf: Any) -> int:
+    """The device address of a umem_numba buffer, for work the caller orders itself (the one untracked read).
+
+    ``buf.ptr`` marks the buffer as shared (it escapes: every later host
+    access and launch on it synchronises the devices), which is right for an
+    address handed to work umem_numba cannot see, and wrong for the stencils'
+    own uses: an identity check, and halo copies ordered by events of their
+    own around tracked launches.
+    """
+    return int(buf._address)
+
+
 def _address(a: Any) -> int | None:
-    # umem_numba buffers: ``ptr`` reads no device view, so it does not count as a launch
-    # for the coherence tracker (``__cuda_array_interface__`` would).
+    # umem_numba buffers: the untracked address (an identity check is no device use).
     if hasattr(a, "_coherence_tracker"):
         try:
-            return int(a.ptr)
+            return raw_address(a)
         except Exception:
             return None
     dcp = getattr(a, "device_ctypes_pointer", None)  # numba DeviceNDArray

@@ -70,7 +70,7 @@ import numpy as np
 
 from umem_numba import PriorityStream
 
-from ._common import _as_float_dtype, require_free_memory, stencil_weights
+from ._common import _as_float_dtype, raw_address, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
 __all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi", "heat3d_multi", "heat_multi"]
@@ -208,7 +208,7 @@ class PeerExchange(HaloExchange):
             self.kinds.append(kind)
 
     def _scratch_row_ptr(self, link: _Link) -> int:
-        base = int(link.scratch.ptr) if link.kind == "vmm" else _ptr(link.scratch)
+        base = raw_address(link.scratch) if link.kind == "vmm" else _ptr(link.scratch)
         return base + link.band_row * self._slabs[0].row_bytes
 
     def receive(self, k: int) -> None:

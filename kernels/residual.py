@@ -24,42 +24,20 @@ _ROWS_PER_BLOCK = 64
 
 @cuda.jit
 def reset_kernel(out):
-    """Set ``out[0] = 0`` (used under the simulator; on a GPU a memset does it)."""
+    """Set ``out[0] = 0`` (the reset before a reduction into ``out``)."""
     if cuda.grid(1) == 0:
         out[0] = 0
 
 
-def _device_address(out: Any) -> int:
-    """Device address of ``out``'s first element, without exporting a umem_numba buffer to numba."""
-    if hasattr(out, "_coherence_tracker"):  # umem_numba buffer: ``ptr`` is what kernels see
-        return int(out.ptr)
-    dcp = getattr(out, "device_ctypes_pointer", None)  # numba DeviceNDArray
-    if dcp is not None:
-        return int(dcp.value or 0)
-    cai = getattr(out, "__cuda_array_interface__", None)  # CuPy, PyTorch, ...
-    if cai is not None:
-        return int(cai["data"][0])
-    raise TypeError(f"out must be device memory (a umem_numba buffer or a CUDA array), got {type(out).__name__}")
-
-
 def _zero_first(out: Any, stream: Any) -> None:
-    """``out[0] = 0`` in stream order, with one memset (0.0 is all zero bits)."""
-    if simulating():
-        from umem_numba import launch
+    """``out[0] = 0`` in stream order: a one-thread tracked launch, so ``out.host`` waits for it.
 
-        launch(reset_kernel, 1, 1, out, stream=stream)
-        return
-    from umem_numba import driver_call, ensure_context, stream_handle
+    A memset through the raw address would be work the coherence tracker
+    cannot see (and ``out.ptr`` would make the buffer escape).
+    """
+    from umem_numba import launch
 
-    ensure_context()  # numba's context, as a launch from this thread would make current
-    driver_call(
-        "cuMemsetD8Async",
-        _device_address(out),
-        0,
-        out.dtype.itemsize,
-        stream_handle(stream),
-        detail="resetting the max_abs_diff result",
-    )
+    launch(reset_kernel, 1, 1, out, stream=stream)
 
 
 @cuda.jit
@@ -106,15 +84,15 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
         Receives the maximum; a :class:`umem_numba.ManagedBuffer` lets the host
         read it with ``out.host[0]``, which waits for this launch only.
     stream : numba stream or 0
-        Stream of the reset (a ``cuMemsetD8Async``) and of the reduction, in order.
+        Stream of the reset (a one-thread launch) and of the reduction, in order.
 
     Notes
     -----
-    The reduction launch goes through :func:`umem_numba.launch`, and comes
-    after the reset on the same stream, so ``out.host`` waits for both.  For
-    empty grids there is no reduction: the stream is synchronised after the
-    reset instead.  Grids with few columns get more row chunks, so the
-    reduction still has :data:`MIN_BLOCKS` blocks where the grid has the rows.
+    The reset and the reduction go through :func:`umem_numba.launch`, in
+    that order on the same stream, so ``out.host`` waits for both.  For
+    empty grids there is no reduction: ``out`` holds the reset's 0.  Grids
+    with few columns get more row chunks, so the reduction still has
+    :data:`MIN_BLOCKS` blocks where the grid has the rows.
     """
     from umem_numba import launch
 
@@ -126,11 +104,7 @@ def max_abs_diff(a: Any, b: Any, out: Any, *, stream: Any = 0) -> None:
     n, m = (int(d) for d in a.shape)
     _zero_first(out, stream)
     if n == 0 or m == 0:
-        if not simulating():  # nothing launched after the memset for .host to wait for
-            from umem_numba import driver_call, stream_handle
-
-            driver_call("cuStreamSynchronize", stream_handle(stream), detail="max_abs_diff of empty grids")
-        return
+        return  # out holds the reset's 0, which host access waits for
     columns = ceil_div(m, REDUCE_BLOCK)
     chunks = ceil_div(n, _ROWS_PER_BLOCK)
     if not simulating():  # occupancy means nothing to the simulator, which runs every block in turn

@@ -37,7 +37,7 @@ from ._errors import (
 )
 from ._hints._advice import HintState, ManagedMemoryHints, MemAdvice, MigrationPolicy
 from ._hints._prefetch import PrefetchPlan
-from ._kinds._device import DeviceBuffer
+from ._kinds._device import DeviceBuffer, device_empty, device_from, device_like, device_zeros
 from ._kinds._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._kinds._pinned import HostAllocFlags, PinnedBuffer
 from ._launch._coherent import CoherentKernel, coherent, jit, launch
@@ -129,6 +129,10 @@ __all__ = [
     "MemoryPool",
     "UmemNumbaMemoryManager",
     "DeviceBuffer",
+    "device_empty",
+    "device_zeros",
+    "device_like",
+    "device_from",
     "PoolStats",
     # pinned
     "PinnedBuffer",

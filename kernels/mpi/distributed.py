@@ -76,7 +76,7 @@ import numpy as np
 
 from umem_numba import PriorityStream
 
-from .._common import _as_float_dtype, stencil_weights
+from .._common import _as_float_dtype, raw_address, stencil_weights
 from ..decomp import Decomposition, EdgeBand
 from .comm import collective_errors
 
@@ -325,12 +325,12 @@ class RankHeat:
                         pass
         self._check_collective(error, "mapping")
         rb = self.row_bytes
-        out = int(self._outbox.ptr)
+        out = raw_address(self._outbox)
         # Where each band's edge row goes, per parity; where each halo row comes from, per parity.
         self._out_ptr = [[out + (p * 2 + (0 if e.peer < self.rank else 1)) * rb for e in self.bands] for p in range(2)]
         self._in_ptr: list[dict[int, int]] = [{}, {}]
         for e in self.bands:
-            theirs_base = int(self._ipc_in[e.peer].ptr)
+            theirs_base = raw_address(self._ipc_in[e.peer])
             side = 1 if e.peer < self.rank else 0  # the neighbour above sends down, the one below up
             for p in range(2):
                 self._in_ptr[p][e.halo] = theirs_base + (p * 2 + side) * rb

@@ -68,7 +68,7 @@ def test_async_roundtrip_with_device_array(rng):
     dst = um.PinnedBuffer.empty((512, 300), np.float32)
     dev = cuda.device_array((512, 300), np.float32)
     stream = cuda.stream()
-    src.copy_to_device(dev, stream=stream)
+    src.copy_into(dev, stream=stream)
     dst.copy_from_device(dev, stream=stream)
     # no explicit synchronize: host access to dst waits for the download
     np.testing.assert_array_equal(dst.host, data)
@@ -88,7 +88,7 @@ def test_copy_into_managed_buffer_then_kernel(rng):
     pinned = um.PinnedBuffer.from_array(data)
     managed = um.managed_empty(10_000, np.int64)
     stream = cuda.stream()
-    pinned.copy_to_device(managed, stream=stream)
+    pinned.copy_into(managed, stream=stream)
     um.launch(add_one, 80, 128, managed, stream=stream)
     back = um.PinnedBuffer.empty(10_000, np.int64)
     back.copy_from_device(managed, stream=stream)
@@ -165,11 +165,13 @@ def test_mismatched_copies_are_refused(shape, dtype, match):
     dev = cuda.device_array(11, np.float32)
     buf = um.PinnedBuffer.empty(shape, dtype)
     with pytest.raises(ValueError, match=match):
-        buf.copy_to_device(dev)
+        buf.copy_into(dev)
+    with pytest.raises(ValueError, match="mismatched"):
+        buf.copy_to_device(dev)  # numba's direction: from dev into buf
     with pytest.raises(TypeError, match="must be a numba device array or a umem_numba buffer"):
-        buf.copy_to_device(np.zeros(11, np.float32))
+        buf.copy_into(np.zeros(11, np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
-        um.PinnedBuffer.empty(22, np.float32)[::2].copy_to_device(dev)
+        um.PinnedBuffer.empty(22, np.float32)[::2].copy_into(dev)
     buf.close()
 
 

@@ -232,7 +232,7 @@ def test_lend_waits_for_exactly_the_lent_work(sleep_write, sleep_only, rng, cons
                     _cupy_sleep_write()((N // 128,), (128,), (dst, src, np.int32(N), np.int32(SLEEP_MS)))
             else:
                 sleep_only[1, 1, cuda.external_stream(lent.handle)](SLEEP_MS)
-                _raw_upload(buf.ptr, source, lent.handle)  # raw work on the lent stream, as the block promises
+                _raw_upload(view.ptr, source, lent.handle)  # raw work on the lent stream, as the block promises
         assert not buf._coherence_tracker.escaped
         np.testing.assert_array_equal(buf.host, values, err_msg="host access did not wait for the lent work")
         assert (_unwaited(other) == -1.0).all(), "host access to the lent buffer waited for unrelated work"

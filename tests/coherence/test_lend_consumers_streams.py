@@ -45,7 +45,7 @@ def _consumer_array(view, protocol: str, consumer_stream):
         del capsule  # the consumer would take the pointer from it; the view's pointer is the same
         buf = view._live()
         iface = {
-            "data": (buf.ptr, False),
+            "data": (view.ptr, False),
             "shape": buf.shape,
             "strides": None,
             "typestr": buf.dtype.str,
@@ -130,7 +130,7 @@ def test_a_pool_buffer_closed_after_the_block_is_not_reused_under_the_consumer(p
             with buf.lend(s1) as view:
                 dst = _consumer_array(view, protocol, s2)
                 copy[GRID, BLOCK, s2](src, dst, SLEEP_MS)
-            address = buf.ptr
+            address = buf._address
             buf.close()
             nxt = um.DeviceBuffer.empty(N, np.float32, pool=pool, stream=s3)
             taken.append(nxt)
@@ -140,7 +140,7 @@ def test_a_pool_buffer_closed_after_the_block_is_not_reused_under_the_consumer(p
             wrong = int((got != SEVEN).sum())
             assert not wrong, (
                 f"trial {trial}: {wrong} of {N} elements of the next pool buffer overwritten by the "
-                f"consumer of the closed one (same address: {nxt.ptr == address})"
+                f"consumer of the closed one (same address: {nxt._address == address})"
             )
     finally:
         cuda.synchronize()

@@ -757,7 +757,7 @@ def test_f_order_constructors_and_transposed_views(rng):
         um.DeviceBuffer.zeros(shape, order="F"),
     ]
     for buf in made:
-        assert buf.strides == np.empty(shape, np.float32, order="F").strides
+        assert buf.strides == np.empty(shape, np.float64, order="F").strides  # float64: the default dtype
         buf.close()
     with pytest.raises(ValueError, match="order must be"):
         um.ManagedBuffer.empty(shape, order="X")
@@ -785,9 +785,9 @@ def test_f_ordered_copies_between_buffers(rng):
     data = np.asfortranarray(random_array(rng, (64, 48), np.float32))
     stream = cuda.stream()
     src = um.ManagedBuffer.from_array(data)
-    dev = um.DeviceBuffer.empty(data.shape, order="F")
-    back = um.PinnedBuffer.empty(data.shape, order="F")
-    c_dev = um.DeviceBuffer.empty(data.shape)
+    dev = um.DeviceBuffer.empty(data.shape, np.float32, order="F")
+    back = um.PinnedBuffer.empty(data.shape, np.float32, order="F")
+    c_dev = um.DeviceBuffer.empty(data.shape, np.float32)
     with src, dev, back, c_dev:
         um.copy(dev, src, stream)
         um.copy(back, dev, stream)
@@ -800,7 +800,7 @@ def test_f_ordered_copies_between_buffers(rng):
         c_dev.copy_from_host(np.asfortranarray(fresh), stream)  # F-ordered numpy into a C buffer
         np.testing.assert_array_equal(c_dev.copy_to_host(stream=stream), fresh)
         # A C buffer's .T is F-ordered: it copies to and from F buffers of the transposed shape directly.
-        t_dst = um.ManagedBuffer.empty(data.shape[::-1], order="F")
+        t_dst = um.ManagedBuffer.empty(data.shape[::-1], np.float32, order="F")
         with t_dst:
             um.copy(t_dst, c_dev.T, stream)
             np.testing.assert_array_equal(t_dst.host, fresh.T)
@@ -971,7 +971,7 @@ def test_cuda_core_views_and_buffers_copy_and_construct(rng):
             with make(view) as copied:
                 assert copied.is_f_contiguous and copied.shape == data.shape
                 np.testing.assert_array_equal(copied.copy_to_host(), data)
-        dst = um.DeviceBuffer.empty(data.shape, order="F")
+        dst = um.DeviceBuffer.empty(data.shape, np.float32, order="F")
         with dst:
             um.copy(dst, view, stream)
             np.testing.assert_array_equal(dst.copy_to_host(stream=stream), data)

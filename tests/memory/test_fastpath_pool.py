@@ -112,7 +112,7 @@ def test_per_thread_stream_reuse_orders_the_other_threads_stream(interface, rng)
                 if interface == "buffer":
                     a = um.DeviceBuffer.from_array(data, pool=pool, stream=pts)
                     coherent_copy[GRID, BLOCK, pts](a, out, SLEEP_MS)  # tracked: an event on A's stream
-                    ptr = a.ptr
+                    ptr = a._address
                     a.close()  # onto the free list, with A's event
                 else:
                     ptr = pool.allocate(N * 4, pts)
@@ -127,7 +127,7 @@ def test_per_thread_stream_reuse_orders_the_other_threads_stream(interface, rng)
                 if interface == "buffer":
                     b = um.DeviceBuffer.empty(N, np.float32, pool=pool, stream=pts)
                     sleeping.fill[GRID, BLOCK, pts](b, 7.0, 0)  # plain: only B's stream order protects A
-                    ptr = b.ptr
+                    ptr = b._address
                     cuda.synchronize()
                     b.close()
                 else:
@@ -197,7 +197,7 @@ def test_pool_memory_of_an_unseen_launch_waits_for_a_synchronise(kind, how, rng,
                 data = random_array(rng, N, np.float32)
                 a = cls.from_array(data, pool=pool, stream=nb)
                 a.synchronize()
-                a_ptr = a.ptr
+                a_ptr = a._address
                 if how != "escaped":
                     sleeping.copy[GRID, BLOCK, nb](a, out, SLEEP_MS)  # umem_numba cannot see this launch
                     a.close()
@@ -209,7 +209,7 @@ def test_pool_memory_of_an_unseen_launch_waits_for_a_synchronise(kind, how, rng,
                     gc.collect()
                 b = cls.empty(N, np.float32, pool=pool, stream=other)
                 if how == "reclaim":
-                    assert b.ptr == a_ptr, "the held block was not reclaimed by the synchronise"
+                    assert b._address == a_ptr, "the held block was not reclaimed by the synchronise"
                 write[GRID, BLOCK, other](b, 7.0, 0)
                 cuda.synchronize()
                 got = out.copy_to_host()
@@ -765,7 +765,7 @@ def test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader(how, rng)
             h1 = stream_handle(s1)
             a = um.DeviceBuffer.from_array(data, pool=pool, stream=s1)
             coherent_copy[GRID, BLOCK, s1](a, out, SLEEP_MS)  # tracked read of a on s1, after a sleep
-            a_ptr = a.ptr
+            a_ptr = a._address
             a.close()  # onto the free list with s1's events
             del a, s1
             gc.collect()
@@ -774,7 +774,7 @@ def test_last_stream_cache_orders_a_buffer_after_a_dead_streams_reader(how, rng)
             h2 = stream_handle(s2)
             reused += h2 == h1
             b = um.DeviceBuffer.empty(N, np.float32, pool=pool, stream=s2 if how == "object" else h2)
-            assert b.ptr == a_ptr, f"trial {trial}: the listed block was not reused"
+            assert b._address == a_ptr, f"trial {trial}: the listed block was not reused"
             sleeping.fill[GRID, BLOCK, s2](b, 7.0, 0)  # plain: only s2's order protects the reader
             cuda.synchronize()
             got = out.copy_to_host()

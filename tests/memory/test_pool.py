@@ -179,11 +179,11 @@ def test_stream_ordered_free_then_reuse_on_another_stream(kernels, rng):
         sleep_then_fill[n // 256, 256, s1](a, old, 40)  # writes a after ~40 ms
         done = cuda.event()
         done.record(s1)
-        a_ptr = a.ptr
+        a_ptr = a._address
         a.close()  # queued on s1 after the kernel: no host wait
         assert not done.query(), f"trial {trial}: close() waited for the kernel on the host"
         b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)
-        assert b.ptr == a_ptr, f"trial {trial}: the closed block was not reused"
+        assert b._address == a_ptr, f"trial {trial}: the closed block was not reused"
         sleep_then_fill[n // 256, 256, s2](b, new, 0)
         cuda.synchronize()  # both kernels are over: an unordered reuse would show `old` in b
         np.testing.assert_array_equal(b.copy_to_host(), np.full(n, new, np.float32), err_msg=f"trial {trial}")
@@ -216,11 +216,11 @@ def test_a_closed_buffers_memory_goes_to_the_next_buffer_after_its_work(kind, ke
     for trial in range(3):
         a = _buffer(kind, pool, n, np.float32, s1)
         sleep_then_fill[n // 256, 256, s1](a, 1.0, 60)  # writes a after ~60 ms
-        a_ptr = a.ptr
+        a_ptr = a._address
         a.close()  # no host wait: the block goes on its free list with a's record
         assert pool.cached_bytes == n * 4
         b = _buffer(kind, pool, n, np.float32, s2)
-        assert b.ptr == a_ptr and pool.cached_bytes == 0  # the same block, from the free list
+        assert b._address == a_ptr and pool.cached_bytes == 0  # the same block, from the free list
         if kind == "managed" and trial == 2:
             b.host[:] = 3.0  # host access waits for a's kernel
             expect = 3.0
@@ -278,14 +278,14 @@ def test_reuse_orders_the_stream_again_after_new_work(kernels, plain_fill):
     sleep_then_fill[n // 256, 256, s1](x, 1.0, 40)
     x.close()
     y = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)  # s2 waits for x's work
-    ptr = y.ptr
+    ptr = y._address
     y.close()  # no work: s2 stays ordered after everything the block carries
     z = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
-    assert z.ptr == ptr
+    assert z._address == ptr
     sleep_then_fill[n // 256, 256, s1](z, 1.0, 60)  # new work on s1, recorded on the block
     z.close()
     w = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s2)
-    assert w.ptr == ptr
+    assert w._address == ptr
     plain_fill[n // 256, 256, s2](w, 2.0)  # untracked: only s2 waiting for z's kernel orders it
     cuda.synchronize()
     np.testing.assert_array_equal(w.copy_to_host(), np.full(n, 2.0, np.float32))
@@ -379,10 +379,10 @@ def test_free_waits_for_work_on_every_stream(kernels, rng):
         a = um.DeviceBuffer.zeros(n, np.float32, pool=pool, stream=s1)
         s1.synchronize()  # the allocation is complete: another stream may use it
         sleep_then_fill[n // 256, 256, s2](a, old, 40)  # recorded on s2
-        a_ptr = a.ptr
+        a_ptr = a._address
         a.close()  # with no host wait
         b = um.DeviceBuffer.empty(n, np.float32, pool=pool, stream=s1)
-        assert b.ptr == a_ptr, f"trial {trial}: the closed block was not reused"
+        assert b._address == a_ptr, f"trial {trial}: the closed block was not reused"
         sleep_then_fill[n // 256, 256, s1](b, new, 0)
         cuda.synchronize()
         np.testing.assert_array_equal(b.copy_to_host(), np.full(n, new, np.float32), err_msg=f"trial {trial}")

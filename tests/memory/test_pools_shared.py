@@ -76,10 +76,10 @@ def test_pinned_pool_memory_is_host_memory_kernels_use_and_is_counted(affine, rn
     gc.collect()
     live = um.stats()["pinned"].live_count
     buf = um.PinnedBuffer.from_array(data, pool=pool, stream=s)
-    assert _memory_type(buf.ptr) == c.memorytype_host  # the driver: host memory
+    assert _memory_type(buf._address) == c.memorytype_host  # the driver: host memory
     assert um.stats()["pinned"].live_count == live + 1
-    assert _memory_type(buf.ptr) == c.memorytype_host
-    assert buf._alloc.ptr == buf.ptr  # one address for the host and the device (no CAI here: it escapes)
+    assert _memory_type(buf._address) == c.memorytype_host
+    assert buf._alloc.ptr == buf._address  # one address for the host and the device (no CAI here: it escapes)
     affine[20, 256, s](buf, 3.0, 1.0)
     np.testing.assert_allclose(buf.host, data * 3 + 1, rtol=1e-6)  # waits for the kernel
     st = pool.statistics()
@@ -109,10 +109,10 @@ def test_pinned_pool_reuse_on_another_stream_waits_for_the_old_work(rng):
         old, new = (float(v) for v in rng.random(2) + 0.5)
         a = um.PinnedBuffer.empty(n, np.float32, pool=pool, stream=s1)
         fill[n // 256, 256, s1](a, old, 40)  # writes a after ~40 ms
-        a_ptr = a.ptr
+        a_ptr = a._address
         a.close()  # no host wait: the block goes on the free list with a's record
         b = um.PinnedBuffer.empty(n, np.float32, pool=pool, stream=s2)
-        assert b.ptr == a_ptr  # the same block, from the free list
+        assert b._address == a_ptr  # the same block, from the free list
         if trial % 2:
             b.host[:] = new  # waits for a's kernel
         else:
@@ -134,10 +134,10 @@ def test_pinned_pool_zeros_clear_a_reused_block_and_numa_pools_say_where(rng):
     pool = _pinned_pool_or_skip()
     s = cuda.stream()
     junk = um.PinnedBuffer.from_array(random_array(rng, 4096, np.float64), pool=pool, stream=s)
-    ptr = junk.ptr
+    ptr = junk._address
     junk.close()
     z = um.PinnedBuffer.zeros((64, 64), np.float64, pool=pool, stream=s)
-    assert z.ptr == ptr and not z.host.any()
+    assert z._address == ptr and not z.host.any()
     z.close()
     pool.close()
     nodes = um.info()["numa_nodes"]
@@ -147,9 +147,9 @@ def test_pinned_pool_zeros_clear_a_reused_block_and_numa_pools_say_where(rng):
     assert numa_pool.location == um.Host(numa=nodes[0])
     data = random_array(rng, 1000, np.int32)
     buf = um.PinnedBuffer.from_array(data, pool=numa_pool, stream=s)
-    assert _memory_type(buf.ptr) == _driver.consts().memorytype_host
+    assert _memory_type(buf._address) == _driver.consts().memorytype_host
     # where the pages are, from the kernel (cuda-bindings 13.3 cannot read CU_MEMPOOL_ATTR_LOCATION_ID)
-    assert _numa_node_of(buf.ptr) == nodes[0]
+    assert _numa_node_of(buf._address) == nodes[0]
     np.testing.assert_array_equal(buf.copy_to_host(), data)
     buf.close()
     numa_pool.close()
@@ -225,7 +225,7 @@ def test_default_pool_memory_freed_by_one_library_is_reused_by_the_other(rng):
         data = random_array(rng, n, np.float32)
         a = um.DeviceBuffer.from_array(data, pool=pool)
         np.testing.assert_array_equal(a.copy_to_host(), data)
-        a_ptr = a.ptr
+        a_ptr = a._address
         a.close()
         cuda.synchronize()
         st1 = pool.statistics()
@@ -448,4 +448,4 @@ def test_set_access_and_pinned_pool_buffers_refuse_bad_input_before_the_driver()
     with pytest.raises(ValueError, match=r"flags .* are cuMemHostAlloc's; pool memory takes none"):
         um.PinnedBuffer.empty(4, flags=um.HostAllocFlags.DEVICEMAP, pool=_fake_pool("pinned"))
     with pytest.raises(ValueError, match="stream= is the allocation stream of pool memory; pass pool= too"):
-        um.PinnedBuffer.empty(4, stream=0)
+        um.PinnedBuffer.empty(4, stream=7)  # a stream handle other than the default (0) needs a pool

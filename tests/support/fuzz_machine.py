@@ -37,6 +37,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -258,10 +259,21 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         pooled=st.booleans(),
         stream=st.sampled_from(STREAMS),
         seed=st.integers(0, 2**16),
+        shortcut=st.sampled_from(("", "", "fn", "like")),
     )
     def new_buffer(
-        self, kind: str, shape: tuple[int, ...], order: str, init: str, pooled: bool, stream: str, seed: int
+        self,
+        kind: str,
+        shape: tuple[int, ...],
+        order: str,
+        init: str,
+        pooled: bool,
+        stream: str,
+        seed: int,
+        shortcut: str = "",
     ) -> Any:
+        """A buffer of any kind, by its constructor or (managed, device) its shortcut: ``managed_empty/zeros/from``,
+        ``device_empty/zeros/from``, or ``managed_like``/``device_like`` of a template for an ``empty`` one."""
         values = values_for(seed, shape)
         s = self.stream(stream)
         pool = None
@@ -290,9 +302,22 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             cls = um.VMMBuffer
             if init == "zeros":
                 kw = {"stream": s}
-        with self.step(f"{cls.__name__}.{init}({shape}, order={order!r}, pool={pool})"):
-            if init == "from_array":
-                src = np.asfortranarray(values) if order == "F" else values
+        prefix = {um.ManagedBuffer: "managed", um.DeviceBuffer: "device"}.get(cls)
+        if prefix is None or (init == "zeros" and shortcut == "like"):
+            shortcut = ""
+        if shortcut == "like" and init != "empty":
+            shortcut = "fn"
+        made_by = f"{cls.__name__}.{init}"
+        if shortcut:
+            made_by = f"um.{prefix}_{'like' if shortcut == 'like' else {'from_array': 'from'}.get(init, init)}"
+        with self.step(f"{made_by}({shape}, order={order!r}, pool={pool})"):
+            src = np.asfortranarray(values) if order == "F" else values
+            if shortcut == "like":
+                buf = getattr(um, f"{prefix}_like")(src, **kw)  # the template's shape, dtype and order
+            elif shortcut:
+                fn = getattr(um, made_by.removeprefix("um."))
+                buf = fn(src, **kw) if init == "from_array" else fn(shape, DTYPE, order=order, **kw)
+            elif init == "from_array":
                 buf = cls.from_array(src, **kw)
             else:
                 buf = getattr(cls, init)(shape, DTYPE, order=order, **kw)
@@ -465,9 +490,11 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             return  # refused with a ValueError: documented, and not interesting every time
         values = values_for(seed, view.shape)
         stg = self.staging_arg(staging)
-        # A strided view of host-visible memory is written by the host, unless staging=False asks for
-        # a DMA, which a strided view cannot take (a documented ValueError).
-        strided_dma = not view.contiguous() and staging == "false"
+        # A strided view of pinned memory is written by the host, unless staging=False asks for a DMA,
+        # which a strided view cannot take (a documented ValueError); one of managed memory, which a
+        # device may hold, is a DMA operand and refused the same way (the copy layer's docs; ``buf[key]
+        # = values`` writes it, the numba family's element_write).
+        strided_dma = not view.contiguous() and (staging == "false" or view.kind == "managed")
         what = f"{view.label}.copy_from_host(values, stream={stream}, staging={staging})"
         with self.run(what, view, allowed=(ValueError,) if strided_dma else ()):
             view.buf.copy_from_host(values, stream=self.stream(stream), staging=stg)
@@ -485,10 +512,11 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         view=buffers,
         stream=st.sampled_from(STREAMS),
         staging=st.sampled_from(("none", "false", "true", "user")),
-        into=st.sampled_from(("new", "numpy", "pinned")),
+        into=st.sampled_from(("new", "numpy", "ary", "pinned")),
     )
     def copy_to_host(self, view: View, stream: str, staging: str, into: str) -> None:
-        """``buf.copy_to_host()`` into a new array, a given numpy array, or a PinnedBuffer (then read)."""
+        """``buf.copy_to_host()`` into a new array, a given numpy array (positional, or numba's ``ary=``), or a
+        PinnedBuffer (then read)."""
         if not view.contiguous() and view.kind not in HOST_KINDS:
             return
         if into == "pinned" and not view.contiguous():
@@ -501,6 +529,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             elif into == "numpy":
                 got = np.full(view.shape, -7, DTYPE)
                 view.buf.copy_to_host(got, stream=s, staging=stg)
+            elif into == "ary":
+                got = np.full(view.shape, -7, DTYPE)
+                assert view.buf.copy_to_host(ary=got, stream=s, staging=stg) is got
             else:
                 order = "F" if view.model().flags.f_contiguous and not view.model().flags.c_contiguous else "C"
                 out = um.PinnedBuffer.empty(view.shape, DTYPE, order=order)
@@ -511,9 +542,15 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                     out.close()
             check_equal(got, view, f"{view.label}.copy_to_host")
 
-    @rule(dst=buffers, data=st.data(), stream=st.sampled_from(STREAMS))
-    def um_copy(self, dst: View, data: Any, stream: str) -> None:
-        """``um.copy(dst, src)`` between two contiguous views of equal shape and order."""
+    @rule(
+        dst=buffers,
+        data=st.data(),
+        stream=st.sampled_from(STREAMS),
+        how=st.sampled_from(("um.copy", "copy_to_device", "copy_into")),
+    )
+    def um_copy(self, dst: View, data: Any, stream: str, how: str = "um.copy") -> None:
+        """``um.copy(dst, src)``, ``dst.copy_to_device(src)`` (numba's direction) or, from a PinnedBuffer,
+        ``src.copy_into(dst)``, between two contiguous views of equal shape and order."""
         if not dst.contiguous():
             return
         dm = dst.model()
@@ -529,10 +566,128 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         if not candidates:
             return
         src = data.draw(st.sampled_from(candidates), label="src")
-        with self.run(f"um.copy({dst.label}, {src.label}, stream={stream})", dst, src):
-            um.copy(dst.buf, src.buf, stream=self.stream(stream))
+        if how == "copy_into" and not src.kind.startswith("pinned"):
+            how = "um.copy"  # copy_into is a PinnedBuffer's
+        what = {
+            "um.copy": f"um.copy({dst.label}, {src.label}, stream={stream})",
+            "copy_to_device": f"{dst.label}.copy_to_device({src.label}, stream={stream})",
+            "copy_into": f"{src.label}.copy_into({dst.label}, stream={stream})",
+        }[how]
+        with self.run(what, dst, src):
+            s = self.stream(stream)
+            if how == "um.copy":
+                um.copy(dst.buf, src.buf, stream=s)
+            elif how == "copy_to_device":
+                dst.buf.copy_to_device(src.buf, stream=s)
+            else:
+                src.buf.copy_into(dst.buf, stream=s)
             dst.model()[...] = src.model()
             dst.known()[...] = src.known()
+
+    # -- numba's array habits ---------------------------------------------------------------------
+    @family("numba")
+    @rule(view=buffers, data=st.data())
+    def element_read(self, view: View, data: Any) -> None:
+        """``buf[i, j]``: an integer per axis gives the element's value, a host read that waits for device work."""
+        shape = view.shape
+        if not shape or 0 in shape:
+            return
+        index = tuple(data.draw(st.integers(-n, n - 1), label="index") for n in shape)
+        what = f"{view.label}{fmt_index(index)}"
+        with self.run(what, view):
+            got = view.buf[index]
+            assert np.ndim(got) == 0 and not hasattr(got, "_coherence_tracker"), (
+                f"{what} gave a {type(got).__name__}, not the element's value"
+            )
+            expected = view.model()[index]
+            if view.known()[index] and got != expected:
+                raise AssertionError(f"{what} ({view.kind}) read {got}, the model says {expected}")
+
+    @family("numba")
+    @rule(
+        view=buffers,
+        data=st.data(),
+        seed=st.integers(0, 2**16),
+        how=st.sampled_from(("element", "slice", "scalar")),
+    )
+    def element_write(self, view: View, data: Any, seed: int, how: str) -> None:
+        """``buf[key] = value`` from the host: an element, or a slice per axis (any step, negative too) set to
+        random values or to one scalar (broadcast); ordered after earlier device work, before later."""
+        shape = view.shape
+        if not shape or 0 in shape:
+            return
+        key: tuple[Any, ...]
+        if how == "element":
+            key = tuple(data.draw(st.integers(-n, n - 1), label="index") for n in shape)
+        else:
+            parts = []
+            for n in shape:
+                start = data.draw(st.integers(0, n - 1), label="start")
+                stop = data.draw(st.sampled_from((None, *range(n + 1))), label="stop")
+                step = data.draw(st.sampled_from((1, 1, 2, 3, -1, -2)), label="step")
+                parts.append(slice(start, stop, step))
+            key = tuple(parts)
+        region = view.model()[key]
+        value: Any = int(values_for(seed, ())) if how != "slice" else values_for(seed, np.shape(region))
+        with self.run(f"{view.label}{fmt_index(key)} = {'values' if how == 'slice' else value}", view):
+            view.buf[key] = value
+            view.model()[key] = value
+            view.known()[key] = True
+
+    @family("numba")
+    @rule(
+        view=buffers,
+        seed=st.integers(0, 2**16),
+        stream=st.sampled_from(STREAMS),
+        layout=st.sampled_from(("C", "F", "strided")),
+    )
+    def copy_to_device_from_numpy(self, view: View, seed: int, stream: str, layout: str) -> None:
+        """``buf.copy_to_device(a)``: numba's direction, from a numpy array (any layout) into the buffer."""
+        if not view.contiguous() and not view.kind.startswith("pinned"):
+            return  # a strided DMA destination: a documented ValueError, as for copy_from_host
+        values = values_for(seed, view.shape)
+        if layout == "F":
+            src = np.asfortranarray(values)
+        elif layout == "strided" and values.ndim:
+            wide = np.zeros((*values.shape[:-1], 2 * values.shape[-1]), DTYPE)
+            wide[..., ::2] = values
+            src = wide[..., ::2]
+        else:
+            src = values
+        with self.run(f"{view.label}.copy_to_device(values ({layout}), stream={stream})", view):
+            view.buf.copy_to_device(src, stream=self.stream(stream))
+            view.model()[...] = values
+            view.known()[...] = True
+
+    @family("numba")
+    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS), sleep=st.booleans())
+    def ptr_raw_kernel(self, view: View, value: int, stream: str, sleep: bool) -> None:
+        """``buf.ptr`` given to a plain numba kernel (over a numba array made from the raw address, as a library
+        given only the address would), on a stream of its own, sleeping first or not: reading ``ptr`` makes
+        the buffer shared, so host access and later work must see the kernel's write."""
+        shape = view.shape
+        if view.kind not in DEVICE_KINDS or len(shape) not in (1, 2) or 0 in shape:
+            return
+        nd = len(shape)
+        grid, block = launch_config(shape)
+        what = f"raw {'sleeping ' if sleep else ''}kernel on {stream} through {view.label}.ptr writes {value}"
+        with self.run(what, view):
+            iface = {
+                "shape": shape,
+                "strides": view.buf.strides,
+                "typestr": DTYPE.str,
+                "data": (view.buf.ptr, False),
+                "version": 3,
+                "stream": None,
+            }
+            raw = cuda.as_cuda_array(SimpleNamespace(__cuda_array_interface__=iface))
+            if sleep:
+                KERNELS.get(f"plainsleepfill{nd}")[grid, block, self.stream(stream)](raw, value, SLEEP_NS)
+            else:
+                KERNELS.get(f"plainfill{nd}")[grid, block, self.stream(stream)](raw, value)
+            view.alloc.escaped = True
+            view.model()[...] = value
+            view.known()[...] = True
 
     # -- hints ------------------------------------------------------------------------------------
     @family("hints")
@@ -901,8 +1056,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         what = f"on thread {thread}: {view.label}.{op}"
         if op == "fill" and (view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2)):
             return
-        if op == "copy_from_host" and not view.contiguous() and view.kind not in HOST_KINDS:
-            return
+        if op == "copy_from_host" and not view.contiguous() and not view.kind.startswith("pinned"):
+            return  # a strided DMA destination: a documented ValueError (see copy_from_host)
 
         def job() -> Any:
             if op == "fill":
@@ -1170,6 +1325,7 @@ def warm_up() -> None:
             for name in ("fill", "opaquefill", "rowfill", "plainfill"):
                 KERNELS.get(f"{name}{nd}")[launch_config(a.shape)](a, 1)
             KERNELS.get(f"sleepfill{nd}")[launch_config(a.shape)](a, 1, 0)
+            KERNELS.get(f"plainsleepfill{nd}")[launch_config(a.shape)](a, 1, 0)
             for name in ("add", "copy"):
                 KERNELS.get(f"{name}{nd}")[launch_config(a.shape)](a, a, *a.shape)
         one.synchronize()

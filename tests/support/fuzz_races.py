@@ -151,7 +151,8 @@ class RaceRules:
         on another and dropped (closed, or let go; the pool's cached blocks then given back to the
         driver, with ``trim``), all allocated on ``alloc_stream`` (renewed between rounds: a new
         numba stream that may get the old handle); then one more, written at once on
-        its stream (tracked, or raw through ``ptr``: stream order is all the user promises) or
+        its stream (tracked, or raw through the untracked address, ``_address``: stream order is all the user
+        promises; ``ptr`` would mark the buffer shared, and the pool then holds its block) or
         through ``.host``, kept.  Nothing of an earlier round may land on it, and
         ``dst`` must hold the last round's value, whichever is read first.
         """
@@ -211,7 +212,7 @@ class RaceRules:
                 n = host.nbytes
                 if n:
                     um.driver_call(
-                        "cuMemcpyAsync", buf.ptr, host.ctypes.data, n, self.handle(alloc_stream), detail="fuzz"
+                        "cuMemcpyAsync", buf._address, host.ctypes.data, n, self.handle(alloc_stream), detail="fuzz"
                     )
                     um.driver_call("cuStreamSynchronize", self.handle(alloc_stream), detail="fuzz")
             else:
@@ -653,7 +654,7 @@ class RaceRules:
     ) -> Any:
         """A worker thread allocates a temporary on its default stream (handle 2), writes it, copies it
         into a kept buffer there and lets it go; this thread then allocates one of its size on its own
-        default stream (handle 2 too, another stream) and writes it at once (raw through ``ptr``, or
+        default stream (handle 2 too, another stream) and writes it at once (raw through the untracked ``_address``, or
         tracked): the worker's copy must still read the worker's value."""
         model_kind, pool = TEMPS[temp]
         what = f"{temp} temporary let go on {thread}'s default stream, the next one taken on this thread's"
@@ -674,7 +675,7 @@ class RaceRules:
             if raw:
                 host = np.full(shape, values[1], DTYPE)
                 h = self.handle("per-thread")
-                um.driver_call("cuMemcpyAsync", buf.ptr, host.ctypes.data, host.nbytes, h, detail="fuzz")
+                um.driver_call("cuMemcpyAsync", buf._address, host.ctypes.data, host.nbytes, h, detail="fuzz")
                 um.driver_call("cuStreamSynchronize", h, detail="fuzz")
             else:
                 self.write_temp(buf, model_kind, values[1], "per-thread", sleep=False)

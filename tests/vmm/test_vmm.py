@@ -326,8 +326,8 @@ def test_buffer_basics_access_range_stats(rng, device_memory):
     assert (buf.shape, buf.dtype, buf.capacity) == ((n,), np.int32, n)
     assert buf.mapped_nbytes == mapped and buf.reserved_nbytes == mapped and buf.chunk_count == 1
     # capacity == length: the driver's range for the pointer is exactly our mapping.
-    assert _range_of(buf.ptr + 8) == (buf.ptr, mapped)
-    assert _access(buf.ptr) == 3 and _access(buf.ptr + mapped - 1) == 3
+    assert _range_of(buf._address + 8) == (buf._address, mapped)
+    assert _access(buf._address) == 3 and _access(buf._address + mapped - 1) == 3
     assert buf.get_access(0) is AccessFlags.READ_WRITE
     s1 = umem_numba.stats()["vmm"]
     assert (s1.live_count, s1.live_bytes) == (s0.live_count + 1, s0.live_bytes + mapped)
@@ -335,7 +335,7 @@ def test_buffer_basics_access_range_stats(rng, device_memory):
     _launch(_affine, n, buf, 2, 5)
     np.testing.assert_array_equal(buf.copy_to_host(), data * 2 + 5)
     iface = buf.__cuda_array_interface__
-    assert iface["shape"] == (n,) and iface["data"][0] == buf.ptr
+    assert iface["shape"] == (n,) and iface["data"][0] == buf._address
     with pytest.raises(UnsupportedError, match="copy_to_host"):
         buf.host
     with pytest.raises(UnsupportedError):
@@ -357,25 +357,25 @@ def test_grow_keeps_address_contents_and_views(rng, dtype, device_memory):
     n0 = 1_000_003
     data = random_array(rng, n0, dtype)
     buf = VMMBuffer.from_array(data, capacity=4 * n0)
-    ptr0, g = buf.ptr, buf.granularity
+    ptr0, g = buf._address, buf.granularity
     _launch(_affine, n0, buf, 1, 0)  # caches numba's launch view of the old shape
     view = buf[17:4017]
-    vptr = view.ptr
+    vptr = view._address
     gc.collect()
     s0 = umem_numba.stats()["vmm"]
 
     buf.grow(3 * n0)
-    assert buf.ptr == ptr0 and buf.shape == (3 * n0,) and len(buf) == 3 * n0
+    assert buf._address == ptr0 and buf.shape == (3 * n0,) and len(buf) == 3 * n0
     assert buf.chunk_count == 2 and buf.mapped_nbytes == round_up(3 * n0 * data.itemsize, g)
     assert umem_numba.stats()["vmm"].live_bytes - s0.live_bytes == buf.mapped_nbytes - round_up(data.nbytes, g)
-    assert view.ptr == vptr
+    assert view._address == vptr
     np.testing.assert_array_equal(view.copy_to_host(), data[17:4017])
     np.testing.assert_array_equal(buf[:n0].copy_to_host(), data)
     # The new chunk is granted like the first; the range stays inside our reservation.
-    last = buf.ptr + 3 * n0 * data.itemsize - 1
+    last = buf._address + 3 * n0 * data.itemsize - 1
     assert _access(last) == 3
     start, size = _range_of(last)
-    assert buf.ptr <= start <= last < start + size <= buf.ptr + buf.reserved_nbytes
+    assert buf._address <= start <= last < start + size <= buf._address + buf.reserved_nbytes
 
     _launch(_double_then_fill, 3 * n0, buf, n0)  # the launch must see the new length
     out = buf.copy_to_host()
@@ -447,7 +447,7 @@ def test_shrink_returns_memory_and_retires_views_beyond(rng, device_memory):
     with pytest.raises(BufferClosedError):
         beyond.copy_to_host()
     after = buf[-100:]
-    assert after.ptr == buf.ptr + (len(buf) - 100) * 4
+    assert after._address == buf._address + (len(buf) - 100) * 4
 
     # A shrink inside the first chunk keeps that chunk mapped.
     buf.shrink(10)
@@ -468,7 +468,7 @@ def test_failures_leave_the_buffer_exactly_as_it_was(rng, device_memory):
     gc.collect()
 
     def snapshot():
-        return (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
+        return (buf.shape, buf._address, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
 
     before, free0 = snapshot(), _free_bytes()
     with pytest.raises(OutOfMemoryError) as info:
@@ -492,7 +492,7 @@ def test_failures_leave_the_buffer_exactly_as_it_was(rng, device_memory):
     assert free0 - _free_bytes() < 4 * MiB, "a failed operation kept device memory"
     np.testing.assert_array_equal(buf.copy_to_host(), data)
     buf.grow(2 * n)  # still fully working
-    assert buf.ptr == before[1] and buf.chunk_count == 2
+    assert buf._address == before[1] and buf.chunk_count == 2
     np.testing.assert_array_equal(buf[:n].copy_to_host(), data)
     buf.close()
     device_memory()
@@ -505,12 +505,12 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
     data = random_array(rng, n, np.int32)
     with VMMBuffer.from_array(data, capacity=2 * n, chunk_bytes=g) as buf:
         assert buf.chunk_count == 4 and buf.chunk_bytes == g
-        ptr0 = buf.ptr
+        ptr0 = buf._address
         half = buf[n // 2 :]
         half.set_access(0, AccessFlags.READ)
-        assert buf.ptr == ptr0 and half.ptr == ptr0 + 2 * g
-        assert _access(buf.ptr) == 3 and _access(buf.ptr + 2 * g - 1) == 3
-        assert _access(half.ptr) == 1 and _access(buf.ptr + 4 * g - 1) == 1
+        assert buf._address == ptr0 and half._address == ptr0 + 2 * g
+        assert _access(buf._address) == 3 and _access(buf._address + 2 * g - 1) == 3
+        assert _access(half._address) == 1 and _access(buf._address + 4 * g - 1) == 1
         assert half.get_access(0) is AccessFlags.READ and buf.get_access(0) is AccessFlags.READ_WRITE
         # Reading through the READ-only part is allowed.
         dst = cuda.device_array(n, np.int32)
@@ -521,18 +521,18 @@ def test_set_access_whole_and_ranges_read_back(rng, device_memory):
             buf[10 : n // 2].set_access(0, AccessFlags.READ)
         with pytest.raises(ValueError, match="empty view"):
             buf[5:5].set_access(0, AccessFlags.READ)
-        assert _access(buf.ptr) == 3  # the refused calls changed nothing
+        assert _access(buf._address) == 3  # the refused calls changed nothing
         buf[: n // 4].set_access(0, AccessFlags.NONE)
-        assert _access(buf.ptr) == 0 and _access(buf.ptr + g) == 3 and _access(half.ptr) == 1
+        assert _access(buf._address) == 0 and _access(buf._address + g) == 3 and _access(half._address) == 1
 
         # A grant on the whole buffer also covers memory mapped by later growth.
         buf.set_access(0, AccessFlags.READ)
-        assert _access(buf.ptr) == 1 and _access(buf.ptr + 4 * g - 1) == 1
+        assert _access(buf._address) == 1 and _access(buf._address + 4 * g - 1) == 1
         buf.grow(2 * n)
-        assert buf.chunk_count == 8 and buf.ptr == ptr0
-        assert _access(buf.ptr + 8 * g - 1) == 1 and buf[n:].get_access(0) is AccessFlags.READ
+        assert buf.chunk_count == 8 and buf._address == ptr0
+        assert _access(buf._address + 8 * g - 1) == 1 and buf[n:].get_access(0) is AccessFlags.READ
         buf.set_access(0, AccessFlags.READ_WRITE)
-        assert _access(buf.ptr) == 3 and _access(buf.ptr + 8 * g - 1) == 3
+        assert _access(buf._address) == 3 and _access(buf._address + 8 * g - 1) == 3
         _launch(_double_then_fill, 2 * n, buf, n)
         out = buf.copy_to_host()
         np.testing.assert_array_equal(out[:n], data * 2)
@@ -555,11 +555,12 @@ def test_growth_in_many_chunks_is_all_or_nothing_on_oom(rng, device_memory):
     data = random_array(rng, 1000, np.int32)
     with VMMBuffer.from_array(data, chunk_bytes=chunk) as buf:
         gc.collect()
-        before = (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
+        before = (buf.shape, buf._address, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
         free0 = _free_bytes()
         with pytest.raises(OutOfMemoryError, match="cuMemCreate"):
             buf.grow(buf.capacity)
-        assert (buf.shape, buf.ptr, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes) == before
+        after = (buf.shape, buf._address, buf.mapped_nbytes, buf.chunk_count, umem_numba.stats()["vmm"].live_bytes)
+        assert after == before
         # one-sided: the driver may hand back unrelated cached memory meanwhile
         assert _free_bytes() >= free0 - 4 * MiB, "chunks mapped before the failure were not given back"
         np.testing.assert_array_equal(buf.copy_to_host(), data)
@@ -591,7 +592,7 @@ _CHILD_READ_ONLY = textwrap.dedent("""
     data = np.random.default_rng(int(sys.argv[1])).integers(1, 1000, n).astype(np.int32)
     buf = VMMBuffer.from_array(data)
     buf.set_access(0, AccessFlags.READ)
-    report = {"access": int(_driver.call("cuMemGetAccess", Location.device(0).to_cu(), buf.ptr))}
+    report = {"access": int(_driver.call("cuMemGetAccess", Location.device(0).to_cu(), buf._address))}
     dst = cuda.device_array(n, np.int32)
     copy[n // 256, 256](dst, buf)
     report["read_ok"] = bool((dst.copy_to_host() == data).all())
@@ -655,9 +656,9 @@ def test_copies_to_and_from_host(rng):
 @gpu
 def test_zeros_and_zero_length_growth(rng):
     with VMMBuffer.zeros((0, 4), np.int32, capacity=10_000) as buf:
-        assert buf.ptr == 0 and buf.mapped_nbytes == 0 and buf.chunk_count == 0
+        assert buf._address == 0 and buf.mapped_nbytes == 0 and buf.chunk_count == 0
         buf.grow(10_000)
-        assert buf.ptr != 0 and buf.chunk_count == 1
+        assert buf._address != 0 and buf.chunk_count == 1
         data = random_array(rng, (10_000, 4), np.int32)
         buf.copy_from_host(data)
         np.testing.assert_array_equal(buf.copy_to_host(), data)
@@ -687,7 +688,7 @@ _CHILD_IPC = textwrap.dedent("""
     report = {"seen_ok": bool((seen == expected).all()), "mismatches": int((seen != expected).sum())}
     affine[256, 256](buf, 3, -11)
     buf.synchronize()
-    report["ptr"] = buf.ptr
+    report["ptr"] = buf._address
     buf.close()
     print("REPORT " + json.dumps(report), flush=True)
 """)
@@ -752,11 +753,11 @@ def test_peer_device_gets_access_only_when_granted(rng, device_memory):
     n = 1 << 20
     data = random_array(rng, n, np.int32)
     with VMMBuffer.from_array(data, device=0, capacity=4 * n) as buf:
-        assert _access(buf.ptr, 1) == 0 and buf.get_access(1) is AccessFlags.NONE
+        assert _access(buf._address, 1) == 0 and buf.get_access(1) is AccessFlags.NONE
         buf.set_access(1, AccessFlags.READ_WRITE)
-        assert _access(buf.ptr, 1) == 3 and _access(buf.ptr, 0) == 3
+        assert _access(buf._address, 1) == 3 and _access(buf._address, 0) == 3
         buf.grow(2 * n)  # the peer grant extends to the new chunk
-        assert _access(buf.ptr + 2 * n * 4 - 1, 1) == 3
+        assert _access(buf._address + 2 * n * 4 - 1, 1) == 3
         with cuda.gpus[1]:
             _launch(_double_then_fill, 2 * n, buf, n)
             cuda.synchronize()
@@ -764,7 +765,7 @@ def test_peer_device_gets_access_only_when_granted(rng, device_memory):
         np.testing.assert_array_equal(out[:n], data * 2)
         np.testing.assert_array_equal(out[n:], (np.arange(n, 2 * n) % 1000) + 3)
         buf.set_access(1, AccessFlags.READ)
-        assert _access(buf.ptr, 1) == 1
+        assert _access(buf._address, 1) == 1
     device_memory()
 
 

@@ -19,7 +19,9 @@ Close semantics
 
 from __future__ import annotations
 
+import itertools
 import reprlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -212,7 +214,50 @@ class Buffer(DeviceExports, _Base):
 
     @property
     def ptr(self) -> int:
-        """Address of the first element (as kernels see it)."""
+        """The device address of the first element, for work umem_numba does not issue.
+
+        For a raw kernel, a driver call or another library given only the
+        address.  Reading it marks the buffer as shared, as reading
+        ``__cuda_array_interface__`` does: device work that may still use
+        the buffer is settled first, under the coherence policy (the reader
+        may start its own work at once, on any stream), and the buffer
+        *escapes*: from then on host access, and toolkit work on it,
+        synchronise every device, since work through the address cannot be
+        seen.  A zero-size buffer or view gives 0 and marks nothing.
+
+        For bounded raw work, read the address of a lent view instead:
+        ``with buf.lend(stream) as view: view.ptr`` gives the same address
+        for work on ``stream``, recorded precisely when the block ends
+        (nothing escapes).  Kernels through :func:`~umem_numba.launch`,
+        :func:`~umem_numba.jit` or a plain ``kernel[g, b](buf)`` take the
+        buffer itself, never its address.
+
+        Raises
+        ------
+        CoherenceError
+            Inside this buffer's own ``lend`` block on this thread (use the
+            lent view's ``ptr``), or device work is pending under the
+            ``"raise"`` policy.
+        """
+        alloc = self._live()
+        if not self.size:
+            return 0
+        tracker = alloc.tracker
+        tracker.refuse_inside_own_lend(
+            "reading ptr of a lent buffer (use the lent view's ptr for work on the lent stream)"
+        )
+        tracker.before_host_access("ptr")
+        tracker.on_device_export(True)
+        _driver.exit_hook_first()  # the library given the address exits after umem_numba's hook
+        return alloc.device_ptr + self._offset
+
+    @property
+    def _address(self) -> int:
+        """The device address of the first element, untracked: umem_numba's own reads (copies, launches, pools).
+
+        Reading it tells the coherence tracker nothing; code that hands the
+        address to device work umem_numba does not see reads :attr:`ptr`.
+        """
         alloc = self._live()
         return alloc.device_ptr + self._offset if self.size else 0
 
@@ -236,12 +281,122 @@ class Buffer(DeviceExports, _Base):
         """Ordinal of the device whose context owns the memory."""
         return self._live().device_id
 
-    # -- views --------------------------------------------------------------------
-    def __getitem__(self, key: Any) -> Buffer:
-        """Basic indexing: ints, slices (any step) and ``...``; returns a view."""
+    # -- views and elements ---------------------------------------------------------
+    def __getitem__(self, key: Any) -> Any:
+        """Basic indexing, as numpy and numba's device arrays do it: ints, slices (any step) and ``...``.
+
+        An integer for every axis gives the element's *value* (a numpy
+        scalar, a copy): a host read that first waits for the device work
+        recorded on the buffer, under the coherence policy, as numba's
+        ``DeviceNDArray`` element reads do.  Memory the host reads directly
+        (managed, pinned) is read in place; device and VMM memory by a small
+        DMA copy.  Anything else gives a view (no copy), a 0-d one too where
+        the key holds ``...`` (``buf[i, j, ...]``).
+
+        Raises
+        ------
+        IndexError
+            Too many indices, or an integer out of range.
+        TypeError
+            Advanced (array, list, boolean) or other unsupported indices.
+        """
         self._live()
         offset, shape, strides = _layout.index_view(self._shape, self._strides, key)
-        return self._view(self._offset + offset, shape, strides)
+        view = self._view(self._offset + offset, shape, strides)
+        if shape or not _element_key(key):
+            return view
+        return view._element_value()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """Assign from the host, as numpy does it: ``buf[i] = v``, ``buf[2:5] = a``, ``buf[::2, 1] = 0``.
+
+        ``value`` is broadcast to the indexed view and cast to its dtype,
+        numpy's way; a umem_numba buffer or a device array of the view's
+        shape and dtype is copied by DMA.  Ordered like
+        :meth:`copy_from_host`: after the device work recorded on the
+        buffer, and before later host access and launches.  Memory the host
+        reads directly (managed, pinned) is written in place once that work
+        is done (the coherence policy decides how to wait); device and VMM
+        memory by DMA on the buffer's device's default stream, one copy per
+        contiguous run of a strided view (assign to the contiguous buffer
+        instead where the runs are many and short).
+
+        Raises
+        ------
+        IndexError, TypeError
+            A key :meth:`__getitem__` refuses, or an object ``value``.
+        ValueError
+            ``value`` cannot be broadcast to the view.
+        """
+        self._live()
+        offset, shape, strides = _layout.index_view(self._shape, self._strides, key)
+        self._view(self._offset + offset, shape, strides)._assign(value)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate over the first axis, as numpy does: values of a 1-d buffer, views of a larger one.
+
+        Each value is an element read (see :meth:`__getitem__`): for many
+        elements, copy the buffer to the host once instead.
+        """
+        if not self._shape:
+            raise TypeError("iteration over a 0-d buffer")
+        return (self[i] for i in range(self._shape[0]))
+
+    def _element_value(self) -> Any:
+        """The value of this 0-d view: a host read that waits for the device work on the buffer."""
+        if self._host_accessible:
+            here = self._host_array("element read")
+        else:
+            here = np.empty((), self._dtype)
+            self.copy_to_host(here)
+        return here.copy()[()]  # a copy first: a record scalar would be a view of the buffer
+
+    def _assign(self, value: Any) -> None:
+        """``self[...] = value`` from the host, ordered like :meth:`copy_from_host` (see :meth:`__setitem__`)."""
+        if _device_operand(value):
+            self.copy_from_host(value)  # a buffer or device array: DMA, both sides ordered
+            return
+        src = np.asarray(value)
+        if src.dtype.hasobject:
+            raise TypeError(
+                f"cannot assign {type(value).__name__} to a {type(self).__name__} of {self._dtype}: "
+                "object values cannot live in CUDA memory"
+            )
+        order = _layout.dense_order(self._shape, self._strides, self._dtype.itemsize)
+        dense = np.empty(self._shape, self._dtype, order="F" if order == "F" else "C")
+        # numpy's broadcasting and casting, on the host first: a value that does not fit the view
+        # is refused before anything waits for, or is queued on, the device.
+        np.copyto(dense, src, casting="unsafe")
+        if self._host_accessible:
+            self._host_array("item assignment")[...] = dense
+        elif order:
+            self.copy_from_host(dense)
+        else:
+            self._scatter_from_host(dense)
+
+    def _scatter_from_host(self, src: np.ndarray) -> None:
+        """Write a strided view of device-only memory from C-ordered ``src``: one DMA per contiguous run.
+
+        The runs are queued on the default stream of the buffer's device as
+        one piece of tracked work (ordered after the work recorded on the
+        buffer, recorded as a write).  ``src`` is pageable host memory, which
+        the driver has read when each ``cuMemcpyAsync`` returns.
+        """
+        if not self.size:
+            return
+        alloc = self._live()
+        itemsize = self._dtype.itemsize
+        shape, strides = self._shape, self._strides
+        if strides[-1] == itemsize:  # the last axis is dense: runs along it
+            run, outer, outer_strides = shape[-1] * itemsize, shape[:-1], strides[:-1]
+        else:
+            run, outer, outer_strides = itemsize, shape, strides
+        base, host = alloc.device_ptr + self._offset, src.ctypes.data
+        what = f"item assignment to a strided {type(self).__name__} view"
+        with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, True)], 0, what):
+            for k, index in enumerate(itertools.product(*(range(n) for n in outer))):
+                dst = base + sum(i * st for i, st in zip(index, outer_strides, strict=True))
+                _driver.call("cuMemcpyAsync", dst, host + k * run, run, 0, detail=what)
 
     def transpose(self, *axes: Any) -> Buffer:
         """A view with the axes permuted, like ``ndarray.transpose`` (no copy).
@@ -343,19 +498,22 @@ class Buffer(DeviceExports, _Base):
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def copy_to_host(self, out: Any = None, stream: Any = None, *, staging: Any = None) -> Any:
+    def copy_to_host(self, ary: Any = None, stream: Any = 0, *, out: Any = None, staging: Any = None) -> Any:
         """Copy the elements into a new numpy array, a given one, or a :class:`PinnedBuffer`.
 
         Parameters
         ----------
-        out : numpy.ndarray or PinnedBuffer, optional
-            Same shape and dtype, writeable (C-contiguous where a device may
+        ary : numpy.ndarray or PinnedBuffer, optional
+            The destination (numba's name for it; ``out`` is the same):
+            same shape and dtype, writeable (C-contiguous where a device may
             hold the data).  A :class:`PinnedBuffer` receives an asynchronous
             copy: host access to it waits for the copy (coherence), so it works
             as a reusable destination.
         stream : numba stream, 0 or None
-            The stream of the copy (``None``/``0``: the buffer's device's
+            The stream of the copy (``0``/``None``: the buffer's device's
             default stream).
+        out : numpy.ndarray or PinnedBuffer, optional
+            The destination, as ``ary`` (give one of them).
         staging : None, bool or PinnedBuffer
             How to reach pageable numpy memory (see :doc:`/concepts/memory-kinds`):
             ``None`` picks the measured faster path, ``False`` lets the driver
@@ -371,10 +529,11 @@ class Buffer(DeviceExports, _Base):
         Raises
         ------
         ValueError
-            ``out`` does not match, or a strided view of memory the host cannot
-            read (copy the contiguous buffer it slices instead).
+            The destination does not match, or a strided view of memory the
+            host cannot read (copy the contiguous buffer it slices instead).
         TypeError
-            ``out`` or ``staging`` of the wrong type.
+            The destination or ``staging`` of the wrong type, or both ``ary``
+            and ``out`` given.
 
         Notes
         -----
@@ -382,9 +541,42 @@ class Buffer(DeviceExports, _Base):
         (``cuMemcpyAsync``) after the device work recorded on the buffer, not
         read page by page by the host.
         """
-        return _copy.to_host(self._copy_side(), out, stream, staging)
+        if out is not None:
+            if ary is not None:
+                raise TypeError("copy_to_host: give the destination as ary or out, not both (ary is numba's name)")
+            ary = out
+        return _copy.to_host(self._copy_side(), ary, stream, staging)
 
-    def copy_from_host(self, array: Any, stream: Any = None, *, staging: Any = None) -> None:
+    def copy_to_device(self, ary: Any, stream: Any = 0, *, staging: Any = None) -> None:
+        """Copy ``ary`` *into* this buffer, as numba's ``DeviceNDArray.copy_to_device(ary)`` does.
+
+        The source is the argument: a host array (anything ``np.asarray``
+        takes: a list, a numpy array), another buffer, a numba device array
+        or a cuda.core view; same shape and dtype.  Ordered like
+        :meth:`copy_from_host`, which it is under numba's name (a
+        :class:`PinnedBuffer` copies *out* to a device array with
+        :meth:`PinnedBuffer.copy_into`).
+
+        Parameters
+        ----------
+        ary : array_like, buffer or device array
+            The source.
+        stream : numba stream, 0 or None
+            The stream of the copy (``0``/``None``: the buffer's device's
+            default stream).
+        staging : None, bool or PinnedBuffer
+            As in :meth:`copy_to_host`, for a pageable numpy source.
+
+        Raises
+        ------
+        ValueError
+            Shape or dtype mismatch, or this view is strided and device-resident.
+        TypeError
+            An object array as the source.
+        """
+        _copy.from_host(self._copy_side(), ary, stream, staging)
+
+    def copy_from_host(self, array: Any, stream: Any = 0, *, staging: Any = None) -> None:
         """Copy a host array (or another buffer / device array) of the same shape and dtype into this one.
 
         Parameters
@@ -469,11 +661,32 @@ class Buffer(DeviceExports, _Base):
         extra = self._repr_extra()
         return (
             f"{type(self).__name__}(shape={self._shape}, dtype={self._dtype}{extra}, "
-            f"ptr={self.ptr:#x}{', view' if not self._owner else ''})"
+            f"ptr={self._address:#x}{', view' if not self._owner else ''})"
         )
 
     def _repr_extra(self) -> str:
         return ""
+
+
+def _device_operand(value: Any) -> bool:
+    """Whether an assigned value is a copy-layer device operand (a buffer, a device array, a cuda.core view).
+
+    Asked of the class where it can be (a CUDA Array Interface is often a
+    property with effects: a buffer's escapes), as the copy layer tells them.
+    """
+    if hasattr(value, "_copy_side") or _copy.is_cuda_core(value):
+        return True
+    if isinstance(value, np.ndarray):
+        return False
+    return hasattr(type(value), "__cuda_array_interface__") or "__cuda_array_interface__" in getattr(
+        value, "__dict__", ()
+    )
+
+
+def _element_key(key: Any) -> bool:
+    """Whether an index that left no dimension names an element (no slice, no ``...``), as numpy tells them apart."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return not any(k is Ellipsis or isinstance(k, slice) for k in parts)
 
 
 def _check_same(shape_a: tuple, dtype_a: np.dtype, shape_b: tuple, dtype_b: np.dtype, what: str) -> None:
@@ -521,6 +734,28 @@ def new_layout(shape: Any, dtype: Any, order: str = "C") -> Layout:
             _layouts.clear()
         _layouts[key] = layout
     return layout
+
+
+def like_layout(array: Any, order: Any, what: str) -> tuple[Any, Any, str]:
+    """``(shape, dtype, order)`` of a new buffer like ``array`` (``np.empty_like``'s rules; the ``*_like`` shortcuts).
+
+    ``array`` is anything with ``shape`` and ``dtype`` (a buffer, a numba or
+    numpy array; nothing is read from it) or that ``np.asarray`` takes.
+    ``order="K"`` keeps an F-ordered ``array``'s order and makes anything
+    else C-ordered.
+    """
+    shape = getattr(array, "shape", None)
+    dtype = getattr(array, "dtype", None)
+    strides = getattr(array, "strides", None)
+    if shape is None or dtype is None:
+        arr = np.asarray(array)
+        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
+    order = _layout.check_order(order, what, allow_keep=True)
+    if order == "K":
+        dt = np.dtype(dtype)
+        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), dt.itemsize) == "F"
+        order = "F" if f_only else "C"
+    return shape, dtype, order
 
 
 def source_order(src: np.ndarray, order: Any, what: str) -> str:

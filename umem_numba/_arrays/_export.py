@@ -180,6 +180,8 @@ class DeviceExports(DLPackExport):
         @property
         def size(self) -> int: ...
         @property
+        def _address(self) -> int: ...
+        @property
         def is_c_contiguous(self) -> bool: ...
         def _live(self) -> Allocation: ...
         def _host_array(self, what: str) -> np.ndarray: ...
@@ -285,8 +287,17 @@ class DeviceExports(DLPackExport):
 
     @property
     def device_ctypes_pointer(self) -> ctypes.c_void_p:
-        """The device address as ``ctypes.c_void_p`` (numba's device-memory protocol)."""
-        alloc = self._device_export()
+        """The device address as ``ctypes.c_void_p`` (numba's device-memory protocol).
+
+        numba reads it for its own copies (``DeviceNDArray.copy_to_device(buf)``),
+        issued at once on numba's stream: as for ``__cuda_array_interface__``,
+        device work that may still use the buffer is settled first, and the
+        buffer escapes.
+        """
+        alloc = self._device_alloc()
+        if alloc.tracker not in _launching.current:
+            alloc.tracker.before_host_access("device_ctypes_pointer")
+        self._device_export()
         return ctypes.c_void_p(alloc.device_ptr + self._offset if self.size else 0)
 
     def _device_array(self) -> np.ndarray:
@@ -509,6 +520,19 @@ class LentView(DLPackExport):
     def stream(self) -> int:
         """The stream handle the view is lent for."""
         return self._stream
+
+    @property
+    def ptr(self) -> int:
+        """The device address of the lent memory's first element, for raw work on the lent stream.
+
+        A raw kernel or driver call queued on :attr:`stream` inside the
+        block is recorded when the block ends, like the lending stream's
+        other work: host access then waits for exactly that, and the buffer
+        does not escape (``buf.ptr`` would make it escape).  Work on another
+        stream must be ordered after the lending stream first (an event) and
+        before the block ends.  0 for a zero-size view.
+        """
+        return self._live()._address
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def _pinned_reference(nbytes: int, clock: _Clock, reps: int) -> dict[str, float]
     host = PinnedBuffer.empty(nbytes, np.uint8)
     dptr = int(_driver.call("cuMemAlloc", nbytes, detail="device buffer for the pinned-copy reference"))
     try:
-        hptr = host.ptr
+        hptr = host._address
         h = clock.handle
         h2d = lambda: _driver.call("cuMemcpyHtoDAsync", dptr, hptr, nbytes, h)  # noqa: E731
         d2h = lambda: _driver.call("cuMemcpyDtoHAsync", hptr, dptr, nbytes, h)  # noqa: E731

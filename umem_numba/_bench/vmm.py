@@ -97,12 +97,12 @@ def _bench_grow(size: int, warmup: int, repeats: int) -> dict:
     from .._vmm._buffer import VMMBuffer
 
     buf = VMMBuffer.empty(size, np.uint8, capacity=2 * size)
-    _memset(buf.ptr, 1, size)
+    _memset(buf._address, 1, size)
     vmm: list[float] = []
     try:
         for r in range(warmup + repeats):
             t = _timed(lambda: buf.grow(2 * size))
-            if buf.ptr == 0 or buf.chunk_count != 2:
+            if buf._address == 0 or buf.chunk_count != 2:
                 raise RuntimeError("grow did not map a second chunk")
             buf.shrink(size)  # untimed: back to one chunk for the next round
             if r >= warmup:
@@ -154,11 +154,11 @@ def _append_vmm(step: int, total: int) -> tuple[float, int]:
     def run() -> None:
         buf = VMMBuffer.empty(step, np.uint8, capacity=total)
         holder["buf"] = buf
-        _memset(buf.ptr, 1, step)
+        _memset(buf._address, 1, step)
         while len(buf) < total:
             n = len(buf)
             buf.grow(n + step)
-            _memset(buf.ptr + n, 1, step)
+            _memset(buf._address + n, 1, step)
 
     t = _timed(run)
     buf = holder["buf"]

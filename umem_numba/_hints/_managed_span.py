@@ -105,7 +105,7 @@ def managed_span(obj: Any, lo: int, hi: int, what: str) -> ManagedSpan:
         alloc = obj._live()
         itemsize = obj.itemsize
         return ManagedSpan(
-            obj.ptr + lo * itemsize, (hi - lo) * itemsize, alloc.device_id, alloc.tracker, label, alloc.memory
+            obj._address + lo * itemsize, (hi - lo) * itemsize, alloc.device_id, alloc.tracker, label, alloc.memory
         )
     info = _layout.cuda_array_info(obj, what)
     itemsize = info.dtype.itemsize

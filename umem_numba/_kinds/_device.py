@@ -8,12 +8,12 @@ import numpy as np
 
 from .. import _driver
 from .._arrays import _layout
-from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, like_layout, new_layout, source_order
 from .._driver._location import StreamLike, stream_handle
 from .._memory._pool import MemoryPool, check_pool, default_pool
 from .._memory._tracker import refuse_capture
 
-__all__ = ["DeviceBuffer"]
+__all__ = ["DeviceBuffer", "device_empty", "device_from", "device_like", "device_zeros"]
 
 
 class DeviceBuffer(Buffer):
@@ -39,10 +39,10 @@ class DeviceBuffer(Buffer):
     def empty(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
         order: str = "C",
     ) -> DeviceBuffer:
         """Allocate without initialising.
@@ -54,7 +54,8 @@ class DeviceBuffer(Buffer):
         pool : MemoryPool, optional
             A ``"device"`` pool; default: the current device's default pool.
         stream : numba stream, 0 or None
-            The allocation stream.
+            The allocation stream (``0``, the default, or ``None``: the
+            legacy default stream).
         order : {"C", "F"}
             Row-major (default) or column-major (Fortran) element order.
 
@@ -84,10 +85,10 @@ class DeviceBuffer(Buffer):
     def zeros(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
         order: str = "C",
     ) -> DeviceBuffer:
         """Allocate and zero on the device (``cuMemsetD8Async`` on ``stream``)."""
@@ -100,7 +101,7 @@ class DeviceBuffer(Buffer):
 
     @classmethod
     def from_array(
-        cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = None, order: str = "K"
+        cls, array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = 0, order: str = "K"
     ) -> DeviceBuffer:
         """A new buffer holding a copy of ``array`` (DMA on ``stream``); ``order="K"`` keeps an F source's order."""
         side, dev_order = cuda_core_source(array, order, "DeviceBuffer.from_array")
@@ -122,3 +123,38 @@ class DeviceBuffer(Buffer):
         buf = cls.empty(src.shape, src.dtype, pool=pool, stream=handle, order=order)
         buf.copy_from_host(src, stream=handle)
         return buf
+
+
+def device_empty(
+    shape: Any, dtype: Any = np.float64, *, pool: MemoryPool | None = None, stream: StreamLike = 0, order: str = "C"
+) -> DeviceBuffer:
+    """Shortcut for :meth:`DeviceBuffer.empty` (numba's ``cuda.device_array``)."""
+    return DeviceBuffer.empty(shape, dtype, pool=pool, stream=stream, order=order)
+
+
+def device_zeros(
+    shape: Any, dtype: Any = np.float64, *, pool: MemoryPool | None = None, stream: StreamLike = 0, order: str = "C"
+) -> DeviceBuffer:
+    """Shortcut for :meth:`DeviceBuffer.zeros` (a ``cuMemsetD8Async`` on ``stream``)."""
+    return DeviceBuffer.zeros(shape, dtype, pool=pool, stream=stream, order=order)
+
+
+def device_like(
+    array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = 0, order: str = "K"
+) -> DeviceBuffer:
+    """An uninitialised :class:`DeviceBuffer` with ``array``'s shape and dtype (numba's ``cuda.device_array_like``).
+
+    ``array`` is anything with ``shape`` and ``dtype`` (a buffer, a numba or
+    numpy array; nothing is read from it) or that ``np.asarray`` takes.
+    ``order="K"`` (default) keeps the order of an F-ordered ``array``; the
+    other arguments are :meth:`DeviceBuffer.empty`'s.
+    """
+    shape, dtype, order = like_layout(array, order, "device_like")
+    return DeviceBuffer.empty(shape, dtype, pool=pool, stream=stream, order=order)
+
+
+def device_from(
+    array: Any, *, pool: MemoryPool | None = None, stream: StreamLike = 0, order: str = "K"
+) -> DeviceBuffer:
+    """Shortcut for :meth:`DeviceBuffer.from_array` (numba's ``cuda.to_device``)."""
+    return DeviceBuffer.from_array(array, pool=pool, stream=stream, order=order)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _driver
 from .._arrays import _layout
-from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
+from .._arrays._buffer import Buffer, cuda_core_source, host_source, like_layout, new_layout, source_order
 from .._arrays._copy import copy
 from .._driver._location import Location, StreamLike, Target, as_location, stream_handle
 from .._hints._advice import ManagedMemoryHints, MigrationPolicy
@@ -73,11 +73,11 @@ class ManagedBuffer(Buffer):
     def empty(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         attach: str = "global",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
         prefetch: Target | None = None,
         order: str = "C",
     ) -> ManagedBuffer:
@@ -88,7 +88,7 @@ class ManagedBuffer(Buffer):
         shape : int or tuple of int
             Dimensions; zero is allowed, negative is not.
         dtype : numpy dtype
-            Any fixed-size dtype (default ``float32``).
+            Any fixed-size dtype (default ``float64``, as numpy's and numba's).
         attach : {"global", "host"}
             ``"global"``: any stream on any device may access it.  ``"host"``:
             attached to the host until a stream attaches it (only matters on
@@ -99,7 +99,8 @@ class ManagedBuffer(Buffer):
             be ``"global"``.
         stream : numba stream, 0 or None
             The allocation stream of a pool buffer, and the stream of the
-            ``prefetch`` (otherwise unused).
+            ``prefetch`` (otherwise unused); ``0`` (default) or ``None``:
+            the legacy default stream.
         prefetch : numba device, int, "cpu"/"cpu:N" or Location, optional
             Prefetch the new memory there on ``stream`` (like RMM's
             ``PrefetchResourceAdaptor``): stream-ordered, tracked like
@@ -175,7 +176,7 @@ class ManagedBuffer(Buffer):
     def zeros(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         attach: str = "global",
         stream: StreamLike = 0,
@@ -208,7 +209,7 @@ class ManagedBuffer(Buffer):
         *,
         attach: str = "global",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
         prefetch: Target | None = None,
         order: str = "K",
     ) -> ManagedBuffer:
@@ -408,37 +409,62 @@ def _prefetch_target(target: Target, what: str, shape: Any = None, dtype: Any = 
     return as_location(loc, require_concurrent=True, what=what)
 
 
-def managed_empty(shape: Any, dtype: Any = np.float32, *, attach: str = "global", order: str = "C") -> ManagedBuffer:
-    """Shortcut for :meth:`ManagedBuffer.empty`."""
-    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
+def managed_empty(
+    shape: Any,
+    dtype: Any = np.float64,
+    *,
+    attach: str = "global",
+    pool: MemoryPool | None = None,
+    stream: StreamLike = 0,
+    prefetch: Target | None = None,
+    order: str = "C",
+) -> ManagedBuffer:
+    """Shortcut for :meth:`ManagedBuffer.empty` (numba's ``cuda.managed_array``), with all its arguments."""
+    return ManagedBuffer.empty(shape, dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)
 
 
 def managed_zeros(
-    shape: Any, dtype: Any = np.float32, *, attach: str = "global", stream: StreamLike = 0, order: str = "C"
+    shape: Any,
+    dtype: Any = np.float64,
+    *,
+    attach: str = "global",
+    pool: MemoryPool | None = None,
+    stream: StreamLike = 0,
+    prefetch: Target | None = None,
+    order: str = "C",
 ) -> ManagedBuffer:
-    """Shortcut for :meth:`ManagedBuffer.zeros`."""
-    return ManagedBuffer.zeros(shape, dtype, attach=attach, stream=stream, order=order)
+    """Shortcut for :meth:`ManagedBuffer.zeros`, with all its arguments."""
+    return ManagedBuffer.zeros(shape, dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)
 
 
-def managed_like(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
+def managed_like(
+    array: Any,
+    *,
+    attach: str = "global",
+    pool: MemoryPool | None = None,
+    stream: StreamLike = 0,
+    prefetch: Target | None = None,
+    order: str = "K",
+) -> ManagedBuffer:
     """An uninitialised buffer with ``array``'s shape and dtype (like ``np.empty_like``).
 
-    ``order="K"`` (default) keeps the order of an F-ordered ``array``.
+    ``array`` is anything with ``shape`` and ``dtype`` (a buffer, a numba or
+    numpy array) or that ``np.asarray`` takes.  ``order="K"`` (default)
+    keeps the order of an F-ordered ``array``; the other arguments are
+    :meth:`ManagedBuffer.empty`'s.
     """
-    shape = getattr(array, "shape", None)
-    dtype = getattr(array, "dtype", None)
-    strides = getattr(array, "strides", None)
-    if shape is None or dtype is None:
-        arr = np.asarray(array)
-        shape, dtype, strides = arr.shape, arr.dtype, arr.strides
-    order = _layout.check_order(order, "managed_like", allow_keep=True)
-    if order == "K":
-        dt = np.dtype(dtype)
-        f_only = strides is not None and _layout.dense_order(tuple(shape), tuple(strides), dt.itemsize) == "F"
-        order = "F" if f_only else "C"
-    return ManagedBuffer.empty(shape, dtype, attach=attach, order=order)
+    shape, dtype, order = like_layout(array, order, "managed_like")
+    return ManagedBuffer.empty(shape, dtype, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)
 
 
-def managed_from(array: Any, *, attach: str = "global", order: str = "K") -> ManagedBuffer:
-    """Shortcut for :meth:`ManagedBuffer.from_array`."""
-    return ManagedBuffer.from_array(array, attach=attach, order=order)
+def managed_from(
+    array: Any,
+    *,
+    attach: str = "global",
+    pool: MemoryPool | None = None,
+    stream: StreamLike = 0,
+    prefetch: Target | None = None,
+    order: str = "K",
+) -> ManagedBuffer:
+    """Shortcut for :meth:`ManagedBuffer.from_array` (numba's ``cuda.to_device`` into managed memory)."""
+    return ManagedBuffer.from_array(array, attach=attach, pool=pool, stream=stream, prefetch=prefetch, order=order)

@@ -99,12 +99,12 @@ class PinnedBuffer(Buffer):
     def empty(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         flags: HostAllocFlags = HostAllocFlags.DEFAULT,
         *,
         order: str = "C",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """Allocate page-locked memory without initialising it.
 
@@ -121,7 +121,8 @@ class PinnedBuffer(Buffer):
             A ``"pinned"`` pool: the memory comes from it, stream-ordered on
             ``stream`` (see the class notes).
         stream : numba stream, 0 or None
-            The allocation stream of a pool buffer (only with ``pool``).
+            The allocation stream of a pool buffer (only with ``pool``;
+            without one, only the default ``0`` / ``None``).
 
         Raises
         ------
@@ -135,7 +136,7 @@ class PinnedBuffer(Buffer):
         flags = _as_flags(flags)
         if pool is not None:
             return cls._from_pool(pool, stream, shape, dtype, nbytes, strides, flags)
-        if stream is not None:
+        if stream is not None and stream_handle(stream, what="PinnedBuffer.empty") != 0:
             raise ValueError("PinnedBuffer.empty: stream= is the allocation stream of pool memory; pass pool= too")
         device_id = _driver.ensure_context()
         ptr = 0
@@ -191,12 +192,12 @@ class PinnedBuffer(Buffer):
     def zeros(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         flags: HostAllocFlags = HostAllocFlags.DEFAULT,
         *,
         order: str = "C",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """Allocate and zero every byte (``nbytes``, not ``size``); arguments as in :meth:`empty`.
 
@@ -219,7 +220,7 @@ class PinnedBuffer(Buffer):
         *,
         order: str = "K",
         pool: MemoryPool | None = None,
-        stream: StreamLike = None,
+        stream: StreamLike = 0,
     ) -> PinnedBuffer:
         """A pinned copy of ``array``; ``order="K"`` (default) keeps an F-ordered source's order.
 
@@ -261,16 +262,25 @@ class PinnedBuffer(Buffer):
         return f", flags={self._flags!r}"
 
     # -- copies ------------------------------------------------------------------
-    def copy_to_device(self, dst: Any, stream: StreamLike = 0) -> None:
+    def copy_into(self, dst: Any, stream: StreamLike = 0) -> None:
         """Asynchronously copy this buffer into ``dst`` (a numba device array or a buffer).
+
+        It was named ``copy_to_device(dst)``: numba's ``copy_to_device(ary)``
+        copies the other way (from ``ary`` into the array), which
+        :meth:`copy_to_device` now does here too (see the changelog).
 
         Raises
         ------
         ValueError
             Shapes or dtypes differ, or the sides are not contiguous in the same order.
+        TypeError
+            ``dst`` is neither a buffer nor a device array.
         """
         copy(dst, self, stream)
 
     def copy_from_device(self, src: Any, stream: StreamLike = 0) -> None:
-        """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer."""
+        """Asynchronously copy ``src`` (a numba device array or a buffer) into this buffer.
+
+        :meth:`copy_to_device` (numba's name) does the same, and also takes host arrays.
+        """
         copy(self, src, stream)

@@ -136,7 +136,7 @@ class VMMBuffer(Buffer):
     def empty(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         device: Target = None,
         capacity: int | None = None,
@@ -151,7 +151,7 @@ class VMMBuffer(Buffer):
         shape : int or tuple of int
             Initial shape (at least one dimension; zero length is allowed).
         dtype : numpy dtype
-            Element type (default ``float32``).
+            Element type (default ``float64``, as numpy's and numba's).
         device : int, numba device or None
             The device (``None``: the current one); it is granted READ_WRITE.
         capacity : int, optional
@@ -212,7 +212,7 @@ class VMMBuffer(Buffer):
     def zeros(
         cls,
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         device: Target = None,
         capacity: int | None = None,
@@ -293,7 +293,7 @@ class VMMBuffer(Buffer):
         cls,
         handle: int | Sequence[tuple[int, int]],
         shape: Any,
-        dtype: Any = np.float32,
+        dtype: Any = np.float64,
         *,
         device: Target = None,
         access: AccessFlags = AccessFlags.READ_WRITE,
@@ -612,7 +612,7 @@ class VMMBuffer(Buffer):
         if self.size == 0:
             raise ValueError("get_access() needs a non-empty buffer: nothing is mapped at an empty view")
         with _driver.device_context(alloc.device_id):
-            return get_access(self.ptr, target)
+            return get_access(self._address, target)
 
     def _access_span(self, alloc: VMMAllocation) -> tuple[int, int]:
         """Byte range ``[start, stop)`` of the allocation that set_access covers."""
