@@ -644,7 +644,7 @@ def _staged(
         # engine; under "raise" the user would get an error about memory not theirs.
         stage.tracker.settle(what, "sync")
         uses = [(stage.tracker, True)] + ([(dev.tracker, not to_host)] if dev.tracker is not None else [])
-        with DeviceUse(uses, handle, what):
+        with DeviceUse(uses, handle, what, [stage.epoch, dev.epoch][: len(uses)]):
             _wait_for_interface_streams((dev,), handle, device_id, what)
             _Pipeline(dev.ptr, host.ctypes.data, dev.nbytes, stage.ptr, count, size, handle, device_id, what).run(
                 copiers.pool, to_host
