@@ -100,6 +100,11 @@ class FakeVMMBuffer:
         fd, nbytes = pairs[0]
         return cls(os.dup(fd), nbytes)  # the caller closes the received descriptor
 
+    @property
+    def _address(self) -> int:
+        """The untracked address the stencils read (``kernels._common.raw_address``)."""
+        return self.ptr
+
     def export_fds(self) -> list:
         return [(os.dup(self.fd), self.nbytes)]
 

@@ -674,7 +674,16 @@ class _ConfiguredLaunch:
         next buffer, is refused rather than written.
         """
         handle = self._handle
-        if _driver.is_capturing(handle):
+        try:
+            capturing = _driver.is_capturing(handle)
+        except CudaError:
+            if handle > 2:
+                raise
+            # 0, 1 and 2 name a stream of the current context, and a thread whose first CUDA call
+            # this launch is has none (with one device, nothing before asked the driver).
+            _driver.ensure_context()
+            capturing = _driver.is_capturing(handle)
+        if capturing:
             raise CoherenceError(
                 "cannot launch a tracked kernel into a CUDA graph capture: an event recorded in a capture "
                 "cannot be waited for, and the graph would keep using memory umem_numba may free; capture "
