@@ -287,7 +287,7 @@ class MemoryPool:
             raise refused from exc
         self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
         with Transaction() as tx:
-            tx.append(_driver.call, "cuMemPoolDestroy", handle)
+            tx.append(setattr, self, "_owner", None)  # the driver pool goes with it (once: _PoolHandle)
             self.release_threshold = threshold
             if where.is_host and resource.pool_access_changes:
                 # A host pool is mapped for no device until access is granted (cuMemPoolCreate);
