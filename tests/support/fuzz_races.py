@@ -536,6 +536,9 @@ class RaceRules:
             # Into the view and a second buffer in turn: a slot refilled under the copy engine shows as
             # the other upload's values.
             other = um.DeviceBuffer.empty(view.shape, DTYPE, order="F" if view.model().flags.f_contiguous else "C")
+            # A program that opts out synchronises itself, before as after: earlier device work on
+            # the buffer (a queued kernel) is not waited for inside the block.
+            self.drain()
             try:
                 with um.coherence_policy("off"):
                     for i, (seed, stream) in enumerate(zip(seeds, streams, strict=False)):
