@@ -672,13 +672,13 @@ class DeviceUse:
         self, uses: list[tuple[Tracker, bool]], stream: int, what: str, epochs: list[int | None] | None = None
     ) -> None:
         merged: dict[int, tuple[Tracker, bool]] = {}
-        #: Per tracker, the epoch its address was taken in (see Tracker.begin_use), where known.
-        self.epochs: dict[int, int | None] = {}
-        for i, (tracker, write) in enumerate(uses):
+        #: Per tracker, the epoch its address was taken in (see Tracker.begin_use); None: none known.
+        self.epochs: dict[int, int | None] | None = None
+        for tracker, write in uses:
             old = merged.get(id(tracker))
             merged[id(tracker)] = (tracker, write or (old is not None and old[1]))
-            if epochs is not None:
-                self.epochs[id(tracker)] = epochs[i]
+        if epochs is not None:  # only the copy layer passes them: no dict on the other paths
+            self.epochs = {id(t): e for (t, _), e in zip(uses, epochs, strict=True)}
         self.uses = list(merged.values())
         self.stream = stream
         self.what = what
@@ -694,7 +694,8 @@ class DeviceUse:
         try:
             waits: dict[int, _events.Event] = {}
             for tracker, write in self.uses:
-                wait, covered = tracker.begin_use(self.key, write, self.what, self.epochs.get(id(tracker)))
+                epoch = self.epochs.get(id(tracker)) if self.epochs is not None else None
+                wait, covered = tracker.begin_use(self.key, write, self.what, epoch)
                 begun.append((tracker, write))
                 self.covered.append(covered)
                 for event in wait:
