@@ -514,7 +514,7 @@ def test_a_reused_block_orders_its_stream_once_and_again_after_new_events(monkey
 
     pool = object.__new__(um.MemoryPool)
 
-    pool._owner = None  # a façade without a driver pool of its own
+    pool._driver_pool = _pool.DriverPool(1, 0, owned=False)  # a façade: a driver pool it never destroys
     pool.kind, pool.device_id, pool.exportable = "device", 0, False
     pool._handle, pool._closed, pool._lists = 1, False, _free_lists.FreeLists(0, _free_lists.KEEP_ALL)
     pool._raw_sizes, pool._limit, pool._legacy_key = {}, 1 << 40, None

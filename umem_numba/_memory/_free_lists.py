@@ -72,11 +72,13 @@ class FreeLists(Generic[M]):
     collected and its finalizer give these lists back (:meth:`release`).
     """
 
-    __slots__ = ("buffers", "closed", "device_id", "held", "held_seen", "idle", "limit", "raw")
+    __slots__ = ("buffers", "closed", "device_id", "freed", "held", "held_seen", "idle", "limit", "raw")
 
-    def __init__(self, device_id: int, limit: int) -> None:
+    def __init__(self, device_id: int, limit: int, freed: Callable[[], None] = lambda: None) -> None:
         self.device_id = device_id
         self.limit = limit
+        #: Called after each ``cuMemFreeAsync`` of an address (the pool counts what is outstanding).
+        self.freed = freed
         #: No entry joins the lists any more (the pool closed); a racing one is given back.
         self.closed = False
         #: Closed buffers' memory: rounded size -> blocks, each with its coherence record.
@@ -160,7 +162,7 @@ class FreeLists(Generic[M]):
             return
         self.held.append(Held(ptr, size, sync_tickets(devices), reuse))
         if self.closed:  # the pool closed meanwhile: this entry too
-            _release_parked(self.held, self.idle, self.device_id)
+            _release_parked(self.held, self.idle, self.device_id, self.freed)
 
     def take_settled(self, size: int, capturing: Callable[[], bool]) -> int:
         """An address of ``size`` that nothing can still use (held memory a synchronise settled), or 0.
@@ -217,7 +219,7 @@ class FreeLists(Generic[M]):
                 idle.append(entry.ptr)
         held.extend(waiting)
         if self.closed:
-            _release_parked(self.held, self.idle, self.device_id)
+            _release_parked(self.held, self.idle, self.device_id, self.freed)
 
     # -- giving back -------------------------------------------------------------------
     def release(self) -> None:
@@ -228,13 +230,12 @@ class FreeLists(Generic[M]):
         gone); held ones after a synchronise of their devices.
         """
         _release_buffers(self.buffers)
-        _release_raw(self.raw, self.device_id)
-        _release_parked(self.held, self.idle, self.device_id)
+        _release_raw(self.raw, self.device_id, self.freed)
+        _release_parked(self.held, self.idle, self.device_id, self.freed)
 
     def _free(self, ptr: int) -> None:
         """Give memory nothing can use any more back to the driver (any stream would do: the legacy one)."""
-        with _driver.device_context(self.device_id):
-            _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
+        _free_addresses([ptr], self.device_id, self.freed)
 
 
 def _pop(lists: dict[int, list[int]], size: int) -> int:
@@ -261,7 +262,7 @@ def _release_buffers(lists: dict[int, list[M]]) -> None:
                 memory.free_to_driver(tracker)
 
 
-def _release_raw(lists: dict[int, dict[int, list[int]]], device_id: int) -> None:
+def _release_raw(lists: dict[int, dict[int, list[int]]], device_id: int, freed: Callable[[], None]) -> None:
     """Free the raw interface's listed addresses to the driver.
 
     An entry was freed on its stream, which may be gone by now: the device is
@@ -271,17 +272,17 @@ def _release_raw(lists: dict[int, dict[int, list[int]]], device_id: int) -> None
     if not raw:
         return
     synchronize_for_reuse({device_id}, "settling raw pool memory before giving it back")
-    with _driver.device_context(device_id):
-        for addrs in raw:
-            while True:
-                try:
-                    ptr = addrs.pop()
-                except IndexError:
-                    break
-                _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
+    ptrs = []
+    for addrs in raw:
+        while True:
+            try:
+                ptrs.append(addrs.pop())
+            except IndexError:
+                break
+    _free_addresses(ptrs, device_id, freed)
 
 
-def _release_parked(held: list[Held], idle: dict[int, list[int]], device_id: int) -> None:
+def _release_parked(held: list[Held], idle: dict[int, list[int]], device_id: int, freed: Callable[[], None]) -> None:
     """Give held and idle memory back to the driver (held memory after a synchronise of its devices)."""
     entries: list[Held] = []
     while True:
@@ -301,9 +302,17 @@ def _release_parked(held: list[Held], idle: dict[int, list[int]], device_id: int
     pending = {d for e in entries if not settled(e.tickets) for d, _ in e.tickets}
     if pending:
         synchronize_for_reuse(pending, "settling pool memory of work umem_numba could not see")
+    _free_addresses(ptrs, device_id, freed)  # nothing can use them any more: any stream will do
+
+
+def _free_addresses(ptrs: list[int], device_id: int, freed: Callable[[], None]) -> None:
+    """``cuMemFreeAsync`` each address on the legacy stream of ``device_id``, counting each free (``freed``)."""
+    if not ptrs:
+        return
     with _driver.device_context(device_id):
-        for ptr in ptrs:  # nothing can use them any more: the legacy stream orders nothing needed
+        for ptr in ptrs:
             _driver.call("cuMemFreeAsync", ptr, 0, detail=f"freeing {ptr:#x} into its memory pool")
+            freed()
 
 
 # ---------------------------------------------------------------------------

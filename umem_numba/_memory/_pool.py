@@ -112,7 +112,7 @@ from .._driver._location import _MAX_HANDLE, Location, StreamLike, Target, as_de
 from .._errors import CudaError, OutOfMemoryError, UnsupportedError
 from . import _events, _resources, _stats
 from ._free_lists import KEEP_ALL, FreeLists, synchronize_for_reuse
-from ._lifetime import Allocation, Memory, Transaction, finalizer
+from ._lifetime import Allocation, Memory, Transaction, finalizer, report_failed_free
 from ._stats import PoolStats
 from ._tracker import Tracker, refuse_capture
 
@@ -224,6 +224,7 @@ class MemoryPool:
         "__weakref__",
         "_alloc_fn",
         "_closed",
+        "_driver_pool",
         "_finalizer",
         "_free_fn",
         "_get_id",
@@ -233,7 +234,6 @@ class MemoryPool:
         "_limit",
         "_lists",
         "_owned",
-        "_owner",
         "_raw_sizes",
         "_where",
         "device_id",
@@ -287,14 +287,14 @@ class MemoryPool:
             raise refused from exc
         self._adopt(kind, loc.id, handle, where, owned=True, exportable=exportable)
         with Transaction() as tx:
-            tx.append(setattr, self, "_owner", None)  # the driver pool goes with it (once: _PoolHandle)
+            tx.append(self._driver_pool.let_go)  # nothing allocated yet: destroyed now
             self.release_threshold = threshold
             if where.is_host and resource.pool_access_changes:
                 # A host pool is mapped for no device until access is granted (cuMemPoolCreate);
                 # managed memory preferring the host is mapped for every device by the driver.
                 self._grant(loc.id, "rw")
             tx.commit()
-        self._finalizer = finalizer(self, _let_go, self._lists, self._raw_sizes, self._owner)
+        self._finalizer = finalizer(self, _let_go, self._lists, self._driver_pool)
         _live.add(self)
 
     def _adopt(self, kind: str, device_id: int, handle: Any, where: Location, *, owned: bool, exportable: bool) -> None:
@@ -308,15 +308,15 @@ class MemoryPool:
         self._owned = owned
         self._handle = handle
         self._closed = False
-        #: The driver pool, destroyed once neither this pool nor any allocation of it uses it
-        #: (None for the driver's shared pools, which umem_numba never destroys).
-        self._owner: _PoolHandle | None = _PoolHandle(handle, device_id) if owned else None
+        #: The driver pool and its outstanding allocations: destroyed once this pool lets it go and
+        #: the last is freed (never, for the driver's shared pools).
+        self._driver_pool = DriverPool(handle, device_id, owned=owned)
         self._alloc_fn = drv.cuMemAllocFromPoolAsync
         self._free_fn = drv.cuMemFreeAsync
         #: The free lists (the policy: what is kept for reuse, and when it may be reused).  A
         #: shared pool keeps none (limit 0): memory umem_numba frees must reach the driver's pool,
         #: where the other libraries allocate from.
-        self._lists: FreeLists[_PoolMemory] = FreeLists(device_id, KEEP_ALL if owned else 0)
+        self._lists: FreeLists[_PoolMemory] = FreeLists(device_id, KEEP_ALL if owned else 0, self._driver_pool.freed)
         #: ``cuStreamGetId`` of the legacy stream of the pool device's context (looked up once).
         self._legacy_key: int | None = None
         #: Every address allocate() handed out that is in use (not freed): its rounded size, and
@@ -698,9 +698,9 @@ class MemoryPool:
                 "(refused before the driver call)",
             )
         err, ptr = self._alloc_fn(nbytes, self._handle, handle)
-        if err != 0:
-            return self._retry(err, nbytes, handle)
-        return int(ptr)
+        ptr = int(ptr) if err == 0 else self._retry(err, nbytes, handle)
+        self._driver_pool.allocated()
+        return ptr
 
     def _allocate_or_empty_lists(self, size: int, handle: int) -> int:
         """Driver memory; out of memory empties the free lists, trims the pool and tries once more."""
@@ -764,8 +764,6 @@ class MemoryPool:
                     f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
                 )
             self._lists.hold(ptr, entry[0], {self.device_id}, True)  # a closed pool's: settled and freed now
-            if self._closed and not self._raw_sizes:
-                self._owner = None
             return
         ref, handle, key, lists = self._last  # the last live numba stream (see _resolve), inline as in allocate()
         owner = ref()
@@ -782,10 +780,8 @@ class MemoryPool:
             raise ValueError(
                 f"free: {ptr:#x} is not memory of this pool's allocate() in use (freed twice, or another pool's)"
             )
-        if self._closed:  # closed: nothing is kept, and the last free lets the driver pool go
+        if self._closed:  # closed: nothing is kept (the last free lets the driver pool go)
             self._driver_free(ptr, handle)
-            if not self._raw_sizes:
-                self._owner = None
             return
         size = entry[0]
         if self._lists.has_room(size):
@@ -812,6 +808,7 @@ class MemoryPool:
                     err = self._free_fn(ptr, handle)[0]
             if err != 0:
                 _driver.raise_for(err, "cuMemFreeAsync", f"freeing {ptr:#x} into a memory pool")
+        self._driver_pool.freed()
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Give free memory back to the driver until at most ``keep_bytes`` stay reserved.
@@ -963,10 +960,8 @@ class MemoryPool:
         self.release_cached()
         self._finalizer.detach()  # a later collection must not destroy a reused handle
         _live.discard(self)
-        if self._owned and not self._raw_sizes:
-            # Destroyed now if no buffer of the pool lives, else when the last one goes (_PoolHandle).
-            self._owner = None
-        # Addresses of allocate() still in use: the last free() lets the driver pool go.
+        # Destroyed now if nothing of the pool is allocated, else at the free of the last allocation.
+        self._driver_pool.let_go()
 
     def __enter__(self) -> MemoryPool:
         return self
@@ -985,13 +980,6 @@ def _name(err: Any) -> str:
     return _driver._result_name(_driver.api().drv, err)
 
 
-def _destroy_settled(handle: Any, device_id: int) -> None:
-    """``cuMemPoolDestroy`` once nothing is queued on the device (see :meth:`MemoryPool.close`)."""
-    synchronize_for_reuse({device_id}, "settling a memory pool's queued work before destroying it")
-    with _driver.device_context(device_id):
-        _driver.call("cuMemPoolDestroy", handle, detail="destroying a memory pool")
-
-
 def _release_all(lists: FreeLists) -> None:
     """A collected wrapper of a shared pool: its memory back to the driver's pool, which stays."""
     try:
@@ -1000,8 +988,8 @@ def _release_all(lists: FreeLists) -> None:
         pass
 
 
-def _let_go(lists: FreeLists, raw_sizes: dict[int, Any], owner: _PoolHandle | None) -> None:
-    """A collected pool: its free lists back to the driver; the driver pool goes with its last buffer.
+def _let_go(lists: FreeLists, driver_pool: DriverPool) -> None:
+    """A collected pool: its free lists back to the driver; the driver pool goes with its last allocation.
 
     Addresses of :meth:`MemoryPool.allocate` nobody can free any more (the pool is gone) keep the
     driver pool for good: it is released with the context.
@@ -1010,34 +998,84 @@ def _let_go(lists: FreeLists, raw_sizes: dict[int, Any], owner: _PoolHandle | No
         lists.release()
     except Exception:  # the context is gone: the driver released everything with it
         pass
-    if owner is not None and raw_sizes:
-        owner.state[0] = True
+    driver_pool.let_go()
 
 
-class _PoolHandle:
-    """An owned driver pool: destroyed (``cuMemPoolDestroy``) when nothing refers to it any more.
+class DriverPool:
+    """A driver pool and its outstanding allocations; an owned one is destroyed at the free of its last.
 
-    The :class:`MemoryPool` refers to it until :meth:`MemoryPool.close`, and every
-    buffer of the pool (its :class:`_PoolMemory`) until its memory is freed: a pool
-    destroyed before its allocations are freed crashed the driver at the next
-    synchronise (H100, driver 580).
+    Every ``cuMemAllocFromPoolAsync`` of the pool counts one allocation and
+    every ``cuMemFreeAsync`` of it one free, whoever makes it (a buffer's
+    release, the free lists, the raw interface).  Once the :class:`MemoryPool`
+    lets the pool go (closed, or collected) and nothing is outstanding, the
+    driver pool is destroyed (``cuMemPoolDestroy``) after a synchronise of its
+    device.  Destroying it with allocations outstanding, then freeing them,
+    crashed the driver (SIGSEGV at the next synchronise; H100 and H200, driver
+    580), so the count decides, not the lifetime of Python objects: a garbage
+    cycle collection runs every weak reference callback before any
+    ``__del__``, so a finalizer on this object ran before the releases of the
+    buffers collected with it (the API fuzzer found it on an H200).  A shared
+    pool (``owned`` False) is counted, never destroyed.
     """
 
-    __slots__ = ("__weakref__", "state")
+    __slots__ = ("_destroyed", "_let_go", "_lock", "_outstanding", "device_id", "handle", "owned")
 
-    def __init__(self, handle: Any, device_id: int) -> None:
-        #: ``[leaked]``: addresses of allocate() outlived their pool; never destroy it then.
-        self.state = [False]
-        finalizer(self, _destroy_unused, handle, device_id, self.state)
+    def __init__(self, handle: Any, device_id: int, *, owned: bool) -> None:
+        self.handle = handle
+        self.device_id = device_id
+        self.owned = owned
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._let_go = False
+        self._destroyed = False
 
+    @property
+    def outstanding(self) -> int:
+        """Allocations of the pool not freed to the driver yet."""
+        return self._outstanding
 
-def _destroy_unused(handle: Any, device_id: int, state: list[bool]) -> None:
-    if state[0]:
-        return
-    try:
-        _destroy_settled(handle, device_id)
-    except Exception:  # the context is gone: the driver released everything with it
-        pass
+    @property
+    def destroyed(self) -> bool:
+        """Whether ``cuMemPoolDestroy`` was issued."""
+        return self._destroyed
+
+    def allocated(self) -> None:
+        """One ``cuMemAllocFromPoolAsync`` succeeded."""
+        with self._lock:
+            self._outstanding += 1
+
+    def freed(self) -> None:
+        """One ``cuMemFreeAsync`` was issued (after it, so that the destroy's synchronise covers it)."""
+        with self._lock:
+            self._outstanding -= 1
+            last = self._let_go and self._outstanding == 0 and not self._destroyed
+            if last:
+                self._destroyed = True
+        if last:
+            self._destroy()
+
+    def let_go(self) -> None:
+        """The pool is closed or collected: destroy it now if nothing is outstanding, else at the last free."""
+        with self._lock:
+            if self._let_go or not self.owned:
+                return
+            self._let_go = True
+            now = self._outstanding == 0 and not self._destroyed
+            if now:
+                self._destroyed = True
+        if now:
+            self._destroy()
+
+    def _destroy(self) -> None:
+        """``cuMemPoolDestroy`` once nothing is queued on the device (its frees included); never raises."""
+        if _driver.shutting_down():  # the driver releases every pool with the context
+            return
+        try:
+            synchronize_for_reuse({self.device_id}, "settling a memory pool's queued work before destroying it")
+            with _driver.device_context(self.device_id):
+                _driver.call("cuMemPoolDestroy", self.handle, detail="destroying a memory pool")
+        except Exception as exc:  # quiet when the context is gone: the driver released everything with it
+            report_failed_free(f"destroying a memory pool of device {self.device_id}", exc)
 
 
 class _PoolMemory(Memory):
@@ -1068,8 +1106,8 @@ class _PoolMemory(Memory):
 
     def __init__(self, pool: MemoryPool, kind: str, ptr: int, nbytes: int, size: int) -> None:
         self.pool_ref = weakref.ref(pool)
-        #: Keeps the driver pool from being destroyed while this memory is allocated.
-        self.owner = pool._owner
+        #: Counts this memory's free (see :class:`DriverPool`).
+        self.owner = pool._driver_pool
         self.device_id = pool.device_id
         self.kind = kind
         self.ptr = ptr
@@ -1136,6 +1174,7 @@ class _PoolMemory(Memory):
                         detail="ordering a pool free after the buffer's work",
                     )
             _driver.call("cuMemFreeAsync", self.ptr, 0, detail=f"freeing {self.describe()} into its pool")
+        self.owner.freed()
 
 
 # ---------------------------------------------------------------------------
