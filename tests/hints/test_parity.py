@@ -999,7 +999,7 @@ def test_cuda_core_pool_memory_round_trip(rng):
     mr = core.DeviceMemoryResource(0)
     block = mr.allocate(data.nbytes, stream=cstream)
     try:
-        with um.ManagedBuffer.from_array(data) as src, um.ManagedBuffer.empty(data.shape) as back:
+        with um.ManagedBuffer.from_array(data) as src, um.ManagedBuffer.empty(data.shape, np.float32) as back:
             um.copy(block, src, cstream)
             um.copy(back, block, cstream)
             np.testing.assert_array_equal(back.host, data)

@@ -105,7 +105,9 @@ for trial in range(TRIALS + 1):
     check.close()
     cuda.synchronize()
 lost = before - free_memory()
-assert lost <= 0, f"{lost} bytes of device memory not given back: a driver pool was not destroyed"
+# A device pool left undestroyed keeps at least 2 MiB per trial; the driver's own bookkeeping moves
+# by a few pages (64 KiB seen on an H200).  A pinned pool holds host memory: there the warning tells.
+assert lost <= 8 << 20, f"{lost} bytes of device memory not given back: a driver pool was not destroyed"
 print("ok")
 """
 
