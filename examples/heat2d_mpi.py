@@ -153,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
             error = "--halo ipc maps GPU memory between the ranks: it needs the GPU path, not --cpu"
         elif args.halo == "ipc" and args.staging != "auto":
             error = f"--staging {args.staging} chooses the buffers of MPI halos: it does not go with --halo ipc"
+        elif rank == 0 and args.out:  # rank 0 writes the picture at the end: a bad path stops every rank now
+            from umem_numba.kernels import check_output_path
+
+            try:
+                check_output_path(args.out)
+            except ValueError as exc:
+                error = str(exc)
     keys = ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo")
     config = {} if args is None else {k: getattr(args, k) for k in keys}
     errors = collective_errors(comm, error)

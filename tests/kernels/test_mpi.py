@@ -240,6 +240,19 @@ def test_mpi_mismatched_sizes_fail_on_every_rank() -> None:
         ), r.stderr
 
 
+def test_mpi_unwritable_out_fails_on_every_rank_before_any_work(tmp_path: Path) -> None:
+    """Rank 0 writes the picture at the end: a missing folder stops every rank at the start (exit 2)."""
+    mpirun = _mpirun()
+    bad = tmp_path / "missing" / "plate.png"
+    cmd = [sys.executable, str(EXAMPLE), "--cpu", "--size", "32", "--steps", "2", "--out", str(bad)]
+    r = _run([*mpirun, "-np", "2", *cmd], timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    for rank in range(2):
+        assert f"[rank {rank}]: error: rank 0: --out {bad}: folder" in r.stderr, r.stderr
+        assert f"[rank {rank}]: stopping before any halo exchange" in r.stderr
+    assert not bad.parent.exists()
+
+
 def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
     """GPU mode with one rank that sees no GPU (CUDA_VISIBLE_DEVICES empty); on a CPU machine, both ranks."""
     mpirun = _mpirun()
