@@ -61,5 +61,18 @@ def class_signature(app, what, name, obj, options, signature, return_annotation)
     return None
 
 
+def public_bases(app, name, obj, options, bases):  # type: ignore[no-untyped-def]
+    """ "Bases:" lists only what a reader can look up: umem_numba's private base classes (``Buffer``,
+    the export mix-ins) are implementation, not API; other libraries' bases (``RuntimeError``) stay."""
+    import umem_numba
+
+    bases[:] = [
+        b
+        for b in bases
+        if not getattr(b, "__module__", "").startswith("umem_numba") or getattr(umem_numba, b.__name__, None) is b
+    ]
+
+
 def setup(app):  # type: ignore[no-untyped-def]
     app.connect("autodoc-process-signature", class_signature)
+    app.connect("autodoc-process-bases", public_bases)
