@@ -40,7 +40,7 @@ from ._hints._prefetch import PrefetchPlan
 from ._kinds._device import DeviceBuffer, device_empty, device_from, device_like, device_zeros
 from ._kinds._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._kinds._pinned import HostAllocFlags, PinnedBuffer
-from ._launch._coherent import CoherentKernel, coherent, jit, launch
+from ._launch._coherent import CoherentForAll, CoherentKernel, coherent, jit, launch
 from ._memory._pool import MemoryPool
 from ._memory._stats import KindStats, PoolStats, reset_peak, stats
 from ._memory._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
@@ -141,6 +141,7 @@ __all__ = [
     "launch",
     "coherent",
     "jit",
+    "CoherentForAll",
     "CoherentKernel",
     "coherence_policy",
     "set_coherence_policy",

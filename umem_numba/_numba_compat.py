@@ -37,6 +37,7 @@ __all__ = [
     "direct_launch_allowed",
     "emm_api",
     "fast_scalar_type_classes",
+    "forall_block_size",
     "is_array_type",
     "is_scalar_type",
     "kernel_array_params",
@@ -221,6 +222,34 @@ def compiled_kernel(dispatcher: Any, argtypes: tuple[Any, ...]) -> Any:
     """The kernel ``dispatcher`` compiled for ``argtypes`` (numba's ``_Kernel``), or ``None``."""
     overloads = getattr(dispatcher, "overloads", None)
     return None if overloads is None else overloads.get(argtypes)
+
+
+_FORALL = "forall launches of um.jit kernels (numba's ForAll block size)"
+
+
+def forall_block_size(dispatcher: Any, argtypes: tuple[Any, ...], sharedmem: int) -> int:
+    """The block size numba's ``forall`` picks for ``dispatcher`` compiled for ``argtypes`` (compiling it).
+
+    As numba's ``ForAll._compute_thread_per_block``: the occupancy API's
+    largest potential block (``cuOccupancyMaxPotentialBlockSize``), at most
+    1024, with ``sharedmem`` bytes of dynamic shared memory per block.  A
+    dispatcher compiled for one signature (``specialized``) uses it whatever
+    ``argtypes`` say, as numba's ``forall`` does.
+    """
+    if getattr(dispatcher, "specialized", False):
+        kernel = next(iter(_attr(dispatcher, "overloads", _FORALL).values()))
+    else:
+        kernel = compiled_kernel(dispatcher, argtypes)
+        if kernel is None:
+            kernel = _attr(dispatcher, "compile", _FORALL)(argtypes)
+    library = _attr(kernel, "_codelibrary", _FORALL, owner="numba's _Kernel")
+    cufunc = _attr(library, "get_cufunc", _FORALL, owner="numba's CUDACodeLibrary")()
+    from numba import cuda
+
+    ctx = cuda.current_context()
+    size = _attr(ctx, "get_max_potential_block_size", _FORALL, owner="numba's Context")
+    _, tpb = size(func=cufunc, b2d_func=0, memsize=sharedmem, blocksizelimit=1024)
+    return int(tpb)
 
 
 def kernel_function_handle(kernel: Any) -> int:

@@ -379,16 +379,24 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         value=st.integers(1, 1000),
         stream=st.sampled_from(STREAMS),
         variant=st.sampled_from(("", "sleep", "opaque", "row")),
+        forall=st.booleans(),
     )
-    def kernel_fill(self, view: View, value: int, stream: str, variant: str) -> None:
+    def kernel_fill(self, view: View, value: int, stream: str, variant: str, forall: bool) -> None:
         """um.jit: fill; after a device sleep (so that a missing wait shows), from source umem_numba
-        cannot read (``opaque``: it must count as a writer), or through rows (``a[i][j] = v``)."""
+        cannot read (``opaque``: it must count as a writer), or through rows (``a[i][j] = v``).
+        A 1-D fill launches as ``k[grid, block, stream]`` or as ``k.forall(n, stream=stream)``."""
         if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
             return
         nd = len(view.shape)
         k = KERNELS.get(f"{variant}fill{nd}")
-        grid, block = launch_config(view.shape)
         args = (view.buf, value, SLEEP_NS) if variant == "sleep" else (view.buf, value)
+        if forall and nd == 1:
+            with self.run(f"{k.__name__}.forall({view.shape[0]}, stream={stream})({view.label}, {value})", view):
+                k.forall(view.shape[0], stream=self.stream(stream))(*args)
+                view.model()[...] = value
+                view.known()[...] = True
+            return
+        grid, block = launch_config(view.shape)
         with self.run(f"{k.__name__}[{stream}]({view.label}, {value})", view):
             k[grid, block, self.stream(stream)](*args)
             view.model()[...] = value

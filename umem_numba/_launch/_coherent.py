@@ -890,7 +890,7 @@ class CoherentKernel:
         not available.
     """
 
-    __slots__ = ("_configs", "_info", "kernel")
+    __slots__ = ("_configs", "_forall_blocks", "_info", "kernel")
 
     def __init__(self, kernel: Any, readonly: Iterable[str] | None = None) -> None:
         if not hasattr(kernel, "__getitem__") or not hasattr(kernel, "py_func"):
@@ -898,6 +898,8 @@ class CoherentKernel:
         self.kernel = kernel
         self._info = _KernelInfo(kernel, readonly)
         self._configs: dict[tuple[Any, ...], _ConfiguredLaunch] = {}
+        #: (argument types..., device, sharedmem) -> the block size forall picked (the occupancy API).
+        self._forall_blocks: dict[tuple[Any, ...], int] = {}
 
     @property
     def writes(self) -> dict[str, bool]:
@@ -933,6 +935,56 @@ class CoherentKernel:
             self._configs[key] = cached
         return cached
 
+    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> CoherentForAll:
+        """A launch of at least ``ntasks`` threads, ordered and recorded like ``kernel[grid, block, stream]``.
+
+        numba's ``forall``, tracked: the block size is ``tpb``, or (0) the one
+        numba picks (the occupancy API's largest, for the kernel compiled for
+        the arguments; found once per argument types and device), and the
+        grid covers ``ntasks``.  The launch itself is ``self[grid, tpb,
+        stream, sharedmem](*args)``: ordered after conflicting work on other
+        streams and recorded on ``stream``, so host access waits for that
+        stream only.  Under numba's simulator, with ``tpb`` 0, the
+        configuration is the simulator's own (``ntasks`` blocks of one thread).
+
+        Parameters
+        ----------
+        ntasks : int
+            Threads wanted (the kernel checks its bounds: the grid is rounded up).
+        tpb : int, optional
+            Threads per block (0: numba's choice).
+        stream : stream-like, optional
+            The launch stream (default 0, as numba's).
+        sharedmem : int, optional
+            Dynamic shared memory per block, in bytes.
+
+        Returns
+        -------
+        CoherentForAll
+            Call it with the kernel's arguments.
+
+        Raises
+        ------
+        ValueError
+            ``ntasks``, ``tpb`` or ``sharedmem`` is negative.
+        TypeError
+            One of them is not an integer.
+        """
+        return CoherentForAll(self, ntasks, tpb, stream, sharedmem)
+
+    def _forall_block(self, args: tuple[Any, ...], sharedmem: int) -> int:
+        """numba's forall block size for ``args`` (found once per argument types, device and ``sharedmem``)."""
+        types = tuple(a._launch_arg()[1] if isinstance(a, Buffer) else self._typeof(a) for a in args)
+        key = (*types, _current_device(), sharedmem)
+        tpb = self._forall_blocks.get(key)
+        if tpb is None:
+            tpb = self._forall_blocks[key] = _numba_compat.forall_block_size(self.kernel, types, sharedmem)
+        return tpb
+
+    def _typeof(self, value: Any) -> Any:
+        t = scalar_type(value)
+        return t if t is not None else self.kernel.typeof_pyval(value)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.kernel(*args, **kwargs)  # numba raises its own "missing launch config" error
 
@@ -941,6 +993,45 @@ class CoherentKernel:
 
     def __repr__(self) -> str:
         return f"CoherentKernel({self.kernel!r})"
+
+
+class CoherentForAll:
+    """``kernel.forall(ntasks, tpb, stream, sharedmem)`` of a :class:`CoherentKernel`: call it to launch.
+
+    See :meth:`CoherentKernel.forall`.
+    """
+
+    __slots__ = ("kernel", "ntasks", "sharedmem", "stream", "tpb")
+
+    def __init__(self, kernel: CoherentKernel, ntasks: int, tpb: int, stream: Any, sharedmem: int) -> None:
+        for name, value in (("ntasks", ntasks), ("tpb", tpb), ("sharedmem", sharedmem)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"forall: {name} must be an integer, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"forall: {name} must not be negative, got {value}")
+        stream_handle(stream, what="forall")  # a bad stream is refused here, as kernel[...] refuses it
+        self.kernel = kernel
+        self.ntasks = int(ntasks)
+        self.tpb = int(tpb)
+        self.stream = stream
+        self.sharedmem = int(sharedmem)
+
+    def __call__(self, *args: Any) -> None:
+        n = self.ntasks
+        if n == 0:  # nothing to launch; a closed or host-only buffer is refused all the same
+            for a in args:
+                if isinstance(a, Buffer):
+                    a._launch_arg()
+            return
+        if _sim.active() and not self.tpb:
+            # numba's simulator configures forall as ntasks blocks of one thread (its threads are Python's).
+            self.kernel[n, 1, self.stream, self.sharedmem](*args)
+            return
+        tpb = self.tpb or self.kernel._forall_block(args, self.sharedmem)
+        self.kernel[(n + tpb - 1) // tpb, tpb, self.stream, self.sharedmem](*args)
+
+    def __repr__(self) -> str:
+        return f"CoherentForAll({self.kernel!r}, ntasks={self.ntasks}, tpb={self.tpb}, stream={self.stream!r})"
 
 
 def coherent(kernel: Any, *, readonly: Iterable[str] | None = None) -> CoherentKernel:
