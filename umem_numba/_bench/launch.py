@@ -10,13 +10,17 @@ one-block kernel:
 * ``ManagedBuffer`` through ``umem_numba.coherent`` (orders the stream after
   conflicting work on other streams, records one CUDA event);
 
-each with 1, 2 and 5 buffer arguments.  Then the host-side coherence check
-with nothing pending, and ``buf.host``.
+each with 1, 2 and 5 buffer arguments; and ``kernel.forall(32)(buf)`` (numba's
+on a ``DeviceNDArray``, the coherent kernel's on a ``ManagedBuffer``: tracked like
+a configured launch, with numba's block size).  Then the host-side coherence
+check with nothing pending, and ``buf.host``.
 
 Goals: a coherent launch <= 1.10x a bare DeviceNDArray launch of the same
 kernel with 1, 2 and 5 arguments; coherence adds < 0.3 µs per extra argument
 with nothing pending on other streams; the check with nothing pending < 2 µs;
-a bare ManagedBuffer launch <= 1.25x DeviceNDArray.
+a bare ManagedBuffer launch <= 1.25x DeviceNDArray; a coherent forall <= 1.05x a
+coherent configured launch of the same kernel and argument (issue #28: "as cheap
+as a configured launch").
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ GOAL_RATIO = 1.25
 GOAL_COHERENT_RATIO = 1.10
 GOAL_PER_ARG_US = 0.3
 GOAL_CHECK_US = 2.0
+GOAL_FORALL_RATIO = 1.05
 ARG_COUNTS = (1, 2, 5)
 
 
@@ -123,12 +128,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     nb_managed[:] = 1.0
     plain = _PlainCAI(devs[0])
     stream = cuda.stream()
+    coh1 = um.coherent(bump1)
 
     # One block on purpose: the launch overhead is the measured quantity, not the kernel.
     cases: dict[str, Any] = {
         "numba managed_array (1 arg)": lambda: bump1[1, 32, stream](nb_managed),
         "plain CAI object (1 arg)": lambda: bump1[1, 32, stream](plain),
         "ManagedBuffer, um.launch (1 arg)": lambda: um.launch(bump1, 1, 32, bufs[0], stream=stream),
+        "DeviceNDArray, numba forall (1 arg)": lambda: bump1.forall(32, stream=stream)(devs[0]),
+        "ManagedBuffer, coherent forall (1 arg)": lambda: coh1.forall(32, stream=stream)(bufs[0]),
     }
     for k, kern in kernels.items():
         coh = um.coherent(kern)
@@ -195,6 +203,18 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             best["ManagedBuffer (1 args)"] / ref("1"),
             GOAL_RATIO,
             higher_is_better=False,
+        ),
+        goal_row(
+            "coherent forall / coherent configured launch, 1 argument",
+            best["ManagedBuffer, coherent forall (1 arg)"] / best["ManagedBuffer, coherent (1 args)"],
+            GOAL_FORALL_RATIO,
+            higher_is_better=False,
+        ),
+        goal_row(
+            "coherent forall / numba forall on DeviceNDArray",
+            best["ManagedBuffer, coherent forall (1 arg)"] / best["DeviceNDArray, numba forall (1 arg)"],
+            higher_is_better=False,
+            note="no goal",
         ),
         goal_row("host-access check, nothing pending", check_us, GOAL_CHECK_US, higher_is_better=False, unit="µs"),
         goal_row(

@@ -898,8 +898,9 @@ class CoherentKernel:
         self.kernel = kernel
         self._info = _KernelInfo(kernel, readonly)
         self._configs: dict[tuple[Any, ...], _ConfiguredLaunch] = {}
-        #: (argument types..., device, sharedmem) -> the block size forall picked (the occupancy API).
-        self._forall_blocks: dict[tuple[Any, ...], int] = {}
+        #: (ids of the argument types..., device, sharedmem) -> (the types, the block size forall
+        #: picked by the occupancy API).
+        self._forall_blocks: dict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = {}
 
     @property
     def writes(self) -> dict[str, bool]:
@@ -975,11 +976,12 @@ class CoherentKernel:
     def _forall_block(self, args: tuple[Any, ...], sharedmem: int) -> int:
         """numba's forall block size for ``args`` (found once per argument types, device and ``sharedmem``)."""
         types = tuple(a._launch_arg()[1] if isinstance(a, Buffer) else self._typeof(a) for a in args)
-        key = (*types, _current_device(), sharedmem)
-        tpb = self._forall_blocks.get(key)
-        if tpb is None:
-            tpb = self._forall_blocks[key] = _numba_compat.forall_block_size(self.kernel, types, sharedmem)
-        return tpb
+        # numba types are interned: their ids name them, cheaply hashed (the entry keeps them alive)
+        key = (*map(id, types), _current_device(), sharedmem)
+        entry = self._forall_blocks.get(key)
+        if entry is None:
+            entry = self._forall_blocks[key] = (types, _numba_compat.forall_block_size(self.kernel, types, sharedmem))
+        return entry[1]
 
     def _typeof(self, value: Any) -> Any:
         t = scalar_type(value)
