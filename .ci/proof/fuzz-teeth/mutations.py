@@ -240,15 +240,18 @@ MUTATIONS = [
     Mutation(
         "revert-pool-destroyed-with-last-allocation",
         P,
-        "        if self._owned and not self._raw_sizes:\n"
-        "            # Destroyed now if no buffer of the pool lives, else when the last one goes (_PoolHandle).\n"
-        "            self._owner = None\n",
-        "        if self._owned:\n"
-        "            _destroy_settled(self._handle, self.device_id)\n"
-        "            self._owner.state[0] = True  # destroyed here, never again\n"
-        "            self._owner = None\n",
-        "fuzzer-found on a GPU (3d3b7b5) reverted: close() destroys the driver pool while buffers of it live "
-        "(their frees then crashed an H100's driver)",
+        "            now = self._outstanding == 0 and not self._destroyed\n",
+        "            now = not self._destroyed\n",
+        "fuzzer-found on a GPU (3d3b7b5, 89a1596) reverted: a closed or collected pool destroys the driver "
+        "pool while allocations of it are outstanding (their frees then crashed an H100's and an H200's driver)",
+    ),
+    Mutation(
+        "pool-allocation-not-counted",
+        P,
+        "        ptr = int(ptr) if err == 0 else self._retry(err, nbytes, handle)\n        self._driver_pool.allocated()\n",
+        "        ptr = int(ptr) if err == 0 else self._retry(err, nbytes, handle)\n",
+        "a driver allocation the pool does not count (89a1596's count): the pool is destroyed at close "
+        "under the allocations it missed",
     ),
     Mutation(
         "revert-registration-epoch",
