@@ -59,8 +59,8 @@ if _sim.active():
 
 
 def __getattr__(name: str) -> type:
-    # numba's NUMBA_CUDA_MEMORY_MANAGER=umem_numba reads _numba_memory_manager;
-    # loaded lazily so that importing umem_numba does not import numba.cuda.
+    # numba's NUMBA_CUDA_MEMORY_MANAGER=umem_numba reads _numba_memory_manager; the plugin's
+    # module is loaded only when numba asks for it (its first context).
     if name in ("_numba_memory_manager", "UmemNumbaMemoryManager"):
         from ._interop._emm import UmemNumbaMemoryManager
 

@@ -31,6 +31,7 @@ from ._errors import UnsupportedError
 __all__ = [
     "SUPPORTED",
     "NumbaInternalsError",
+    "arg_hint_base",
     "array_param_count",
     "array_type",
     "compiled_kernel",
@@ -222,6 +223,34 @@ def compiled_kernel(dispatcher: Any, argtypes: tuple[Any, ...]) -> Any:
     """The kernel ``dispatcher`` compiled for ``argtypes`` (numba's ``_Kernel``), or ``None``."""
     overloads = getattr(dispatcher, "overloads", None)
     return None if overloads is None else overloads.get(argtypes)
+
+
+def arg_hint_base(simulated: bool) -> type | None:
+    """numba's ``ArgHint``, whose ``to_device(retr, stream)`` a plain launch calls with its stream, or ``None``.
+
+    numba's launch passes an argument that is an ``ArgHint`` through
+    ``wrap_arg`` unchanged and calls its ``to_device(retr, stream)`` with the
+    launch stream, then each function appended to ``retr`` once the kernel
+    is queued: buffers are such hints, so a plain ``kernel[g, b, s](buf)``
+    is ordered and recorded on ``s``.  Under numba's simulator, its own
+    ``ArgHint`` (the simulated driver's plain launch calls ``to_device``
+    alike).  ``None`` where numba-cuda has neither (the buffers' typing then
+    marks a plain launch as work on an unknown stream).  ``simulated``: whether
+    numba's simulator is active (this module sits below the driver layer that knows).
+    """
+    if simulated:
+        try:
+            return simulator_arg_hint()[0]
+        except NumbaInternalsError:
+            return None
+    try:
+        module = importlib.import_module("numba.cuda.args")
+    except ImportError:
+        return None
+    hint, wrap = getattr(module, "ArgHint", None), getattr(module, "wrap_arg", None)
+    if not isinstance(hint, type) or not callable(wrap) or not hasattr(hint, "to_device"):
+        return None
+    return hint
 
 
 _FORALL = "forall launches of um.jit kernels (numba's ForAll block size)"

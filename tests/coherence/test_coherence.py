@@ -15,6 +15,7 @@ from numba import cuda
 from support.helpers import random_array
 
 import umem_numba as um
+from umem_numba._driver._location import stream_handle
 
 pytestmark = pytest.mark.gpu
 
@@ -148,19 +149,22 @@ def test_launch_function_and_jit_decorator(rng):
     np.testing.assert_array_equal(buf.host, data * 4)
 
 
-def test_raw_numba_launch_is_noticed(k, rng):
+def test_raw_numba_launch_is_recorded_on_its_stream(k, rng):
+    """A plain numba launch of a buffer (numba's launch, not the toolkit's) is recorded on its stream."""
     raw, _, _ = k
 
     values = random_array(rng, N, np.float64)
     src = cuda.to_device(values)
     dst = um.managed_empty(N, np.float64)
     _sentinel(dst)
-    raw[1, N, cuda.stream()](dst, src, 50)  # bypasses the toolkit
-    assert dst._coherence_tracker.unknown
-    with um.coherence_policy("raise"), pytest.raises(um.CoherenceError, match="outside umem_numba"):
+    s = cuda.stream()
+    raw[1, N, s](dst, src, 50)  # numba's own launch
+    tracker = dst._coherence_tracker
+    assert not tracker.unknown and not tracker.escaped, "the launch's stream is known: no unknown mark"
+    assert list(tracker.pending) == [stream_handle(s)], "one event, on the launch's stream"
+    with um.coherence_policy("raise"), pytest.raises(um.CoherenceError, match="may still be using"):
         dst.host
-    np.testing.assert_array_equal(dst.host, values)  # "sync": whole context waited (host data: no sync here)
-    assert not dst._coherence_tracker.unknown
+    np.testing.assert_array_equal(dst.host, values)  # "sync": waits for the launch's event
 
 
 def test_host_hold_blocks_launches(k, rng):

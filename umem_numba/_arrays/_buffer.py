@@ -35,25 +35,24 @@ from . import _copy, _layout
 from ._export import DeviceExports, _HostExport, array_interface
 
 
-def _simulator_base() -> type:
-    """The base of :class:`Buffer`: numba's ``ArgHint`` under its simulator, else ``object``.
+def _numba_base() -> type:
+    """The base of :class:`Buffer`: numba's ``ArgHint`` (its simulator's under it), else ``object``.
 
-    numba's simulator passes an ``ArgHint`` argument of a plain launch
-    (``kernel[g, b](buf)``) through its ``to_device``, and any other
-    non-numpy object as it is: buffers are such hints there (see
-    :meth:`Buffer.to_device`).
+    numba's launch hands an ``ArgHint`` argument of a plain launch
+    (``kernel[g, b, s](buf)``) to its ``to_device(retr, stream)`` with the
+    launch stream: buffers are such hints, so that the launch is ordered and
+    recorded on its stream (see :meth:`Buffer.to_device`).
     """
-    if _sim.active():
-        from .._numba_compat import simulator_arg_hint
+    from .._numba_compat import arg_hint_base
 
-        return simulator_arg_hint()[0]
-    return object
+    hint = arg_hint_base(_sim.active())
+    return object if hint is None else hint
 
 
 if TYPE_CHECKING:
     _Base = object
 else:
-    _Base = _simulator_base()
+    _Base = _numba_base()
 
 
 class Buffer(DeviceExports, _Base):
@@ -83,6 +82,8 @@ class Buffer(DeviceExports, _Base):
     #: Whether views can be retired while the allocation lives (VMM shrink): a
     #: launch must then check the view, not only the allocation.
     _views_can_retire: ClassVar[bool] = False
+    #: numba's plain launch calls :meth:`to_device` with its stream (numba's ``ArgHint``).
+    _plain_via_to_device: ClassVar[bool] = _Base is not object
     #: The constructors to name when someone calls the class directly.
     _constructors: ClassVar[tuple[str, ...]] = ("ManagedBuffer.empty", "PinnedBuffer.empty", "VMMBuffer.empty")
 

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .. import _driver, _numba_compat
+from .._driver import _sim
 from .._driver._location import _MAX_HANDLE, stream_handle
 from .._errors import BufferClosedError, NotDeviceAccessibleError, UnsupportedError
 from .._memory import _events
 from .._memory._lifetime import Allocation, finalizer
-from .._memory._tracker import DeviceUse, _launching
+from .._memory._tracker import DeviceUse, PlainLaunch, _launching
 from . import _dlpack, _layout
 
 #: The legacy default stream in the CUDA Array Interface (v3) and in DLPack.
@@ -176,6 +177,7 @@ class DeviceExports(DLPackExport):
         _kparams: tuple[Allocation, Any, tuple[int, ...]] | None
         _device_accessible: bool
         _views_can_retire: ClassVar[bool]
+        _plain_via_to_device: ClassVar[bool]
 
         @property
         def size(self) -> int: ...
@@ -262,7 +264,8 @@ class DeviceExports(DLPackExport):
         if self._views_can_retire and not self._owner:
             self._live()
         tracker = alloc.tracker
-        if tracker not in _launching.current:
+        if tracker not in _launching.current and not self._plain_via_to_device:
+            # numba-cuda without ArgHint.to_device: typing is the only sign of a plain launch.
             tracker.on_device_export(False)
         t = self._nbtype
         if t is None:
@@ -278,7 +281,13 @@ class DeviceExports(DLPackExport):
             self._live()
         tracker = alloc.tracker
         if tracker not in _launching.current:
+            # Reached through numba's own hints (cuda.In(buf), cuda.Out(buf)), which name no stream
+            # to umem_numba: work on an unknown stream.
             tracker.on_device_export(False)
+        return self._shim_of(alloc)
+
+    def _shim_of(self, alloc: Allocation) -> _layout.StridedViewShim:
+        """numba's device-array stand-in over ``alloc`` (what its launch packs as parameters; cached)."""
         shim = self._shim
         if shim is None:
             ptr = alloc.device_ptr + self._offset if self.size else 0
@@ -309,16 +318,27 @@ class DeviceExports(DLPackExport):
         return np.asarray(_DeviceArray(array_interface(ptr, self._shape, self._strides, self._dtype)))
 
     def to_device(self, retr: list[Any], stream: Any = 0) -> Any:
-        """numba's simulator: the array a plain ``kernel[g, b](buf)`` launch gets (no copy).
+        """numba's launch protocol (``ArgHint``): the device array a plain ``kernel[g, b, s](buf)`` gets.
 
-        The simulated driver queues such a launch on its stream, as a GPU
-        runs it; it marks the buffer as used by a launch umem_numba did not
-        make, as numba's typing of the buffer does on a GPU.
+        numba calls it with the launch stream, then each function appended
+        to ``retr`` once the kernel is queued: the stream first waits, on the
+        device, for conflicting work on other streams, and one event recorded
+        after the kernel is filed as a write (:class:`PlainLaunch`), so host
+        access waits for that stream's work only.  No copy is made.  Under
+        numba's simulator the simulated driver queues the launch alike and
+        gets a numpy array over the memory.
         """
-        from .._driver._simulated import fake_array
+        alloc = self._device_alloc()
+        if self._views_can_retire and not self._owner:
+            self._live()
+        tracker = alloc.tracker
+        if tracker not in _launching.current:  # a launch of umem_numba's own files its use itself
+            PlainLaunch.register(tracker, stream_handle(stream, what="a kernel launch"), retr)
+        if _sim.active():
+            from .._driver._simulated import fake_array
 
-        self._device_export(escape=False)
-        return fake_array(self._device_array())
+            return fake_array(self._device_array())
+        return self._shim_of(alloc)
 
     # -- lending to other libraries -------------------------------------------------
     @contextlib.contextmanager

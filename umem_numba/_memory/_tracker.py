@@ -63,6 +63,7 @@ __all__ = [
     "POLICIES",
     "CoherenceWarning",
     "DeviceUse",
+    "PlainLaunch",
     "Tracker",
     "check_policy",
     "coherence_policy",
@@ -256,6 +257,63 @@ class Tracker:
             else:
                 self.unknown_devices.add(device)
                 self._unknown_gen += 1
+
+    def begin_plain_launch(
+        self, key: int, device: int
+    ) -> tuple[list[_events.Event], tuple[_events.Event, ...], int | None]:
+        """A plain numba launch about to be queued on stream ``key`` of ``device`` (counted as a write).
+
+        Work on an unknown stream is settled on the host first, as for any
+        launch.  Until :meth:`end_plain_launch` files the launch's event,
+        the memory counts as used on an unknown stream of ``device`` (host
+        access synchronises the device): a launch that fails before then
+        leaves that conservative mark, never a registration to wait for.
+
+        Returns
+        -------
+        waits : list of Event
+            What the launch stream must wait for, on the device: every write
+            and read on another stream.
+        covered : tuple of Event
+            Every event the launch comes after: pass it to :meth:`end_plain_launch`.
+        mark : int or None
+            The unknown mark's generation, if it is the only one (then
+            :meth:`end_plain_launch` removes it); ``None`` otherwise.
+
+        Raises
+        ------
+        CoherenceError
+            The host holds the buffer, or (``"raise"``) work on an unknown stream is pending.
+        BufferClosedError
+            The buffer is being closed.
+        """
+        if self.unknown_devices or self.escaped or self.inflight:
+            # Work on an unknown stream cannot be ordered on the device: settled on the host first.
+            self.settle("a kernel launch", self.effective_policy())
+        with self._lock:
+            self._refuse_if_blocked("device use")
+            if self.holds:
+                raise CoherenceError(
+                    "a kernel launch (or other device use) was attempted while the host "
+                    "holds this buffer (inside `with buf.on_host()`)"
+                )
+            covered = (*self.writes.values(), *self.reads.values())
+            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
+            alone = not self.unknown_devices
+            self.unknown_devices.add(device)
+            self._unknown_gen += 1
+            return waits, covered, self._unknown_gen if alone else None
+
+    def end_plain_launch(self, event: _events.Event, covered: tuple[_events.Event, ...], mark: int | None) -> None:
+        """File the event recorded after a plain launch (see :meth:`begin_plain_launch`): a write."""
+        with self._lock:
+            self._records += 1
+            for old in covered:
+                self.writes.pop(id(old), None)
+                self.reads.pop(id(old), None)
+            self.writes[id(event)] = event
+            if mark is not None and mark == self._unknown_gen:
+                self.unknown_devices.clear()  # the launch's own mark, the only one: now its event says it
 
     def begin_use(
         self, key: int, write: bool, what: str, epoch: int | None = None
@@ -720,3 +778,60 @@ class DeviceUse:
             # Part of the work may have been queued before the failure.
             for tracker, write in self.uses:
                 tracker.end_use(self.key, None, write)
+
+
+class PlainLaunch:
+    """A plain numba launch of a buffer (``kernel[g, b, s](buf)``): ordered and recorded on its stream.
+
+    numba's launch asks each buffer argument for its device array with the
+    launch stream (``to_device(retr, stream)``, numba's ``ArgHint``
+    protocol), then calls every function appended to ``retr`` once the kernel
+    is queued.  :meth:`register` makes the stream wait for conflicting work
+    on other streams and appends this object; calling it records one event
+    on the stream and files it as a write (numba's kernels are not analysed:
+    a kernel counts as writing every buffer it is given).  A capturing
+    stream, where an event would be a node of the user's graph, keeps the
+    conservative mark instead (work on an unknown stream).
+    """
+
+    __slots__ = ("covered", "device", "handle", "key", "mark", "tracker")
+
+    #: The simulated driver calls such functions as soon as the kernel is queued (numba's own
+    #: copies back wait for the kernel; these need not).
+    after_launch = True
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        handle: int,
+        key: int,
+        device: int,
+        covered: tuple[_events.Event, ...],
+        mark: int | None,
+    ) -> None:
+        self.tracker = tracker
+        self.handle = handle
+        self.key = key
+        self.device = device
+        self.covered = covered
+        self.mark = mark
+
+    @staticmethod
+    def register(tracker: Tracker, handle: int, retr: list[Any]) -> None:
+        """Order stream ``handle`` for a plain launch using ``tracker``'s memory; record after it (``retr``)."""
+        for done in retr:
+            if type(done) is PlainLaunch and done.tracker is tracker:
+                return  # the same allocation twice in one launch: one record
+        if _driver.is_capturing(handle):
+            tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
+            return
+        key = _driver.stream_key(handle)
+        device = _driver.current_device()
+        waits, covered, mark = tracker.begin_plain_launch(key, device)
+        for event in waits:
+            _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="ordering a plain numba launch")
+        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark))
+
+    def __call__(self) -> None:
+        event = _events.record(self.handle, self.device, self.key)
+        self.tracker.end_plain_launch(event, self.covered, self.mark)

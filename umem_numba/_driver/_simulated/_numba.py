@@ -385,10 +385,15 @@ def install_numba(drv: SimDriver) -> None:
             retr: list[Callable[[], None]] = []
             queued = [_plain_argument(a, retr, handle) for a in args]
             drv.queue_plain_kernel(handle, configured, tuple(queued))
-            if retr:
-                # numba copied host arrays in for the launch; its copies back wait for the kernel.
+            # As numba's launch does once the kernel is queued: umem_numba's records at once (an
+            # event on the stream); numba's copies of host arrays back wait for the kernel.
+            copies = [wb for wb in retr if not getattr(wb, "after_launch", False)]
+            for wb in retr:
+                if getattr(wb, "after_launch", False):
+                    wb()
+            if copies:
                 drv.cuStreamSynchronize(handle)
-                for wb in retr:
+                for wb in copies:
                     wb()
             return None
 
