@@ -281,6 +281,27 @@ def forall_block_size(dispatcher: Any, argtypes: tuple[Any, ...], sharedmem: int
     return int(tpb)
 
 
+_FREES = "numba's deferred frees (bench e2e times what an example allocates, frees included)"
+
+
+def flush_deferred_frees() -> None:
+    """Free now what numba's deferred-free queues hold: its memory manager's and its context's.
+
+    numba frees a dropped device array late (its ``_PendingDeallocs``: ten at a time, or when an
+    allocation fails), where umem_numba's buffers free when they are dropped; a benchmark that
+    times what an example allocates flushes numba's queues inside the timing, so that both pay
+    their frees.  The simulator has no queues: nothing to do there.
+    """
+    from numba import cuda
+
+    ctx = cuda.current_context()
+    if not hasattr(ctx, "memory_manager"):  # numba's simulator: frees nothing late
+        return
+    manager = _attr(ctx, "memory_manager", _FREES, owner="numba's Context")
+    for owner in (manager, ctx):
+        _attr(_attr(owner, "deallocations", _FREES, owner=type(owner).__name__), "clear", _FREES)()
+
+
 def kernel_function_handle(kernel: Any) -> int:
     """``kernel``'s function handle on the current device (a ``CUkernel``/``CUfunction`` as an int).
 

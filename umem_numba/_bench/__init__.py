@@ -11,4 +11,5 @@ _BENCHES: dict[str, str] = {
     "scale": "Heat stencil on 1 and N GPUs: weak/strong scaling, peer path and MPI path, halo time per step",
     "copy": "Copy paths (1 GiB): managed -> pinned / new numpy, numpy -> managed + kernel vs numba; HOST_MAPPED",
     "pool": "Allocate+free 1 MiB: umem pools (raw and buffers) vs cuMemAllocManaged vs CuPy's managed pool",
+    "e2e": "numba-cuda's documented examples end to end: numba's idiom vs umem's default buffers, device, pool=",
 }
