@@ -246,12 +246,7 @@ class Tracker:
             self.settle("a kernel launch umem_numba does not track", self.effective_policy())
         device = -1 if escape else _driver.current_device()
         with self._lock:
-            self._refuse_if_blocked("device use")
-            if self.holds:
-                raise CoherenceError(
-                    "a kernel launch (or other device use) was attempted while the host "
-                    "holds this buffer (inside `with buf.on_host()`)"
-                )
+            self._refuse_device_use()
             if escape:
                 self.escaped = True
             else:
@@ -291,12 +286,7 @@ class Tracker:
             # Work on an unknown stream cannot be ordered on the device: settled on the host first.
             self.settle("a kernel launch", self.effective_policy())
         with self._lock:
-            self._refuse_if_blocked("device use")
-            if self.holds:
-                raise CoherenceError(
-                    "a kernel launch (or other device use) was attempted while the host "
-                    "holds this buffer (inside `with buf.on_host()`)"
-                )
+            self._refuse_device_use()
             covered = (*self.writes.values(), *self.reads.values())
             waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
             alone = not self.unknown_devices
@@ -403,6 +393,15 @@ class Tracker:
             if not self.inflight and self._waiters:
                 assert self._idle is not None  # made by the waiter
                 self._idle.notify_all()
+
+    def _refuse_device_use(self) -> None:
+        """Under the lock: refuse device use while closing or resizing, or while the host holds the buffer."""
+        self._refuse_if_blocked("device use")
+        if self.holds:
+            raise CoherenceError(
+                "a kernel launch (or other device use) was attempted while the host "
+                "holds this buffer (inside `with buf.on_host()`)"
+            )
 
     def _refuse_if_blocked(self, what: str) -> None:
         blocked = self._blocked
