@@ -43,7 +43,14 @@ from ._kinds._pinned import HostAllocFlags, PinnedBuffer
 from ._launch._coherent import CoherentForAll, CoherentKernel, coherent, jit, launch
 from ._memory._pool import MemoryPool
 from ._memory._stats import KindStats, PoolStats, reset_peak, stats
-from ._memory._tracker import CoherenceWarning, coherence_policy, get_coherence_policy, set_coherence_policy
+from ._memory._tracker import (
+    CoherenceWarning,
+    coherence_policy,
+    get_coherence_policy,
+    get_launch_prefetch,
+    set_coherence_policy,
+    set_launch_prefetch,
+)
 from ._vmm._access import AccessFlags, allocation_granularity
 from ._vmm._buffer import VMMBuffer
 from ._vmm._mapping import AddressRange, Mapping, PhysicalMemory
@@ -145,6 +152,8 @@ __all__ = [
     "CoherentKernel",
     "coherence_policy",
     "set_coherence_policy",
+    "set_launch_prefetch",
+    "get_launch_prefetch",
     "get_coherence_policy",
     "CoherenceWarning",
 ]

@@ -102,6 +102,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.families = frozenset({"core", *self.ENABLED})
+        um.set_launch_prefetch(True)  # the default: a program that turned it off does not leak the setting
         if _sim.active():
             # Work an earlier failed program left queued runs now, not inside this one.
             _driver.api().drv.drain_quietly()
@@ -701,13 +702,18 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     @family("hints")
     @rule(
         view=buffers,
-        op=st.sampled_from(("prefetch", "discard", "discard_prefetch", "advise", "policy")),
+        op=st.sampled_from(("prefetch", "discard", "discard_prefetch", "advise", "policy", "launch_prefetch")),
         where=st.sampled_from((0, "cpu")),
         stream=st.sampled_from(STREAMS),
         advice=st.sampled_from(("read_mostly", "preferred", "accessed_by", "clear")),
     )
     def hint(self, view: View, op: str, where: Any, stream: str, advice: str) -> None:
-        """prefetch / discard / discard_prefetch / advice / a migration policy on managed memory."""
+        """prefetch / discard / discard_prefetch / advice / a migration policy on managed memory; or
+        launch-time migration on (``where`` 0) or off (um.set_launch_prefetch: values never change)."""
+        if op == "launch_prefetch":
+            with self.run(f"um.set_launch_prefetch({where == 0})"):
+                um.set_launch_prefetch(where == 0)
+            return
         if view.kind != "managed":
             return
         s = self.stream(stream)

@@ -29,6 +29,7 @@ import numpy as np
 from .. import _driver
 from .._driver import _sim
 from .._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
+from .._memory import _tracker
 from .._memory._lifetime import Allocation
 from .._memory._tracker import DeviceUse, Tracker, check_policy
 from . import _copy, _layout
@@ -82,6 +83,8 @@ class Buffer(DeviceExports, _Base):
     #: Whether views can be retired while the allocation lives (VMM shrink): a
     #: launch must then check the view, not only the allocation.
     _views_can_retire: ClassVar[bool] = False
+    #: Host access marks the memory for a prefetch before the next launch (managed memory).
+    _migrates_on_launch: ClassVar[bool] = False
     #: numba's plain launch calls :meth:`to_device` with its stream (numba's ``ArgHint``).
     _plain_via_to_device: ClassVar[bool] = _Base is not object
     #: The constructors to name when someone calls the class directly.
@@ -476,9 +479,19 @@ class Buffer(DeviceExports, _Base):
         alloc = self._live()
         if not self._host_accessible:
             raise UnsupportedError(f"{type(self).__name__} memory is not host-accessible; use copy_to_host()")
-        alloc.tracker.before_host_access(what)
+        tracker = alloc.tracker
+        tracker.before_host_access(what)
         if self.size == 0:
             return np.empty(self._shape, self._dtype)
+        if (
+            self._migrates_on_launch
+            and tracker.migrate is None
+            and tracker.concurrent
+            and _tracker.get_launch_prefetch()
+        ):
+            # The host may touch every page of it now: the next launch prefetches it back.
+            assert alloc.memory is not None  # a buffer with elements has memory
+            tracker.migrate = (alloc.ptr, alloc.memory.nbytes)
         iface = array_interface(alloc.ptr + self._offset, self._shape, self._strides, self._dtype)
         return np.asarray(_HostExport(alloc, iface))
 

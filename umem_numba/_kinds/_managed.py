@@ -67,6 +67,7 @@ class ManagedBuffer(Buffer):
 
     __slots__ = ()
     _constructors = ("ManagedBuffer.empty", "ManagedBuffer.zeros", "ManagedBuffer.from_array")
+    _migrates_on_launch = True  # the next launch after host access prefetches it (set_launch_prefetch)
 
     # -- constructors ------------------------------------------------------------
     @classmethod

@@ -51,7 +51,7 @@ from .._driver import _sim
 from .._driver._location import owns_stream, stream_classes, stream_handle
 from .._errors import CoherenceError, CudaError
 from .._memory import _events
-from .._memory._tracker import Tracker, _launching
+from .._memory._tracker import Tracker, _launching, prefetch_touched
 from ._kernel_call import KernelCall, scalar_type, supports
 
 __all__ = ["CoherentKernel", "coherent", "jit", "launch"]
@@ -696,6 +696,7 @@ class _ConfiguredLaunch:
             if self._keep_key:
                 self._key = key
         begun: list[tuple[Tracker, bool, tuple[_events.Event, ...]]] = []
+        moves: list[Tracker] = []  # managed memory the host touched: prefetched before the kernel
         try:
             waits: list[_events.Event] = []
             for tracker, write in uses:
@@ -703,6 +704,8 @@ class _ConfiguredLaunch:
                 begun.append((tracker, write, covered))
                 if wait:
                     waits += wait
+                if tracker.migrate:
+                    moves.append(tracker)
             if waits:
                 stream_wait = _driver.api().stream_wait_event
                 for event in {id(e): e for e in waits}.values():
@@ -711,6 +714,8 @@ class _ConfiguredLaunch:
                         "cuStreamWaitEvent",
                         "ordering a launch after conflicting work on another stream",
                     )
+            if moves:
+                prefetch_touched(moves, handle, _driver.current_device() if device is None else device)
             if call is None or not self._direct(call, values, handle):
                 _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
                 try:

@@ -68,8 +68,11 @@ __all__ = [
     "check_policy",
     "coherence_policy",
     "get_coherence_policy",
+    "get_launch_prefetch",
+    "prefetch_touched",
     "refuse_capture",
     "set_coherence_policy",
+    "set_launch_prefetch",
 ]
 
 POLICIES = ("sync", "raise", "warn", "off")
@@ -90,6 +93,72 @@ def check_policy(policy: str) -> str:
 
 _global_policy = "sync"
 _block_policy: contextvars.ContextVar[str | None] = contextvars.ContextVar("umem_coherence_policy", default=None)
+
+
+#: Whether launches prefetch the managed memory the host touched (set_launch_prefetch).
+_launch_prefetch = True
+
+
+def set_launch_prefetch(enabled: bool) -> None:
+    """Turn launch-time migration of managed memory on (the default) or off, process-wide.
+
+    When on, a tracked launch (``um.jit``, :func:`launch`, :func:`coherent`)
+    or a plain numba launch of a :class:`~umem_numba.ManagedBuffer` whose
+    memory the host touched since the device last had it (a host view:
+    ``buf.host``, ``np.asarray(buf)``, element access, ``on_host()``,
+    ``from_array``) first prefetches the whole allocation to the launching
+    device (``cuMemPrefetchAsync``, on the launch stream, before the kernel),
+    so that the kernel does not fault the pages in one by one.  A launch
+    whose arguments the host did not touch moves nothing and makes no driver
+    call for it.  Devices without concurrentManagedAccess never prefetch.
+
+    Parameters
+    ----------
+    enabled : bool
+        ``False``: pages migrate by faults, as the driver does by itself.
+
+    Raises
+    ------
+    TypeError
+        ``enabled`` is not a bool.
+    """
+    global _launch_prefetch
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_launch_prefetch: enabled must be a bool, got {type(enabled).__name__}")
+    _launch_prefetch = enabled
+
+
+def get_launch_prefetch() -> bool:
+    """Whether launches prefetch the managed memory the host touched (see :func:`set_launch_prefetch`)."""
+    return _launch_prefetch
+
+
+#: device ordinal -> its CUmemLocation (made once).
+_device_locations: dict[int, Any] = {}
+
+
+def prefetch_touched(trackers: list[Tracker], handle: int, device: int) -> None:
+    """Before a launch on stream ``handle``: prefetch to ``device`` what the host touched (``migrate``).
+
+    A hint: a prefetch the driver refuses (memory of a managed pool, on some
+    drivers) is not an error; that memory migrates by faults from then on.
+    """
+    if not _launch_prefetch:
+        return
+    loc = _device_locations.get(device)
+    if loc is None:
+        from .._driver._location import Location
+
+        loc = _device_locations[device] = Location.device(device).to_cu()
+    prefetch = _driver.api().mem_prefetch
+    for tracker in trackers:
+        span = tracker.migrate
+        if not span:
+            continue
+        assert isinstance(span, tuple)
+        tracker.migrate = None
+        if prefetch(span[0], span[1], loc, 0, handle)[0] != 0:
+            tracker.migrate = 0
 
 
 def set_coherence_policy(policy: str) -> None:
@@ -173,6 +242,7 @@ class Tracker:
         "escaped",
         "holds",
         "inflight",
+        "migrate",
         "policy",
         "reads",
         "unknown_devices",
@@ -213,6 +283,10 @@ class Tracker:
         self.concurrent = concurrent
         #: None (attached globally), "host", or the stream handle it is attached to.
         self.attached: str | int | None = None
+        #: Managed memory the host touched since the device last had it: ``(ptr, nbytes)`` to
+        #: prefetch to the device before the next launch (see :func:`prefetch_touched`); None
+        #: when there is nothing to move; 0 once the driver refused such a prefetch.
+        self.migrate: tuple[int, int] | int | None = None
 
     # -- what tests and tools read ---------------------------------------------
     @property
@@ -829,6 +903,8 @@ class PlainLaunch:
         waits, covered, mark = tracker.begin_plain_launch(key, device)
         for event in waits:
             _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="ordering a plain numba launch")
+        if tracker.migrate:
+            prefetch_touched([tracker], handle, device)
         retr.append(PlainLaunch(tracker, handle, key, device, covered, mark))
 
     def __call__(self) -> None:

@@ -1,0 +1,119 @@
+"""Launch-time migration (#28 item 3): a launch prefetches the managed memory the host touched.
+
+A tracked launch (``um.jit``) or a plain numba launch of a ``ManagedBuffer`` whose memory the host
+touched since the device last had it prefetches the allocation to the launching device, on the
+launch stream, before the kernel; a launch whose arguments the host did not touch moves nothing.
+Each test reads the driver's last prefetch location back (``cuMemRangeGetAttribute``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+from support.helpers import random_array
+
+import umem_numba as um
+from umem_numba._driver import _sim
+
+pytestmark = pytest.mark.gpu
+
+N = 4096
+G, B = N // 128, 128
+TRIALS = 3 if _sim.active() else 20
+SLEEPS = 0 if _sim.active() else 20
+
+
+@cuda.jit
+def _scale(a, k, sleeps):
+    for _ in range(sleeps):
+        cuda.nanosleep(1_000_000)
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] *= k
+
+
+_tracked_scale = um.jit(_scale.py_func)
+
+
+def _last_prefetch(buf):
+    return buf.hints.last_prefetch_location
+
+
+@pytest.fixture(autouse=True)
+def _launch_prefetch_on():
+    before = um.get_launch_prefetch()
+    um.set_launch_prefetch(True)
+    yield
+    um.set_launch_prefetch(before)
+
+
+@pytest.mark.parametrize("launch", ["um.jit", "plain"])
+def test_a_launch_after_host_writes_prefetches_to_the_device(rng, launch):
+    """Host writes, then a launch on s: the last prefetch is to the device; the values are the kernel's."""
+    kernel = _tracked_scale if launch == "um.jit" else _scale
+    s = cuda.stream()
+    data = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.zeros(N) as buf:
+        buf.prefetch("cpu", stream=s)  # a known starting point: the host
+        buf.synchronize()
+        assert _last_prefetch(buf) == um.HOST
+        buf.host[:] = data  # the host touches it
+        kernel[G, B, s](buf, 3.0, 0)
+        buf_dev = _last_prefetch(buf)
+        np.testing.assert_array_equal(buf.host, data * 3.0)
+        assert buf_dev == um.Location.device(0), f"the launch did not prefetch: last prefetch {buf_dev}"
+
+
+@pytest.mark.parametrize("launch", ["um.jit", "plain"])
+def test_a_launch_the_host_did_not_touch_moves_nothing(rng, launch):
+    """The host did not touch it since: the launch prefetches nothing (the last prefetch stays the host)."""
+    kernel = _tracked_scale if launch == "um.jit" else _scale
+    s = cuda.stream()
+    data = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(data) as buf:
+        kernel[G, B, s](buf, 2.0, 0)  # from_array wrote it on the host: this launch prefetches
+        buf.prefetch("cpu", stream=s)
+        kernel[G, B, s](buf, 2.0, 0)  # untouched since: nothing moves
+        buf.synchronize()
+        assert _last_prefetch(buf) == um.HOST, "a launch moved memory the host had not touched"
+        np.testing.assert_array_equal(buf.host, data * 4.0)
+
+
+def test_the_switch_turns_it_off(rng):
+    s = cuda.stream()
+    um.set_launch_prefetch(False)
+    assert um.get_launch_prefetch() is False
+    with um.ManagedBuffer.from_array(random_array(rng, N, np.float64)) as buf:
+        buf.prefetch("cpu", stream=s)
+        buf.synchronize()
+        buf.host[0] = 1.0
+        _tracked_scale[G, B, s](buf, 2.0, 0)
+        buf.synchronize()
+        assert _last_prefetch(buf) == um.HOST, "prefetched with launch-time migration off"
+    with pytest.raises(TypeError, match="enabled must be a bool, got int"):
+        um.set_launch_prefetch(1)
+
+
+def test_migration_keeps_values_under_a_sleeping_reader_on_another_stream(rng):
+    """A slow tracked reader on s1, the host writes the buffer after waiting, then a writer on s2 whose
+    launch prefetches: every value is the writer's (fresh random data, 20 trials)."""
+
+    @um.jit
+    def slow_copy(dst, src, sleeps):
+        for _ in range(sleeps):
+            cuda.nanosleep(1_000_000)
+        i = cuda.grid(1)
+        if i < dst.shape[0]:
+            dst[i] = src[i]
+
+    s1, s2 = cuda.stream(), cuda.stream()
+    with um.ManagedBuffer.zeros(N) as buf, um.ManagedBuffer.zeros(N) as seen:
+        for trial in range(TRIALS):
+            data = random_array(rng, N, np.float64)
+            buf.host[:] = data  # waits for earlier work, touches every page
+            slow_copy[G, B, s1](seen, buf, SLEEPS)  # reads buf slowly (its launch prefetches buf)
+            buf.host[:] = data + 1.0  # waits for the reader; touches again
+            _tracked_scale[G, B, s2](buf, 2.0, 0)  # prefetches, then scales
+            np.testing.assert_array_equal(seen.host, data, err_msg=f"trial {trial}")
+            np.testing.assert_array_equal(buf.host, (data + 1.0) * 2.0, err_msg=f"trial {trial}")
