@@ -46,10 +46,10 @@ from ._memory._stats import KindStats, PoolStats, reset_peak, stats
 from ._memory._tracker import (
     CoherenceWarning,
     coherence_policy,
+    get_auto_prefetch,
     get_coherence_policy,
-    get_launch_prefetch,
+    set_auto_prefetch,
     set_coherence_policy,
-    set_launch_prefetch,
 )
 from ._vmm._access import AccessFlags, allocation_granularity
 from ._vmm._buffer import VMMBuffer
@@ -152,8 +152,8 @@ __all__ = [
     "CoherentKernel",
     "coherence_policy",
     "set_coherence_policy",
-    "set_launch_prefetch",
-    "get_launch_prefetch",
+    "set_auto_prefetch",
+    "get_auto_prefetch",
     "get_coherence_policy",
     "CoherenceWarning",
 ]

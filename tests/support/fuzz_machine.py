@@ -102,7 +102,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.families = frozenset({"core", *self.ENABLED})
-        um.set_launch_prefetch(True)  # the default: a program that turned it off does not leak the setting
+        um.set_auto_prefetch(True)  # the default: a program that turned it off does not leak the setting
         if _sim.active():
             # Work an earlier failed program left queued runs now, not inside this one.
             _driver.api().drv.drain_quietly()
@@ -709,10 +709,10 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     )
     def hint(self, view: View, op: str, where: Any, stream: str, advice: str) -> None:
         """prefetch / discard / discard_prefetch / advice / a migration policy on managed memory; or
-        launch-time migration on (``where`` 0) or off (um.set_launch_prefetch: values never change)."""
+        launch-time migration on (``where`` 0) or off (um.set_auto_prefetch: values never change)."""
         if op == "launch_prefetch":
-            with self.run(f"um.set_launch_prefetch({where == 0})"):
-                um.set_launch_prefetch(where == 0)
+            with self.run(f"um.set_auto_prefetch({where == 0})"):
+                um.set_auto_prefetch(where == 0)
             return
         if view.kind != "managed":
             return

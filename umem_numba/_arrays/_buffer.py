@@ -28,12 +28,27 @@ import numpy as np
 
 from .. import _driver
 from .._driver import _sim
-from .._errors import BufferClosedError, CudaUnavailableError, UnsupportedError
+from .._errors import BufferClosedError, CoherenceError, CudaUnavailableError, UnsupportedError
 from .._memory import _tracker
 from .._memory._lifetime import Allocation
 from .._memory._tracker import DeviceUse, Tracker, check_policy
 from . import _copy, _layout
 from ._export import DeviceExports, _HostExport, array_interface
+
+#: A host view of at least this many bytes of managed memory the device wrote is prefetched to
+#: the host before host code reads it (see Buffer._prefetch_for_host).
+HOST_PREFETCH_MIN = 1 << 20
+
+_HOST_LOCATION: list[Any] = []
+
+
+def _host_location() -> Any:
+    """The host's ``CUmemLocation`` (made once)."""
+    if not _HOST_LOCATION:
+        from .._driver._location import HOST
+
+        _HOST_LOCATION.append(HOST.to_cu())
+    return _HOST_LOCATION[0]
 
 
 def _numba_base() -> type:
@@ -349,7 +364,7 @@ class Buffer(DeviceExports, _Base):
     def _element_value(self) -> Any:
         """The value of this 0-d view: a host read that waits for the device work on the buffer."""
         if self._host_accessible:
-            here = self._host_array("element read")
+            here = self._host_array("element read", prefetch=False)
         else:
             here = np.empty((), self._dtype)
             self.copy_to_host(here)
@@ -372,7 +387,7 @@ class Buffer(DeviceExports, _Base):
         # is refused before anything waits for, or is queued on, the device.
         np.copyto(dense, src, casting="unsafe")
         if self._host_accessible:
-            self._host_array("item assignment")[...] = dense
+            self._host_array("item assignment", prefetch=False)[...] = dense  # written, not read: no prefetch
         elif order:
             self.copy_from_host(dense)
         else:
@@ -475,25 +490,54 @@ class Buffer(DeviceExports, _Base):
             _driver.call("cuMemsetD8Async", alloc.device_ptr + self._offset, 0, self.nbytes, stream, detail=what)
 
     # -- host side ----------------------------------------------------------------
-    def _host_array(self, what: str) -> np.ndarray:
+    def _host_array(self, what: str, *, prefetch: bool = True) -> np.ndarray:
+        """A numpy view for host code, once device work that may use the memory is settled.
+
+        ``prefetch``: the host is about to read the view (see :meth:`_prefetch_for_host`).
+        """
         alloc = self._live()
         if not self._host_accessible:
             raise UnsupportedError(f"{type(self).__name__} memory is not host-accessible; use copy_to_host()")
         tracker = alloc.tracker
+        if prefetch and self._migrates_on_launch and tracker.writes:
+            self._prefetch_for_host(alloc)
         tracker.before_host_access(what)
         if self.size == 0:
             return np.empty(self._shape, self._dtype)
-        if (
-            self._migrates_on_launch
-            and tracker.migrate is None
-            and tracker.concurrent
-            and _tracker.get_launch_prefetch()
-        ):
+        if self._migrates_on_launch and tracker.migrate is None and tracker.concurrent and _tracker.get_auto_prefetch():
             # The host may touch every page of it now: the next launch prefetches it back.
             assert alloc.memory is not None  # a buffer with elements has memory
             tracker.migrate = (alloc.ptr, alloc.memory.nbytes)
         iface = array_interface(alloc.ptr + self._offset, self._shape, self._strides, self._dtype)
         return np.asarray(_HostExport(alloc, iface))
+
+    def _prefetch_for_host(self, alloc: Allocation) -> None:
+        """Managed memory the device wrote, about to be read on the host: brought over by prefetch.
+
+        The view's bytes (the whole allocation for a view that is not
+        contiguous) are prefetched to the host on a private stream that
+        first waits for the device work writing them; host access then waits
+        for the prefetch as for that work.  Only under the ``"sync"`` policy,
+        with automatic prefetch on (:func:`~umem_numba.set_auto_prefetch`), on
+        a device with concurrentManagedAccess, and for at least
+        :data:`HOST_PREFETCH_MIN` bytes: smaller reads fault in faster than
+        a prefetch is issued.  A refused prefetch is not an error (a hint).
+        """
+        tracker = alloc.tracker
+        nbytes = self.nbytes
+        if nbytes < HOST_PREFETCH_MIN or not tracker.concurrent or not _tracker._auto_prefetch:
+            return
+        if tracker.effective_policy() != "sync":  # "raise" / "warn" / "off": the host does not wait here
+            return
+        contiguous = self.is_c_contiguous or self.is_f_contiguous
+        ptr, size = (alloc.ptr + self._offset, nbytes) if contiguous else (alloc.ptr, alloc.memory.nbytes)  # type: ignore[union-attr]
+        side = _driver.side_stream(alloc.device_id)
+        what = f"prefetching a {type(self).__name__} to the host before host access"
+        try:
+            with _driver.device_context(alloc.device_id), DeviceUse([(tracker, False)], side, what):
+                _driver.api().mem_prefetch(ptr, size, _host_location(), 0, side)  # a hint: refusals pass
+        except (CoherenceError, BufferClosedError):
+            return  # the host access reports it, in its own words
 
     @property
     def host(self) -> np.ndarray:

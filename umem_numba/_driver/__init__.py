@@ -642,6 +642,29 @@ def is_capturing(handle: int) -> bool:
     return bool(status != a.capture_none)
 
 
+_side_streams: dict[tuple[int, int], int] = {}
+_side_lock = threading.Lock()
+
+
+def side_stream(device_id: int) -> int:
+    """A private non-blocking stream of ``device_id`` (created once per process, never destroyed).
+
+    For the toolkit's own ordered work that belongs to no user stream (batched
+    discards on the legacy stream, prefetches before host access); make the
+    device's context current before queuing on it.
+    """
+    key = (device_id, fork_generation)
+    handle = _side_streams.get(key)
+    if handle is None:
+        with _side_lock:
+            handle = _side_streams.get(key)
+            if handle is None:
+                with device_context(device_id):
+                    raw = call("cuStreamCreate", consts().stream_non_blocking, detail="a private stream")
+                handle = _side_streams[key] = int(raw)
+    return handle
+
+
 def active_devices() -> list[int]:
     """Devices whose primary context is active (where device work can exist)."""
     out = []

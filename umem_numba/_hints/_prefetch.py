@@ -22,7 +22,6 @@ prefetch`` measures both on the machine at hand.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -134,24 +133,6 @@ def _require_discard(what: str) -> None:
         )
 
 
-_side_streams: dict[tuple[int, int], int] = {}
-_side_lock = threading.Lock()
-
-
-def _side_stream(device_id: int) -> int:
-    """A private non-blocking stream of ``device_id`` (created once per process, never destroyed)."""
-    key = (device_id, _driver.fork_generation)
-    handle = _side_streams.get(key)
-    if handle is None:
-        with _side_lock:
-            handle = _side_streams.get(key)
-            if handle is None:
-                flags = _driver.consts().stream_non_blocking
-                raw = _driver.call("cuStreamCreate", flags, detail="a stream for batched discards")
-                handle = _side_streams[key] = int(raw)
-    return handle
-
-
 @contextlib.contextmanager
 def _batch_stream(handle: int, device_id: int) -> Iterator[int]:
     """A stream the batch calls accept, ordered exactly like ``handle``.
@@ -164,7 +145,7 @@ def _batch_stream(handle: int, device_id: int) -> Iterator[int]:
     if handle not in (0, _driver.consts().stream_legacy):
         yield handle
         return
-    side = _side_stream(device_id)
+    side = _driver.side_stream(device_id)
     before = _events.record(handle, device_id)
     _driver.call("cuStreamWaitEvent", side, before.handle, 0, detail="ordering a batch after the legacy stream")
     yield side

@@ -67,7 +67,7 @@ class ManagedBuffer(Buffer):
 
     __slots__ = ()
     _constructors = ("ManagedBuffer.empty", "ManagedBuffer.zeros", "ManagedBuffer.from_array")
-    _migrates_on_launch = True  # the next launch after host access prefetches it (set_launch_prefetch)
+    _migrates_on_launch = True  # the next launch after host access prefetches it (set_auto_prefetch)
 
     # -- constructors ------------------------------------------------------------
     @classmethod
@@ -244,7 +244,7 @@ class ManagedBuffer(Buffer):
             loc = None if prefetch is None else _prefetch_target(prefetch, what, src.shape, src.dtype)
             buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
             if buf.size:
-                np.copyto(buf._host_array("from_array"), src)
+                np.copyto(buf._host_array("from_array", prefetch=False), src)
         if loc is not None:
             buf._prefetch_new(loc, stream)
         return buf
@@ -333,6 +333,8 @@ class ManagedBuffer(Buffer):
         launch) raises :class:`~umem_numba.CoherenceError` before launching.
         """
         alloc = self._live()
+        if alloc.tracker.writes:
+            self._prefetch_for_host(alloc)  # the hold waits for the device: the pages come by prefetch
         alloc.tracker.hold("on_host (host hold)")
         try:
             yield self._host_array("host hold")

@@ -67,12 +67,12 @@ __all__ = [
     "Tracker",
     "check_policy",
     "coherence_policy",
+    "get_auto_prefetch",
     "get_coherence_policy",
-    "get_launch_prefetch",
     "prefetch_touched",
     "refuse_capture",
+    "set_auto_prefetch",
     "set_coherence_policy",
-    "set_launch_prefetch",
 ]
 
 POLICIES = ("sync", "raise", "warn", "off")
@@ -95,22 +95,29 @@ _global_policy = "sync"
 _block_policy: contextvars.ContextVar[str | None] = contextvars.ContextVar("umem_coherence_policy", default=None)
 
 
-#: Whether launches prefetch the managed memory the host touched (set_launch_prefetch).
-_launch_prefetch = True
+#: Whether managed memory is prefetched where it is needed (set_auto_prefetch).
+_auto_prefetch = True
 
 
-def set_launch_prefetch(enabled: bool) -> None:
-    """Turn launch-time migration of managed memory on (the default) or off, process-wide.
+def set_auto_prefetch(enabled: bool) -> None:
+    """Turn automatic prefetch of managed memory on (the default) or off, process-wide.
 
-    When on, a tracked launch (``um.jit``, :func:`launch`, :func:`coherent`)
-    or a plain numba launch of a :class:`~umem_numba.ManagedBuffer` whose
-    memory the host touched since the device last had it (a host view:
-    ``buf.host``, ``np.asarray(buf)``, element access, ``on_host()``,
-    ``from_array``) first prefetches the whole allocation to the launching
-    device (``cuMemPrefetchAsync``, on the launch stream, before the kernel),
-    so that the kernel does not fault the pages in one by one.  A launch
-    whose arguments the host did not touch moves nothing and makes no driver
-    call for it.  Devices without concurrentManagedAccess never prefetch.
+    When on, managed memory moves where it is needed by prefetch rather than
+    by page faults, both ways:
+
+    * a tracked launch (``um.jit``, :func:`launch`, :func:`coherent`) or a
+      plain numba launch of a :class:`~umem_numba.ManagedBuffer` whose memory
+      the host touched since the device last had it (a host view:
+      ``buf.host``, ``np.asarray(buf)``, element access, ``on_host()``,
+      ``from_array``) first prefetches the whole allocation to the launching
+      device, on the launch stream, before the kernel; a launch whose
+      arguments the host did not touch makes no driver call for it;
+    * a host view that reads (``buf.host``, ``np.asarray(buf)``,
+      ``on_host()``) at least 1 MiB of a ``ManagedBuffer`` the device wrote
+      prefetches it to the host first, under the ``"sync"`` policy.
+
+    Devices without concurrentManagedAccess never prefetch
+    (docs: concepts/hints-prefetch).
 
     Parameters
     ----------
@@ -122,15 +129,15 @@ def set_launch_prefetch(enabled: bool) -> None:
     TypeError
         ``enabled`` is not a bool.
     """
-    global _launch_prefetch
+    global _auto_prefetch
     if not isinstance(enabled, bool):
-        raise TypeError(f"set_launch_prefetch: enabled must be a bool, got {type(enabled).__name__}")
-    _launch_prefetch = enabled
+        raise TypeError(f"set_auto_prefetch: enabled must be a bool, got {type(enabled).__name__}")
+    _auto_prefetch = enabled
 
 
-def get_launch_prefetch() -> bool:
-    """Whether launches prefetch the managed memory the host touched (see :func:`set_launch_prefetch`)."""
-    return _launch_prefetch
+def get_auto_prefetch() -> bool:
+    """Whether managed memory is prefetched where it is needed (see :func:`set_auto_prefetch`)."""
+    return _auto_prefetch
 
 
 #: device ordinal -> its CUmemLocation (made once).
@@ -143,7 +150,7 @@ def prefetch_touched(trackers: list[Tracker], handle: int, device: int) -> None:
     A hint: a prefetch the driver refuses (memory of a managed pool, on some
     drivers) is not an error; that memory migrates by faults from then on.
     """
-    if not _launch_prefetch:
+    if not _auto_prefetch:
         return
     loc = _device_locations.get(device)
     if loc is None:

@@ -1,9 +1,12 @@
-"""Launch-time migration (#28 item 3): a launch prefetches the managed memory the host touched.
+"""Automatic prefetch (#28 item 3): migration where the data is needed, by prefetch rather than by fault.
 
-A tracked launch (``um.jit``) or a plain numba launch of a ``ManagedBuffer`` whose memory the host
-touched since the device last had it prefetches the allocation to the launching device, on the
-launch stream, before the kernel; a launch whose arguments the host did not touch moves nothing.
-Each test reads the driver's last prefetch location back (``cuMemRangeGetAttribute``).
+To the device: a tracked launch (``um.jit``) or a plain numba launch of a ``ManagedBuffer`` whose
+memory the host touched since the device last had it prefetches the allocation to the launching
+device, on the launch stream, before the kernel; a launch whose arguments the host did not touch
+moves nothing.  To the host: a host view (``.host``, ``np.asarray``, ``on_host()``) of at least
+``HOST_PREFETCH_MIN`` bytes the device wrote is prefetched to the host before the host reads it;
+element reads, assignments and small buffers are not.  Each test reads the driver's last prefetch
+location back (``cuMemRangeGetAttribute``).
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ def _last_prefetch(buf):
 
 
 @pytest.fixture(autouse=True)
-def _launch_prefetch_on():
-    before = um.get_launch_prefetch()
-    um.set_launch_prefetch(True)
+def _auto_prefetch_on():
+    before = um.get_auto_prefetch()
+    um.set_auto_prefetch(True)
     yield
-    um.set_launch_prefetch(before)
+    um.set_auto_prefetch(before)
 
 
 @pytest.mark.parametrize("launch", ["um.jit", "plain"])
@@ -82,8 +85,8 @@ def test_a_launch_the_host_did_not_touch_moves_nothing(rng, launch):
 
 def test_the_switch_turns_it_off(rng):
     s = cuda.stream()
-    um.set_launch_prefetch(False)
-    assert um.get_launch_prefetch() is False
+    um.set_auto_prefetch(False)
+    assert um.get_auto_prefetch() is False
     with um.ManagedBuffer.from_array(random_array(rng, N, np.float64)) as buf:
         buf.prefetch("cpu", stream=s)
         buf.synchronize()
@@ -92,7 +95,7 @@ def test_the_switch_turns_it_off(rng):
         buf.synchronize()
         assert _last_prefetch(buf) == um.HOST, "prefetched with launch-time migration off"
     with pytest.raises(TypeError, match="enabled must be a bool, got int"):
-        um.set_launch_prefetch(1)
+        um.set_auto_prefetch(1)
 
 
 def test_migration_keeps_values_under_a_sleeping_reader_on_another_stream(rng):
@@ -117,3 +120,63 @@ def test_migration_keeps_values_under_a_sleeping_reader_on_another_stream(rng):
             _tracked_scale[G, B, s2](buf, 2.0, 0)  # prefetches, then scales
             np.testing.assert_array_equal(seen.host, data, err_msg=f"trial {trial}")
             np.testing.assert_array_equal(buf.host, (data + 1.0) * 2.0, err_msg=f"trial {trial}")
+
+
+BIG = (2 << 20) // 8  # float64 elements: 2 MiB, above HOST_PREFETCH_MIN
+
+
+@pytest.mark.parametrize("how", ["host", "asarray", "on_host"])
+def test_host_access_after_a_device_write_prefetches_to_the_host(rng, how):
+    """A slow device write of 2 MiB, then a host view: prefetched to the host, the kernel's values."""
+    from umem_numba._arrays._buffer import HOST_PREFETCH_MIN
+
+    assert BIG * 8 >= HOST_PREFETCH_MIN
+    s = cuda.stream()
+    data = random_array(rng, BIG, np.float64)
+    with um.ManagedBuffer.from_array(data) as buf:
+        _tracked_scale[(BIG + 127) // 128, 128, s](buf, 3.0, SLEEPS)  # prefetched to the device first
+        assert _last_prefetch(buf) == um.Location.device(0)
+        if how == "host":
+            got = buf.host.copy()
+        elif how == "asarray":
+            got = np.asarray(buf).copy()
+        else:
+            with buf.on_host() as h:
+                got = h.copy()
+        assert _last_prefetch(buf) == um.HOST, f"{how}: the host read faulted the pages in"
+        np.testing.assert_array_equal(got, data * 3.0)
+
+
+def test_small_buffers_element_reads_and_other_policies_fault_in(rng):
+    """Under HOST_PREFETCH_MIN, an element read, an assignment, and the "warn" policy: no prefetch to the host."""
+    s = cuda.stream()
+    small = random_array(rng, 1024, np.float64)
+    with um.ManagedBuffer.from_array(small) as buf:
+        _tracked_scale[8, 128, s](buf, 2.0, 0)
+        np.testing.assert_array_equal(buf.host, small * 2.0)
+        assert _last_prefetch(buf) == um.Location.device(0), "a small buffer was prefetched to the host"
+    data = random_array(rng, BIG, np.float64)
+    with um.ManagedBuffer.from_array(data) as buf:
+        g = (BIG + 127) // 128
+        _tracked_scale[g, 128, s](buf, 2.0, 0)
+        assert buf[5] == data[5] * 2.0  # an element read: a few bytes, by fault
+        assert _last_prefetch(buf) == um.Location.device(0)
+        _tracked_scale[g, 128, s](buf, 2.0, 0)
+        buf[:] = data  # written on the host, not read: no prefetch to the host first
+        assert _last_prefetch(buf) == um.Location.device(0)
+        _tracked_scale[g, 128, s](buf, 2.0, 0)
+        buf.synchronize()
+        with um.coherence_policy("warn"):
+            np.testing.assert_array_equal(buf.host, data * 2.0)
+        assert _last_prefetch(buf) == um.Location.device(0), "prefetched under the 'warn' policy"
+
+
+def test_host_prefetch_is_off_with_the_switch(rng):
+    um.set_auto_prefetch(False)
+    data = random_array(rng, BIG, np.float64)
+    s = cuda.stream()
+    with um.ManagedBuffer.from_array(data) as buf:
+        buf.prefetch(0, stream=s)
+        _tracked_scale[(BIG + 127) // 128, 128, s](buf, 2.0, 0)
+        np.testing.assert_array_equal(buf.host, data * 2.0)
+        assert _last_prefetch(buf) == um.Location.device(0)
