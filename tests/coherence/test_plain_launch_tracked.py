@@ -114,3 +114,22 @@ def test_a_launch_that_fails_leaves_a_conservative_mark_not_a_hang(rng):
 def test_a_plain_launch_inside_the_hosts_hold_is_refused():
     with um.ManagedBuffer.zeros(N) as a, a.on_host(), pytest.raises(um.CoherenceError, match="holds this buffer"):
         _copy[G, B, cuda.stream()](a, a)
+
+
+@pytest.mark.real_gpu("numba's cuda.InOut over a buffer (the simulator's InOut takes numpy arrays only)")
+def test_a_plain_launch_keeps_an_earlier_unknown_mark(rng):
+    """Work on an unknown stream (numba's own hint ``cuda.InOut(buf)`` names no stream to umem_numba),
+    then, under the "off" policy, a plain launch on another stream: its record must not clear the
+    earlier mark, so host access under "sync" still waits for the unknown work (20 trials)."""
+    s1, s2 = cuda.stream(), cuda.stream()
+    with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as b:
+        for trial in range(TRIALS):
+            values = random_array(rng, N, np.float64)
+            with um.DeviceBuffer.from_array(values) as src:
+                src.synchronize()
+                _slow_fill[G, B, s1](cuda.InOut(a), src, SLEEPS)  # unknown stream: a conservative mark
+                assert a._coherence_tracker.unknown
+                with um.coherence_policy("off"):
+                    _copy[G, B, s2](b, a)  # the user orders nothing here; b's copy may see old values
+                np.testing.assert_array_equal(a.host, values, err_msg=f"trial {trial}: the unknown writer was lost")
+                b.synchronize()

@@ -254,6 +254,22 @@ MUTATIONS = [
         "under the allocations it missed",
     ),
     Mutation(
+        "plain-launch-no-waits",
+        T,
+        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n",
+        "            waits = _NO_WAITS\n",
+        "a plain numba launch (tracked on its stream since 4a6ce29) does not wait for conflicting work on "
+        "other streams",
+    ),
+    Mutation(
+        "plain-launch-clears-others-unknown-mark",
+        T,
+        "            if mark is not None and mark == self._unknown_gen:\n",
+        "            if True:\n",
+        "a plain launch's record clears every unknown mark, not only its own (work on an unknown stream "
+        "another launch or library left is no longer waited for)",
+    ),
+    Mutation(
         "revert-registration-epoch",
         T,
         "            if epoch is not None and epoch != self.epoch:\n",
