@@ -265,7 +265,7 @@ def test_discard_on_the_legacy_stream_goes_through_an_ordered_side_stream(monkey
 
     monkeypatch.setattr(_driver, "consts", _Consts)
     monkeypatch.setattr(_prefetch._events, "record", lambda stream, device: _Event(stream))
-    monkeypatch.setattr(_prefetch, "_side_stream", lambda device: 77)
+    monkeypatch.setattr(_driver, "side_stream", lambda device: 77)
     monkeypatch.setattr(_driver, "call", lambda name, *args, detail="": calls.append((name, *args)))
     for legacy in (0, 1):
         calls.clear()

@@ -420,6 +420,7 @@ def test_configured_launch_cache_hits_for_foreign_streams_and_raw_handles(fake_e
 class _FakeTracker:
     def __init__(self) -> None:
         self.keys: list[int] = []
+        self.migrate = None  # nothing for the launch to prefetch
 
     def begin_use(self, key, write, what, epoch=None):
         self.keys.append(key)
