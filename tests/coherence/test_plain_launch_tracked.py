@@ -54,6 +54,7 @@ def test_a_plain_launch_is_one_event_on_its_stream(rng):
         assert not tracker.unknown and not tracker.escaped, "the launch was only noticed, not recorded"
         assert list(tracker.pending) == [stream_handle(s)]
         assert list(src._coherence_tracker.pending) == [stream_handle(s)], "a kernel counts as writing every buffer"
+        assert src._coherence_tracker.pending_work()[0] == tracker.pending_work()[0], "one event per launch"
         np.testing.assert_array_equal(dst.host, values)
         _copy[G, B, s](dst, dst)  # the same allocation twice in one launch
         assert len(tracker.pending_work()[0]) == 1

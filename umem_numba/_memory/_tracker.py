@@ -874,7 +874,7 @@ class PlainLaunch:
     conservative mark instead (work on an unknown stream).
     """
 
-    __slots__ = ("covered", "device", "handle", "key", "mark", "tracker")
+    __slots__ = ("covered", "device", "event", "first", "handle", "key", "mark", "tracker")
 
     #: The simulated driver calls such functions as soon as the kernel is queued (numba's own
     #: copies back wait for the kernel; these need not).
@@ -888,6 +888,7 @@ class PlainLaunch:
         device: int,
         covered: tuple[_events.Event, ...],
         mark: int | None,
+        first: PlainLaunch | None,
     ) -> None:
         self.tracker = tracker
         self.handle = handle
@@ -895,25 +896,40 @@ class PlainLaunch:
         self.device = device
         self.covered = covered
         self.mark = mark
+        #: The launch's first buffer record (None: this is it): its event serves every buffer.
+        self.first = first
+        self.event: _events.Event | None = None
 
     @staticmethod
     def register(tracker: Tracker, handle: int, retr: list[Any]) -> None:
         """Order stream ``handle`` for a plain launch using ``tracker``'s memory; record after it (``retr``)."""
+        first = None
         for done in retr:
-            if type(done) is PlainLaunch and done.tracker is tracker:
-                return  # the same allocation twice in one launch: one record
-        if _driver.is_capturing(handle):
-            tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
-            return
-        key = _driver.stream_key(handle)
-        device = _driver.current_device()
+            if type(done) is PlainLaunch:
+                if done.tracker is tracker:
+                    return  # the same allocation twice in one launch: one record
+                if first is None:
+                    first = done
+        if first is not None:  # another buffer of this launch asked the driver already: same stream
+            key, device = first.key, first.device
+        else:
+            if _driver.is_capturing(handle):
+                tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
+                return
+            key = _driver.stream_key(handle)
+            device = _driver.current_device()
         waits, covered, mark = tracker.begin_plain_launch(key, device)
         for event in waits:
             _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="ordering a plain numba launch")
         if tracker.migrate:
             prefetch_touched([tracker], handle, device)
-        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark))
+        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark, first))
 
     def __call__(self) -> None:
-        event = _events.record(self.handle, self.device, self.key)
+        # numba calls them in order once the kernel is queued: the first records the launch's one event.
+        first = self.first
+        event = first.event if first is not None else None
+        if event is None:
+            event = _events.record(self.handle, self.device, self.key)
+        self.event = event
         self.tracker.end_plain_launch(event, self.covered, self.mark)
