@@ -17,6 +17,7 @@ from numba import cuda
 from support.helpers import random_array
 
 import umem_numba as um
+from umem_numba import _driver
 from umem_numba._driver import _sim
 
 pytestmark = pytest.mark.gpu
@@ -81,6 +82,39 @@ def test_a_launch_the_host_did_not_touch_moves_nothing(rng, launch):
         buf.synchronize()
         assert _last_prefetch(buf) == um.HOST, "a launch moved memory the host had not touched"
         np.testing.assert_array_equal(buf.host, data * 4.0)
+
+
+@pytest.mark.parametrize("how", ["prefetch_range", "plan", "discard_prefetch_range"])
+@pytest.mark.parametrize("launch", ["um.jit", "plain"])
+def test_an_explicit_placement_after_host_writes_is_kept(rng, launch, how):
+    """Host writes, then the user places part of it on the host: the launch does not move it back.
+
+    The automatic prefetch would move the whole allocation to the device; the user's prefetch
+    (or discard-and-prefetch) after the host view says where those pages go, and wins.
+    """
+    kernel = _tracked_scale if launch == "um.jit" else _scale
+    s = cuda.stream()
+    data = random_array(rng, N, np.float64)
+    half = N // 2
+    with um.ManagedBuffer.zeros(N) as buf:
+        buf.host[:] = data  # the host touches it: the next launch would prefetch it
+        if how == "prefetch_range":
+            buf.prefetch_range(0, half, "cpu", stream=s)
+        elif how == "plan":
+            um.PrefetchPlan().add_range(buf, 0, half, "cpu").execute(s)
+        else:
+            if _driver.api().discard_missing:
+                pytest.skip(_driver.api().discard_missing)
+            buf.host[half:] = data[half:]
+            buf.discard_prefetch_range(0, half, "cpu", stream=s)
+        kernel[G, B, s](buf, 3.0, 0)
+        placed = buf.hints.range(0, half).last_prefetch_location
+        got = buf.host
+        if how != "discard_prefetch_range":
+            np.testing.assert_array_equal(got, data * 3.0)
+        else:  # the discarded half is indeterminate; the rest is the kernel's
+            np.testing.assert_array_equal(got[half:], data[half:] * 3.0)
+        assert placed == um.HOST, f"the launch moved the user's placement: last prefetch {placed}"
 
 
 def test_the_switch_turns_it_off(rng):

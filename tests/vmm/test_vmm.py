@@ -625,7 +625,8 @@ def test_read_only_access_is_enforced_in_a_child_process(rng):
     assert r["access"] == int(AccessFlags.READ)
     assert r["read_ok"], "a kernel may read through a READ-only mapping"
     assert r["error"] == "CudaError", r
-    assert r["call"] == "cuCtxSynchronize" and r["name"].startswith("CUDA_ERROR_"), r
+    # The plain launch is tracked (it recorded an event): synchronize waits for that event.
+    assert r["call"] == "cuEventSynchronize" and r["name"].startswith("CUDA_ERROR_"), r
     assert r["name"] in r["message"]
     # The fault is sticky: the context is unusable afterwards (documented).
     assert r["later_call"] != "CUDA_SUCCESS", r

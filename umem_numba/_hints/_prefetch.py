@@ -56,6 +56,20 @@ def _uses(spans: Iterable[ManagedSpan]) -> list[tuple[Tracker, bool]]:
     return [(s.tracker, False) for s in spans if s.tracker is not None]
 
 
+def _placed(spans: Iterable[ManagedSpan]) -> None:
+    """The user placed (or discarded) these pages: the automatic prefetch stands aside.
+
+    A host view marks a managed allocation for the automatic prefetch of its
+    next launch (:func:`umem_numba.set_auto_prefetch`).  An explicit prefetch or
+    discard issued after that view says where the pages should be, so the mark
+    is dropped: the launch must not move them again.  The next host view marks
+    the allocation afresh.
+    """
+    for span in spans:
+        if span.tracker is not None and span.tracker.migrate:
+            span.tracker.migrate = None
+
+
 def _require_target(target: Target, what: str) -> None:
     """Refuse ``None`` as a prefetch target, before any driver call.
 
@@ -112,6 +126,7 @@ def prefetch(
     as_location(device, require_concurrent=True, what=f"{what} (device of the stream)")
     with _driver.device_context(device), DeviceUse(_uses((span,)), handle, what):
         _issue_one(span, loc, handle, what)
+    _placed((span,))
 
 
 # ---------------------------------------------------------------------------
@@ -190,6 +205,7 @@ def _discard(obj: Any, target: Target | None, stream: StreamLike, start: Any, st
         _settle_before_discard((span,), handle, what)
         with DeviceUse(uses, handle, what), _batch_stream(handle, device) as h:
             _issue_discards([(span, loc)], h, what)
+    _placed((span,))
 
 
 def _settle_before_discard(spans: Iterable[ManagedSpan], handle: int, what: str) -> None:
@@ -459,6 +475,7 @@ class PrefetchPlan:
                 else:
                     for span, loc in targets:
                         _issue_one(span, loc, handle, "PrefetchPlan.execute")
+        _placed(s for s, _, _ in prepared)
 
     def __repr__(self) -> str:
         shown = [
