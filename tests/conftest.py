@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from support.helpers import test_seed
 
+import umem_numba as um
 from umem_numba import _driver
 from umem_numba._driver import _sim
 
@@ -189,6 +190,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 
 @pytest.fixture
+def fresh_allocations():
+    """Buffers made without ``pool=`` get new driver memory for the test (the allocation cache is off).
+
+    For tests that read back the driver's state of a fresh range (its last prefetch location):
+    an allocation from the cache carries the state its last buffer left (documented).
+    """
+    before = um.get_allocation_cache()
+    um.set_allocation_cache(False)
+    yield
+    um.set_allocation_cache(before)
+
+
+@pytest.fixture
 def device_memory():
     """Assert that a test gives back the device memory it took (cuMemGetInfo)."""
     from numba import cuda
@@ -200,6 +214,7 @@ def device_memory():
         import gc
 
         gc.collect()
+        um.release_allocation_cache()  # closed buffers' allocations kept for reuse are not a leak
         cuda.synchronize()
         after, _ = _driver.mem_get_info()
         assert before - after <= slack, f"device memory leaked: {(before - after) / 2**20:.1f} MiB"

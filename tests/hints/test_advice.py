@@ -15,6 +15,9 @@ import umem_numba as um
 from umem_numba import HOST, Location, ManagedMemoryHints, MemAdvice, MigrationPolicy, PrefetchPlan, _driver
 from umem_numba._errors import CudaError, UnsupportedError
 
+#: These tests read back the driver state of fresh ranges: no memory from the allocation cache.
+pytestmark = pytest.mark.usefixtures("fresh_allocations")
+
 #: 64 KiB of float32: a whole number of CPU pages on x86-64 (4 KiB) and arm64 (up to 64 KiB),
 #: so ranges built from it never share a page with their neighbours.
 PAGE = (64 << 10) // 4

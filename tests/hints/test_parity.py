@@ -17,6 +17,9 @@ from umem_numba._driver import _location
 from umem_numba._errors import UnsupportedError
 from umem_numba._hints import _prefetch
 
+#: These tests read back the driver state of fresh ranges: no memory from the allocation cache.
+pytestmark = pytest.mark.usefixtures("fresh_allocations")
+
 #: 64 KiB of float32: whole pages on x86-64 and arm64, so ranges never share a page.
 PAGE = (64 << 10) // 4
 DEV0 = Location.device(0)

@@ -103,6 +103,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         super().__init__()
         self.families = frozenset({"core", *self.ENABLED})
         um.set_auto_prefetch(True)  # the default: a program that turned it off does not leak the setting
+        um.set_allocation_cache(True)  # likewise
         if _sim.active():
             # Work an earlier failed program left queued runs now, not inside this one.
             _driver.api().drv.drain_quietly()
@@ -373,6 +374,18 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
             return
         with self.run(f"{kind} pool.close() with its buffers alive"):
             pool.close()
+
+    @rule(op=st.sampled_from(("release", "release", "off", "on")))
+    def allocation_cache(self, op: str) -> None:
+        """The allocation cache of buffers made without ``pool=``: released, or switched off / on, while
+        buffers live and work on them may be queued (closed buffers' memory is reused by the next buffer
+        of its size; the model says every buffer's contents stay its own)."""
+        call = "release_allocation_cache()" if op == "release" else f"set_allocation_cache({op == 'on'})"
+        with self.run(f"um.{call}"):
+            if op == "release":
+                um.release_allocation_cache()
+            else:
+                um.set_allocation_cache(op == "on")
 
     # -- kernels ------------------------------------------------------------------------------
     @rule(
@@ -1216,6 +1229,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                     stg.close()
                 for p in self.pools.values():
                     p.close()
+                um.release_allocation_cache()  # what the cache keeps is not a leak: measured without it
                 left = self.drain()
                 if left:
                     errors.append(f"device work failed when it ran after closing everything: {left[0]!r}")

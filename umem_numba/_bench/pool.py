@@ -12,7 +12,9 @@ synchronised after each batch), same run for every row:
   <= 2 µs per cycle, the figure to set beside CuPy's;
 * ``cuMemAllocManaged`` + ``cuMemFree`` (the driver, no Python layer above the
   binding), ``ManagedBuffer.empty`` without a pool, numba's ``managed_array``;
-* CuPy's managed-memory pool where CuPy is importable.
+* CuPy's managed-memory pool, ``cupy.empty`` and ``torch.empty`` where they
+  are importable; the defaults (no ``pool=``) against ``cupy.empty``: goal
+  <= 1.2x, a pool buffer <= 1.0x (issue #28).
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ from ._common import (
 
 _SIZE = 1 << 20
 _GOAL_US = 2.0
+_CUPY_EMPTY = "cupy.empty (device, CuPy's default pool)"
+#: Issue #28: the defaults within 1.2x of cupy.empty, a pool buffer at most cupy.empty's cost.
+_RATIO_GOALS = (
+    ("ManagedBuffer.empty + close (no pool)", 1.2),
+    ("DeviceBuffer.empty + close (no pool)", 1.2),
+    ("umem managed pool (ManagedBuffer.empty + close)", 1.0),
+    ("umem device pool (DeviceBuffer.empty + close)", 1.0),
+)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -126,7 +136,24 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     cases.append(
         ("ManagedBuffer.empty + close (no pool)", lambda: um.ManagedBuffer.empty(_SIZE, np.uint8).close(), False)
     )
+    cases.append(
+        ("DeviceBuffer.empty + close (no pool)", lambda: um.DeviceBuffer.empty(_SIZE, np.uint8).close(), False)
+    )
     cases.append(("numba cuda.managed_array", lambda: cuda.managed_array(_SIZE, np.uint8), False))
+    try:
+        import cupy
+
+        cases.append((_CUPY_EMPTY, lambda: cupy.empty(_SIZE, np.uint8), False))  # freed when dropped
+    except Exception as exc:  # not installed, or no CUDA for it
+        cases.append((_CUPY_EMPTY, f"not importable: {type(exc).__name__}: {exc}", False))
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False")
+        cases.append(("torch.empty (cuda)", lambda: torch.empty(_SIZE, dtype=torch.uint8, device="cuda"), False))
+    except Exception as exc:
+        cases.append(("torch.empty (cuda)", f"not importable: {type(exc).__name__}: {exc}", False))
     try:
         import cupy
 
@@ -168,4 +195,18 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         for name, c in results["cases"].items()
         if isinstance(c, dict) and "us_per_cycle" in c
     ]
+    cupy_us = results["cases"].get(_CUPY_EMPTY, {}).get("us_per_cycle")
+    if cupy_us:
+        for name, goal in _RATIO_GOALS:
+            us = results["cases"].get(name, {}).get("us_per_cycle")
+            if us:
+                results["figures"].append(goal_row(f"{name} / cupy.empty", us / cupy_us, goal, higher_is_better=False))
+        print_table(
+            [
+                [f["name"], f"{f['value']:.3g}x", goal_text(f["value"], f["goal"], higher_is_better=False)]
+                for f in results["figures"]
+                if f["name"].endswith("/ cupy.empty")
+            ],
+            ["same run, against cupy.empty + del", "ratio", "goal"],
+        )
     return results

@@ -8,6 +8,7 @@ from .. import _driver
 from .._driver import _sim
 from .._driver._location import numa_nodes
 from .._errors import CudaError
+from .._memory import _cache
 
 
 def _versions() -> dict[str, str]:
@@ -71,7 +72,10 @@ def info() -> dict[str, Any]:
         GPU, ``available`` is False, ``reason`` says why, and ``devices`` is
         empty; nothing raises.  ``"simulator"`` is True under numba's CUDA
         simulator (``NUMBA_ENABLE_CUDASIM=1``): ``reason`` then says that
-        buffers are host memory and nothing migrates.
+        buffers are host memory and nothing migrates.  ``allocation_cache``
+        (with a GPU) says whether buffers made without ``pool=`` reuse cached
+        allocations (:func:`umem_numba.set_allocation_cache`) and how many
+        bytes are cached.
     """
     out: dict[str, Any] = {"versions": _versions(), "simulator": _sim.active(), "numa_nodes": numa_nodes() or []}
     if out["simulator"]:
@@ -83,6 +87,7 @@ def info() -> dict[str, Any]:
     out["devices"] = []
     if reason:
         return out
+    out["allocation_cache"] = {"enabled": _cache.get_allocation_cache(), "cached_bytes": _cache.cached_bytes()}
     out["driver_version"] = int(_driver.call("cuDriverGetVersion"))
     out["cuda_bindings"] = _driver.api().version
     out["devices"] = [_device_info(i) for i in range(_driver.device_count())]
@@ -108,6 +113,10 @@ def format_info(data: dict[str, Any]) -> str:
         return "\n".join(lines)
     dv = data["driver_version"]
     lines.append(f"CUDA driver: {dv // 1000}.{dv % 1000 // 10}")
+    cache = data.get("allocation_cache")
+    if cache is not None:
+        state = "on" if cache["enabled"] else "off (set_allocation_cache)"
+        lines.append(f"allocation cache for buffers without pool=: {state}, {cache['cached_bytes']} bytes cached")
     gib = float(1 << 30)
     for d in data["devices"]:
         lines.append(

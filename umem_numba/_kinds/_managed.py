@@ -15,6 +15,7 @@ from .._arrays._copy import copy
 from .._driver._location import Location, StreamLike, Target, as_location, stream_handle
 from .._hints._advice import ManagedMemoryHints, MigrationPolicy
 from .._hints._prefetch import discard, discard_prefetch, prefetch
+from .._memory import _cache
 from .._memory._lifetime import Allocation, DriverMemory
 from .._memory._pool import MemoryPool, check_pool
 from .._memory._tracker import DeviceUse, Tracker, refuse_capture
@@ -33,6 +34,18 @@ def _check_attach(attach: Any) -> str:
 def _attach_flag(attach: str) -> int:
     c = _driver.consts()
     return c.attach_global if attach == "global" else c.attach_host
+
+
+def _alloc_managed(size: int) -> int:
+    """``cuMemAllocManaged`` of ``size`` bytes, attached globally (a new allocation for the cache)."""
+    return int(
+        _driver.call(
+            "cuMemAllocManaged",
+            size,
+            _attach_flag("global"),
+            detail=f"allocating {size} bytes of managed memory",
+        )
+    )
 
 
 class ManagedBuffer(Buffer):
@@ -152,6 +165,21 @@ class ManagedBuffer(Buffer):
             buf._init(alloc, 0, shape, strides, dtype, True)
             return buf
         device_id = _driver.ensure_context()
+        if nbytes and attach == "global":
+            # From the allocation cache (a closed buffer's allocation of this size, idle), else new.
+            size = _cache.rounded(nbytes)
+            cached = _cache.take("managed", device_id, size)
+            if cached is not None:
+                cached.nbytes = nbytes
+            else:
+                with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
+                    cached = _cache.allocate("managed", device_id, nbytes, _alloc_managed, "cuMemFree")
+            tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
+            alloc = Allocation("managed", cached, cached.ptr, device_id, tracker)
+            buf = object.__new__(cls)
+            buf._init(alloc, 0, shape, strides, dtype, True)
+            return buf
+        # Zero bytes, or attached to the host (driver state a later buffer must not inherit): uncached.
         tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
         memory = None
         ptr = 0
@@ -386,6 +414,8 @@ class ManagedBuffer(Buffer):
         with _driver.device_context(alloc.device_id), DeviceUse([(alloc.tracker, True)], handle, what):
             _driver.call("cuStreamAttachMemAsync", handle, alloc.ptr, 0, flag, detail=what)
         alloc.tracker.attached = target
+        if alloc.memory is not None:
+            alloc.memory.note_advice()  # driver state of the memory: no later buffer may inherit it
 
     @property
     def attached_to(self) -> str | int:

@@ -1,0 +1,254 @@
+"""The allocation cache: closed buffers' driver allocations kept for the next buffer of their size.
+
+A buffer made without ``pool=`` gets its own driver allocation
+(``cuMemAllocManaged``, ``cuMemHostAlloc``).  Allocating and freeing one costs
+20 to 60 µs (the free waits for the device), against about 1 µs for a pool;
+CuPy's default allocator keeps ``cudaMalloc`` blocks for that reason.  The
+managed default is not a managed memory pool: the driver refuses advice on
+managed-pool memory (``CUDA_ERROR_NOT_SUPPORTED`` on an H100), and a default
+buffer must keep taking advice.  So the cache keeps the allocations
+themselves, with :class:`~umem_numba._memory._free_lists.FreeLists` for the
+policy, as a pool keeps its blocks:
+
+- a closed buffer's allocation joins the list of its size (rounded up to
+  :data:`ROUND`) once its device work is done: closing waits for it, whatever
+  the coherence policy, exactly as it does before a free (a host view that
+  outlives ``close()`` keeps the final values).  Nothing can use it any more,
+  so the next buffer over it starts with a new coherence record and waits for
+  nothing;
+- it goes back to the driver instead when it took advice or a stream
+  attachment (the next buffer must not inherit them), when its address was
+  shared (``ptr``, the CUDA Array Interface), when the cache is off
+  or holds :func:`cache_limit` bytes already, or when it was made with flags
+  other than the default ones (those allocations are not made here);
+- :func:`release_allocation_cache` gives everything back; an allocation the
+  driver refuses for lack of memory first releases the cache and tries again.
+
+What the driver keeps about reused memory is the memory's, not the new
+buffer's: the pages stay where the last buffer left them, and
+``hints.last_prefetch_location`` reads the last prefetch of that memory (as
+for pool memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .. import _driver
+from ._lifetime import Memory, report_failed_free
+from ._tracker import Tracker
+
+__all__ = [
+    "ROUND",
+    "CachedMemory",
+    "cache_limit",
+    "cached_bytes",
+    "get_allocation_cache",
+    "release_allocation_cache",
+    "set_allocation_cache",
+    "take",
+]
+
+#: Cached allocations are made in multiples of this many bytes (the size classes).
+ROUND = 512
+_ROUND_UP, _ROUND_MASK = ROUND - 1, -ROUND
+
+_enabled = True
+_lock = threading.Lock()
+
+
+class _SizeLists:
+    """Cached allocations of one kind on one device: size class -> allocations, within a byte limit."""
+
+    __slots__ = ("blocks", "held", "limit", "lock")
+
+    def __init__(self, limit: int) -> None:
+        self.blocks: dict[int, list[CachedMemory]] = {}
+        self.held = 0
+        self.limit = limit
+        self.lock = threading.Lock()
+
+    def keep(self, memory: CachedMemory) -> bool:
+        """List ``memory`` (False: no room, it must go back to the driver)."""
+        with self.lock:
+            if self.held + memory.size > self.limit:
+                return False
+            self.held += memory.size
+            blocks = self.blocks.get(memory.size)
+            if blocks is None:
+                blocks = self.blocks[memory.size] = []
+            blocks.append(memory)
+        return True
+
+    def take(self, size: int) -> CachedMemory | None:
+        if not self.blocks.get(size):  # the common miss, without the lock
+            return None
+        with self.lock:
+            blocks = self.blocks.get(size)
+            if not blocks:
+                return None
+            memory = blocks.pop()
+            self.held -= memory.size
+            return memory
+
+    def drain(self) -> list[CachedMemory]:
+        """Take every listed allocation off the lists."""
+        with self.lock:
+            out = [m for blocks in self.blocks.values() for m in blocks]
+            self.blocks.clear()
+            self.held = 0
+        return out
+
+
+#: (kind, device) -> that cache's lists.
+_lists: dict[tuple[str, int], _SizeLists] = {}
+
+
+def cache_limit(device_id: int) -> int:
+    """The most bytes one kind's cache keeps for a device: a quarter of its memory."""
+    return int(_driver.call("cuDeviceTotalMem", device_id)) // 4
+
+
+def _lists_of(kind: str, device_id: int) -> _SizeLists:
+    key = (kind, device_id)
+    lists = _lists.get(key)
+    if lists is None:
+        with _lock:
+            lists = _lists.get(key)
+            if lists is None:
+                lists = _lists[key] = _SizeLists(cache_limit(device_id))
+    return lists
+
+
+def rounded(nbytes: int) -> int:
+    """The size class of a request of ``nbytes`` (what is allocated)."""
+    return (nbytes + _ROUND_UP) & _ROUND_MASK
+
+
+def take(kind: str, device_id: int, size: int) -> CachedMemory | None:
+    """A cached allocation of ``size`` bytes (a :func:`rounded` size) that nothing uses, or None."""
+    if not _enabled:
+        return None
+    lists = _lists.get((kind, device_id))
+    return None if lists is None else lists.take(size)
+
+
+class CachedMemory(Memory):
+    """A driver allocation that goes to the allocation cache when its buffer closes.
+
+    Parameters
+    ----------
+    kind : str
+        Statistics bucket and cache (``"managed"``, ``"pinned"``).
+    ptr : int
+        The address the free call takes.
+    nbytes : int
+        The buffer's bytes (``size`` or less).
+    size : int
+        What was allocated (:func:`rounded`).
+    free_call : str
+        The driver function that frees it.
+    device_id : int
+        Whose context frees it.
+    """
+
+    __slots__ = ("advised", "device_id", "free_call", "kind", "nbytes", "ptr", "size")
+    #: Closed like a driver allocation: the release path first waits for the buffer's device
+    #: work, whatever the policy, so what the cache holds has no work left to run.
+    stream_ordered = False
+
+    def __init__(self, kind: str, ptr: int, nbytes: int, size: int, free_call: str, device_id: int) -> None:
+        self.kind = kind
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.size = size
+        self.free_call = free_call
+        self.device_id = device_id
+        self.advised = False
+
+    def describe(self) -> str:
+        return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
+
+    def note_advice(self) -> None:
+        self.advised = True
+
+    def free(self, tracker: Tracker) -> None:
+        # The release path waited for ``tracker``'s work: the memory is idle.  Memory whose address
+        # was shared (``ptr``, the CUDA Array Interface) may still be named by a raw pointer
+        # somewhere: freed, so that a stale use faults rather than writes the next buffer.
+        if _enabled and not self.advised and not tracker.escaped and _lists_of(self.kind, self.device_id).keep(self):
+            return
+        self.free_to_driver()
+
+    def free_to_driver(self) -> None:
+        """Give the (idle) allocation back to the driver."""
+        with _driver.capture_safe():  # a free beside a user's graph capture leaves it intact
+            _driver.call_on(self.device_id, self.free_call, self.ptr)
+
+
+def allocate(kind: str, device_id: int, nbytes: int, alloc: Callable[[int], int], free_call: str) -> CachedMemory:
+    """A new driver allocation of ``rounded(nbytes)`` made by ``alloc(size)``.
+
+    The driver refusing for lack of memory releases the cache and tries once more.
+    """
+    from .._errors import OutOfMemoryError
+
+    size = rounded(nbytes)
+    try:
+        ptr = alloc(size)
+    except OutOfMemoryError:
+        if not cached_bytes():
+            raise
+        release_allocation_cache()
+        ptr = alloc(size)
+    return CachedMemory(kind, ptr, nbytes, size, free_call, device_id)
+
+
+def set_allocation_cache(enabled: bool) -> None:
+    """Turn the allocation cache of buffers made without ``pool=`` on (the default) or off.
+
+    Off, every such buffer gets a new driver allocation and its close frees
+    it (after its device work), as before umem_numba 0.2; the allocations
+    already cached are given back.
+
+    Parameters
+    ----------
+    enabled : bool
+
+    Raises
+    ------
+    TypeError
+        ``enabled`` is not a bool.
+    """
+    global _enabled
+    if type(enabled) is not bool:
+        raise TypeError(f"set_allocation_cache: enabled must be a bool, got {type(enabled).__name__}")
+    _enabled = enabled
+    if not enabled:
+        release_allocation_cache()
+
+
+def get_allocation_cache() -> bool:
+    """Whether buffers made without ``pool=`` reuse cached allocations (see :func:`set_allocation_cache`)."""
+    return _enabled
+
+
+def release_allocation_cache() -> None:
+    """Give every cached allocation back to the driver, each after its recorded device work.
+
+    Buffers in use are not affected.  Call it before handing the memory to
+    another library or process; ``umem_numba.info()["allocation_cache"]``
+    shows what the cache holds.
+    """
+    for lists in list(_lists.values()):
+        for memory in lists.drain():
+            try:
+                memory.free_to_driver()
+            except Exception as exc:
+                report_failed_free(f"releasing cached {memory.describe()}", exc)
+
+
+def cached_bytes() -> int:
+    """Bytes the allocation cache holds, over every kind and device."""
+    return sum(lists.held for lists in list(_lists.values()))
