@@ -333,7 +333,7 @@ class DeviceExports(DLPackExport):
             self._live()
         tracker = alloc.tracker
         if tracker not in _launching.current:  # a launch of umem_numba's own files its use itself
-            PlainLaunch.register(tracker, stream_handle(stream, what="a kernel launch"), retr)
+            PlainLaunch.register(tracker, stream, retr)  # parses the stream once per launch
         if _sim.active():
             from .._driver._simulated import fake_array
 

@@ -449,16 +449,36 @@ def _numba_cuda() -> Any:
     return nbcuda
 
 
+#: Contexts numba made current here, by handle -> device ordinal (numba's primary contexts: a
+#: handle stays valid for the whole process).
+_numba_contexts: dict[int, int] = {}
+
+
 def ensure_context() -> int:
-    """Make numba's context for the current device current; return its ordinal."""
-    if api().simulated:
+    """Make numba's context for the current device current; return its ordinal.
+
+    When a context numba made is current already (every call after the
+    thread's first), one ``cuCtxGetCurrent`` answers: numba's own lookup
+    costs several microseconds, and every allocation asks.
+    """
+    a = _api if _api is not None else api()
+    if a.simulated:
         return 0  # the simulated driver has one device and one context
+    err, current = a.drv.cuCtxGetCurrent()
+    if not err:
+        device = _numba_contexts.get(int(current))
+        if device is not None:
+            return device
     nbcuda = _numba_cuda()
     try:
         ctx = nbcuda.current_context()
     except Exception as exc:  # CudaSupportError and friends
         raise CudaUnavailableError(f"numba could not create a CUDA context: {exc}") from exc
-    return int(ctx.device.id)
+    device = int(ctx.device.id)
+    err, current = a.drv.cuCtxGetCurrent()
+    if not err and int(current):
+        _numba_contexts[int(current)] = device
+    return device
 
 
 class _Scope(threading.local):

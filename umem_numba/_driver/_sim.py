@@ -29,6 +29,16 @@ HINT = (
 )
 
 
+_active: bool | None = None
+
+
 def active() -> bool:
-    """Whether ``NUMBA_ENABLE_CUDASIM`` switches numba's CUDA simulator on (numba's own test of it)."""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    """Whether ``NUMBA_ENABLE_CUDASIM`` switches numba's CUDA simulator on (numba's own test of it).
+
+    Read at the first call and kept, as numba keeps it: every launch asks.
+    """
+    global _active
+    on = _active
+    if on is None:
+        on = _active = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    return on

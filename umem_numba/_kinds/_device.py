@@ -10,7 +10,7 @@ from .. import _driver
 from .._arrays import _layout
 from .._arrays._buffer import Buffer, cuda_core_source, host_source, like_layout, new_layout, source_order
 from .._driver._location import StreamLike, stream_handle
-from .._memory._pool import MemoryPool, check_pool, default_pool
+from .._memory._pool import MemoryPool, check_pool, default_pool, existing_default_pool
 from .._memory._tracker import refuse_capture
 
 __all__ = ["DeviceBuffer", "device_empty", "device_from", "device_like", "device_zeros"]
@@ -75,8 +75,11 @@ class DeviceBuffer(Buffer):
         else:
             handle = stream_handle(stream, what="DeviceBuffer.empty")  # a bad stream before any driver call
             device_id = _driver.ensure_context()
-            refuse_capture(handle, "DeviceBuffer.empty")  # before the default pool is looked up
-            alloc = default_pool("device", device_id).allocation(nbytes, handle, "device", "DeviceBuffer.empty")
+            pool = existing_default_pool("device", device_id)
+            if pool is None:
+                refuse_capture(handle, "DeviceBuffer.empty")  # before the default pool is made
+                pool = default_pool("device", device_id)
+            alloc = pool.allocation(nbytes, handle, "device", "DeviceBuffer.empty")  # refuses a capture first
         buf = object.__new__(cls)
         buf._init(alloc, 0, shape, strides, dtype, True)
         return buf

@@ -1193,6 +1193,12 @@ def default_pool(kind: str, device_id: int) -> MemoryPool:
     return pool
 
 
+def existing_default_pool(kind: str, device_id: int) -> MemoryPool | None:
+    """The process-wide pool of ``kind`` on a device if it exists and is open (no driver call), else None."""
+    pool = _defaults.get((kind, device_id))
+    return None if pool is None or pool._closed else pool
+
+
 def check_pool(pool: Any, kind: str, what: str) -> MemoryPool:
     """Validate a ``pool=`` argument of a buffer constructor."""
     if type(pool) is MemoryPool and pool.kind == kind and not pool._closed:

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _driver
+from .._driver._location import stream_handle
 from .._errors import BufferClosedError, CoherenceError
 from . import _events
 
@@ -874,7 +875,7 @@ class PlainLaunch:
     conservative mark instead (work on an unknown stream).
     """
 
-    __slots__ = ("covered", "device", "event", "first", "handle", "key", "mark", "tracker")
+    __slots__ = ("covered", "device", "event", "first", "handle", "key", "mark", "stream", "tracker")
 
     #: The simulated driver calls such functions as soon as the kernel is queued (numba's own
     #: copies back wait for the kernel; these need not).
@@ -889,8 +890,11 @@ class PlainLaunch:
         covered: tuple[_events.Event, ...],
         mark: int | None,
         first: PlainLaunch | None,
+        stream: Any,
     ) -> None:
         self.tracker = tracker
+        #: numba's stream object of the launch (the same one for every argument of a launch).
+        self.stream = stream
         self.handle = handle
         self.key = key
         self.device = device
@@ -901,8 +905,8 @@ class PlainLaunch:
         self.event: _events.Event | None = None
 
     @staticmethod
-    def register(tracker: Tracker, handle: int, retr: list[Any]) -> None:
-        """Order stream ``handle`` for a plain launch using ``tracker``'s memory; record after it (``retr``)."""
+    def register(tracker: Tracker, stream: Any, retr: list[Any]) -> None:
+        """Order numba's launch ``stream`` for a plain launch using ``tracker``'s memory; record after it (``retr``)."""
         first = None
         for done in retr:
             if type(done) is PlainLaunch:
@@ -910,9 +914,12 @@ class PlainLaunch:
                     return  # the same allocation twice in one launch: one record
                 if first is None:
                     first = done
-        if first is not None:  # another buffer of this launch asked the driver already: same stream
-            key, device = first.key, first.device
+        if first is not None and first.stream is stream:
+            # Another buffer of this launch asked the driver already: the same stream object.
+            handle, key, device = first.handle, first.key, first.device
         else:
+            first = None
+            handle = stream_handle(stream, what="a kernel launch")
             if _driver.is_capturing(handle):
                 tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
                 return
@@ -923,7 +930,7 @@ class PlainLaunch:
             _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="ordering a plain numba launch")
         if tracker.migrate:
             prefetch_touched([tracker], handle, device)
-        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark, first))
+        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark, first, stream))
 
     def __call__(self) -> None:
         # numba calls them in order once the kernel is queued: the first records the launch's one event.
