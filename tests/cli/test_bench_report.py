@@ -213,6 +213,7 @@ def test_bench_all_on_the_simulator_skips_every_benchmark_with_one_reason(tmp_pa
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(900)  # every benchmark, e2e's examples included: minutes, not the suite's usual bound
 def test_bench_all_quick_on_the_gpu(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run(

@@ -339,12 +339,17 @@ def fake_external(monkeypatch):
         made.append(handle)
         return ("external", handle, len(made))
 
+    def forget() -> None:
+        for cache in ("_external_streams", "_external_handles"):
+            getattr(_launch, cache, {}).clear()
+        # This thread's wrapper of handle 2: a fake one must not outlive the test (a later real
+        # launch on handle 2 in this thread would hand numba the fake), nor a real one hide the fake.
+        vars(_launch._per_thread).pop("stream", None)
+
     monkeypatch.setattr(_launch, "_make_external_stream", make, raising=False)
-    for cache in ("_external_streams", "_external_handles"):
-        getattr(_launch, cache, {}).clear()
+    forget()
     yield made
-    for cache in ("_external_streams", "_external_handles"):
-        getattr(_launch, cache, {}).clear()
+    forget()
 
 
 def test_foreign_streams_are_wrapped_once_per_stream(fake_external):
