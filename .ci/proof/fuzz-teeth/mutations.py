@@ -270,6 +270,21 @@ MUTATIONS = [
         "another launch or library left is no longer waited for)",
     ),
     Mutation(
+        "cache-close-does-not-wait",
+        "umem_numba/_memory/_cache.py",
+        "    stream_ordered = False\n",
+        "    stream_ordered = True\n",
+        "the allocation cache (#28 item 1) takes a closed buffer's allocation without waiting for its device "
+        "work: the next buffer of that size is written by the old buffer's late kernels",
+    ),
+    Mutation(
+        "cache-keeps-advised-memory",
+        "umem_numba/_memory/_cache.py",
+        "        if _enabled and not self.advised and not tracker.escaped and ",
+        "        if _enabled and not tracker.escaped and ",
+        "the allocation cache hands memory that took advice to the next buffer (it inherits the advice)",
+    ),
+    Mutation(
         "revert-registration-epoch",
         T,
         "            if epoch is not None and epoch != self.epoch:\n",
