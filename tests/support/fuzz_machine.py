@@ -441,15 +441,19 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 dk[region] = sk[region]
 
     @family("plain")
-    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS))
-    def plain_launch(self, view: View, value: int, stream: str) -> None:
-        """numba's own launch of a plain @cuda.jit kernel (umem_numba sees only the argument's export)."""
+    @rule(view=buffers, value=st.integers(1, 1000), stream=st.sampled_from(STREAMS), sleep=st.booleans())
+    def plain_launch(self, view: View, value: int, stream: str, sleep: bool) -> None:
+        """numba's own launch of a plain @cuda.jit kernel, sleeping first or not (filed under its stream's mark)."""
         if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
             return
-        k = KERNELS.get(f"plainfill{len(view.shape)}")
+        nd = len(view.shape)
         grid, block = launch_config(view.shape)
-        with self.run(f"plainfill[{stream}]({view.label}, {value})", view):
-            k[grid, block, self.stream(stream)](view.buf, value)
+        name = f"plainsleepfill{nd}" if sleep else f"plainfill{nd}"
+        with self.run(f"{name}[{stream}]({view.label}, {value})", view):
+            if sleep:
+                KERNELS.get(name)[grid, block, self.stream(stream)](view.buf, value, SLEEP_NS)
+            else:
+                KERNELS.get(name)[grid, block, self.stream(stream)](view.buf, value)
             view.model()[...] = value
             view.known()[...] = True
 

@@ -34,7 +34,8 @@ from .._driver._location import _MAX_HANDLE, stream_handle
 from .._errors import BufferClosedError, NotDeviceAccessibleError, UnsupportedError
 from .._memory import _events
 from .._memory._lifetime import Allocation, finalizer
-from .._memory._tracker import DeviceUse, PlainLaunch, _launching
+from .._memory._plain_launch import PlainLaunch
+from .._memory._tracker import DeviceUse, _launching
 from . import _dlpack, _layout
 
 #: The legacy default stream in the CUDA Array Interface (v3) and in DLPack.

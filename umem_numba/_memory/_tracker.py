@@ -17,12 +17,14 @@ waits for the last write, a write waits for the last write and every read
 since.  Readers on different streams stay concurrent.  Streams are told apart
 by their ``cuStreamGetId``, never by the raw handle.
 
-Work the toolkit cannot see is still accounted for:
+A plain numba launch (``kernel[grid, block, stream](buf)``) is ordered and
+filed on its stream too (:mod:`umem_numba._memory._plain_launch`), through
+numba's ``ArgHint`` protocol.  Work the toolkit cannot see is still accounted for:
 
-* a plain numba launch (``kernel[grid, block](buf)``) reads the buffer's type
-  and device pointer while launching, which marks the allocation as used on an
-  *unknown* stream of the current device; the next host access synchronises
-  that device (``"sync"``) or raises;
+* a buffer reaching a kernel through numba's own hints (``cuda.In(buf)``),
+  which name no stream, marks the allocation as used on an *unknown* stream
+  of the current device; the next host access synchronises that device
+  (``"sync"``) or raises;
 * a device view that leaves the toolkit (``__cuda_array_interface__`` read by
   CuPy, PyTorch, ``cuda.as_cuda_array``; ``__dlpack__``) *escapes*: the other
   library may use it at any time, so from then on every host access
@@ -56,7 +58,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _driver
-from .._driver._location import stream_handle
 from .._errors import BufferClosedError, CoherenceError
 from . import _events
 
@@ -64,7 +65,6 @@ __all__ = [
     "POLICIES",
     "CoherenceWarning",
     "DeviceUse",
-    "PlainLaunch",
     "Tracker",
     "check_policy",
     "coherence_policy",
@@ -375,6 +375,70 @@ class Tracker:
             self.unknown_devices.add(device)
             self._unknown_gen += 1
             return waits, covered, self._unknown_gen if alone else None
+
+    def plain_launch_unchanged(self, mark: Any) -> bool:
+        """Whether a plain launch under ``mark`` (a stream's current mark) changes nothing here.
+
+        True when ``mark`` is all this memory waits for: nothing else pending,
+        nothing refusing device use.  The launch then files nothing: the
+        mark, recorded later, covers it.
+        """
+        with self._lock:
+            return (
+                len(self.writes) == 1
+                and id(mark) in self.writes
+                and not self.reads
+                and self._blocked is None
+                and not self.holds
+                and not self.unknown_devices
+                and not self.escaped
+                and not self.inflight
+                and not self.migrate
+            )
+
+    def begin_marked_launch(
+        self, key: int, device: int, mark: Any
+    ) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
+        """A plain launch on stream ``key`` about to be queued under ``mark`` (a ``StreamMark``): a write.
+
+        Work on an unknown stream is settled on the host first, as for any
+        launch.  The mark is filed now (it is recorded only when needed, so
+        it will cover the kernel); what it supersedes is dropped by
+        :meth:`supersede` once the stream waits for ``waits``.
+
+        Returns
+        -------
+        waits : list of Event
+            What the launch stream must wait for, on the device: every write
+            and read on another stream.
+        covered : tuple of Event
+            Everything pending before: pass it to :meth:`supersede`.
+
+        Raises
+        ------
+        CoherenceError
+            The host holds the buffer, or (``"raise"``) work on an unknown stream is pending.
+        BufferClosedError
+            The buffer is being closed.
+        """
+        if self.unknown_devices or self.escaped or self.inflight:
+            self.settle("a kernel launch", self.effective_policy())
+        with self._lock:
+            self._refuse_device_use()
+            covered = (*self.writes.values(), *self.reads.values())
+            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
+            if id(mark) not in self.writes:
+                self.writes[id(mark)] = mark
+                self._records += 1
+            return waits, covered
+
+    def supersede(self, covered: tuple[_events.Event, ...], mark: Any) -> None:
+        """Drop ``covered`` (see :meth:`begin_marked_launch`): the mark's stream waited for them."""
+        with self._lock:
+            for old in covered:
+                if old is not mark:
+                    self.writes.pop(id(old), None)
+                    self.reads.pop(id(old), None)
 
     def end_plain_launch(self, event: _events.Event, covered: tuple[_events.Event, ...], mark: int | None) -> None:
         """File the event recorded after a plain launch (see :meth:`begin_plain_launch`): a write."""
@@ -859,84 +923,3 @@ class DeviceUse:
             # Part of the work may have been queued before the failure.
             for tracker, write in self.uses:
                 tracker.end_use(self.key, None, write)
-
-
-class PlainLaunch:
-    """A plain numba launch of a buffer (``kernel[g, b, s](buf)``): ordered and recorded on its stream.
-
-    numba's launch asks each buffer argument for its device array with the
-    launch stream (``to_device(retr, stream)``, numba's ``ArgHint``
-    protocol), then calls every function appended to ``retr`` once the kernel
-    is queued.  :meth:`register` makes the stream wait for conflicting work
-    on other streams and appends this object; calling it records one event
-    on the stream and files it as a write (numba's kernels are not analysed:
-    a kernel counts as writing every buffer it is given).  A capturing
-    stream, where an event would be a node of the user's graph, keeps the
-    conservative mark instead (work on an unknown stream).
-    """
-
-    __slots__ = ("covered", "device", "event", "first", "handle", "key", "mark", "stream", "tracker")
-
-    #: The simulated driver calls such functions as soon as the kernel is queued (numba's own
-    #: copies back wait for the kernel; these need not).
-    after_launch = True
-
-    def __init__(
-        self,
-        tracker: Tracker,
-        handle: int,
-        key: int,
-        device: int,
-        covered: tuple[_events.Event, ...],
-        mark: int | None,
-        first: PlainLaunch | None,
-        stream: Any,
-    ) -> None:
-        self.tracker = tracker
-        #: numba's stream object of the launch (the same one for every argument of a launch).
-        self.stream = stream
-        self.handle = handle
-        self.key = key
-        self.device = device
-        self.covered = covered
-        self.mark = mark
-        #: The launch's first buffer record (None: this is it): its event serves every buffer.
-        self.first = first
-        self.event: _events.Event | None = None
-
-    @staticmethod
-    def register(tracker: Tracker, stream: Any, retr: list[Any]) -> None:
-        """Order numba's launch ``stream`` for a plain launch using ``tracker``'s memory; record after it (``retr``)."""
-        first = None
-        for done in retr:
-            if type(done) is PlainLaunch:
-                if done.tracker is tracker:
-                    return  # the same allocation twice in one launch: one record
-                if first is None:
-                    first = done
-        if first is not None and first.stream is stream:
-            # Another buffer of this launch asked the driver already: the same stream object.
-            handle, key, device = first.handle, first.key, first.device
-        else:
-            first = None
-            handle = stream_handle(stream, what="a kernel launch")
-            if _driver.is_capturing(handle):
-                tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
-                return
-            key = _driver.stream_key(handle)
-            device = _driver.current_device()
-        waits, covered, mark = tracker.begin_plain_launch(key, device)
-        for event in waits:
-            _driver.call("cuStreamWaitEvent", handle, event.handle, 0, detail="ordering a plain numba launch")
-        if tracker.migrate:
-            prefetch_touched([tracker], handle, device)
-        retr.append(PlainLaunch(tracker, handle, key, device, covered, mark, first, stream))
-
-    def __call__(self) -> None:
-        # numba calls them in order once the kernel is queued: the first records the launch's one event.
-        first = self.first
-        event = first.event if first is not None else None
-        if event is None:
-            event = _events.record(self.handle, self.device, self.key)
-        self.event = event
-        self.tracker.end_plain_launch(event, self.covered, self.mark)

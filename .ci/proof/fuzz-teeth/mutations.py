@@ -256,10 +256,34 @@ MUTATIONS = [
     Mutation(
         "plain-launch-no-waits",
         T,
-        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n",
-        "            waits = _NO_WAITS\n",
+        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n            if id(mark)",
+        "            waits = _NO_WAITS\n            if id(mark)",
         "a plain numba launch (tracked on its stream since 4a6ce29) does not wait for conflicting work on "
         "other streams",
+    ),
+    Mutation(
+        "plain-launch-eager-no-waits",
+        T,
+        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n            alone",
+        "            waits = _NO_WAITS\n            alone",
+        "a plain launch on a stream that gets one event per launch (the per-thread stream, a foreign "
+        "stream) does not wait for conflicting work on other streams",
+    ),
+    Mutation(
+        "plain-mark-fast-path-ignores-escape",
+        T,
+        "                and not self.escaped\n                and not self.inflight\n                and not self.migrate\n",
+        "                and not self.inflight\n                and not self.migrate\n",
+        "a plain launch under its stream's mark files nothing although the buffer escaped to another "
+        "library (#28 item 4's fast path): that library's work is not settled first",
+    ),
+    Mutation(
+        "plain-mark-recorded-early-loses-kernel",
+        "umem_numba/_memory/_plain_launch.py",
+        "            if mark.event is None:\n                return",
+        "            if True:\n                return",
+        "a stream mark recorded while its own launch registered (settling an escaped argument) is taken "
+        "to cover the kernel queued after it",
     ),
     Mutation(
         "plain-launch-clears-others-unknown-mark",

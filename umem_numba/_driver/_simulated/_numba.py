@@ -120,7 +120,7 @@ def _stream_int(stream: Any) -> int:
     return int(getattr(stream, "handle", 0) or 0)
 
 
-def _plain_argument(arg: Any, retr: list[Callable[[], None]], handle: int) -> Any:
+def _plain_argument(arg: Any, retr: list[Callable[[], None]], stream: Any) -> Any:
     """A plain launch's argument as a queued launch takes it: a numpy array over the memory the kernel uses.
 
     As numba's launch does, at the call: a buffer (numba's ``ArgHint``) gives its device array, a
@@ -131,7 +131,7 @@ def _plain_argument(arg: Any, retr: list[Callable[[], None]], handle: int) -> An
     if isinstance(arg, np.ndarray) and arg.ndim > 0:
         arg = sim.InOut(arg).to_device(retr)
     elif isinstance(arg, sim.ArgHint):
-        arg = arg.to_device(retr, handle)
+        arg = arg.to_device(retr, stream)  # numba's stream object, as numba's launch passes it
     if isinstance(arg, sim.FakeCUDAArray):
         data = _nc.sim_array_data(arg)
         if isinstance(data, np.ndarray):
@@ -383,7 +383,8 @@ def install_numba(drv: SimDriver) -> None:
             configured = copy.copy(self)
             configured.grid_dim, configured.block_dim = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
             retr: list[Callable[[], None]] = []
-            queued = [_plain_argument(a, retr, handle) for a in args]
+            owner = getattr(self, "_umem_stream_owner", 0)
+            queued = [_plain_argument(a, retr, owner) for a in args]
             drv.queue_plain_kernel(handle, configured, tuple(queued))
             # As numba's launch does once the kernel is queued: umem_numba's records at once (an
             # event on the stream); numba's copies of host arrays back wait for the kernel.
