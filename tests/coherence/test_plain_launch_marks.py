@@ -1,6 +1,7 @@
 """Plain launches on one stream share a lazily recorded mark (#28 item 4: plain launches at numba's cost).
 
-A plain launch on the legacy stream or on a stream numba created files the stream's current
+A plain launch on the legacy stream or on a stream numba created (once umem_numba has seen the
+stream object: numba's launch hands buffers only the handle) files the stream's current
 :class:`~umem_numba._memory._plain_launch.StreamMark` instead of recording an event; a launch of a
 buffer whose only pending work is that mark files nothing and makes no driver call.  The mark is
 recorded when something must wait for it.  Each fast path here meets a kernel that sleeps on the
@@ -75,10 +76,17 @@ def counted(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("where", ["numba stream", "legacy stream"])
+def _known_stream():
+    """A numba stream umem_numba has seen (numba's launch hands buffers only its handle)."""
+    s = cuda.stream()
+    um.stream_handle(s)
+    return s
+
+
+@pytest.mark.parametrize("where", ["known numba stream", "legacy stream"])
 def test_repeated_launches_on_one_stream_record_nothing(where, rng, counted):
     """After the first launch, launches of the same buffers on the same stream make no driver call of ours."""
-    s = cuda.stream() if where == "numba stream" else 0
+    s = _known_stream() if where == "known numba stream" else 0
     values = random_array(rng, N, np.float64)
     with um.ManagedBuffer.from_array(values) as src, um.ManagedBuffer.zeros(N) as dst:
         _copy[G, B, s](dst, src)
@@ -92,10 +100,28 @@ def test_repeated_launches_on_one_stream_record_nothing(where, rng, counted):
         assert counted["record"] == first["record"] + 1, "host access records the mark once"
 
 
-@pytest.mark.parametrize("where", ["numba stream", "legacy stream"])
+def test_a_stream_umem_numba_has_not_seen_gets_an_event_per_launch(rng, counted):
+    """numba's launch names a stream by its handle only: without a known owner, the handle may be
+    destroyed and reused before a mark is recorded, so each launch records its own event."""
+    if _sim.active():
+        pytest.skip("the simulated driver's launch hands buffers numba's stream object itself")
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as src, um.ManagedBuffer.zeros(N) as dst:
+        _copy[G, B, s](dst, src)
+        first = counted["record"]
+        for _ in range(3):
+            _copy[G, B, s](dst, src)
+        assert counted["record"] == first + 3
+        (event,) = dst._coherence_tracker.pending_work()[0]
+        assert isinstance(event, _events.Event)
+        np.testing.assert_array_equal(dst.host, values)
+
+
+@pytest.mark.parametrize("where", ["known numba stream", "legacy stream"])
 def test_host_access_after_many_marked_launches_is_never_stale(where, rng):
     """Several slow writers under one mark, then ``.host``: the last kernel's values (20 trials)."""
-    s = cuda.stream() if where == "numba stream" else 0
+    s = _known_stream() if where == "known numba stream" else 0
     with um.ManagedBuffer.zeros(N) as dst:
         for trial in range(TRIALS):
             sources = [um.ManagedBuffer.from_array(random_array(rng, N, np.float64)) for _ in range(3)]
@@ -111,7 +137,7 @@ def test_host_access_after_many_marked_launches_is_never_stale(where, rng):
 @pytest.mark.parametrize("reader", ["plain", "um.jit", "copy"])
 def test_another_stream_waits_for_marked_launches(reader, rng):
     """Slow marked writers on s1, then a reader on s2 (plain, tracked, a copy): s2 waits on the device."""
-    s1, s2 = cuda.stream(), cuda.stream()
+    s1, s2 = _known_stream(), cuda.stream()
     tracked = um.jit(_copy.py_func)
     with um.ManagedBuffer.zeros(N) as mid, um.ManagedBuffer.zeros(N) as out:
         for trial in range(TRIALS):
@@ -133,7 +159,7 @@ def test_another_stream_waits_for_marked_launches(reader, rng):
 
 def test_a_later_writer_on_another_stream_waits_for_marked_readers(rng):
     """Write after read: slow marked launches read ``a`` on s1; a plain write of ``a`` on s2 must wait."""
-    s1, s2 = cuda.stream(), cuda.stream()
+    s1, s2 = _known_stream(), cuda.stream()
     with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as seen:
         for trial in range(TRIALS):
             old, new = random_array(rng, N, np.float64), random_array(rng, N, np.float64)
@@ -150,7 +176,7 @@ def test_a_later_writer_on_another_stream_waits_for_marked_readers(rng):
 def test_a_mark_recorded_while_its_launch_registers_does_not_lose_the_kernel(rng):
     """The launch's mark is recorded before its kernel is queued (settling an escaped argument that holds
     it): the kernel gets an event of its own, so the host waits for it (20 trials)."""
-    s = cuda.stream()
+    s = _known_stream()
     with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as v:
         v.__cuda_array_interface__
         for trial in range(TRIALS):
@@ -168,8 +194,9 @@ def test_a_mark_of_a_collected_stream_still_waits(rng):
             values = random_array(rng, N, np.float64)
             with um.DeviceBuffer.from_array(values) as src:
                 src.synchronize()
-                s = cuda.stream()
+                s = _known_stream()
                 _slow_fill[G, B, s](dst, src, SLEEPS)
+                assert isinstance(dst._coherence_tracker.pending_work()[0][0], _plain_launch.StreamMark)
                 del s
                 gc.collect()
                 np.testing.assert_array_equal(dst.host, values, err_msg=f"trial {trial}")
@@ -177,7 +204,7 @@ def test_a_mark_of_a_collected_stream_still_waits(rng):
 
 def test_host_access_while_the_marked_stream_captures_is_refused_and_the_capture_kept(rng):
     """The mark cannot be recorded inside the user's capture: a clear refusal, the capture intact."""
-    s = cuda.stream()
+    s = _known_stream()
     h = stream_handle(s)
     values = random_array(rng, N, np.float64)
     drv = _driver.api().drv
@@ -198,7 +225,7 @@ def test_host_access_while_the_marked_stream_captures_is_refused_and_the_capture
 def test_an_escaped_buffer_settles_before_every_marked_launch(rng):
     """A foreign writer (a numba array over the buffer's escaped view) sleeps on s2 between two plain
     launches on s: the second must come after it, though the buffer already holds s's mark (20 trials)."""
-    s, s2 = cuda.stream(), cuda.stream()
+    s, s2 = _known_stream(), cuda.stream()
     with um.ManagedBuffer.zeros(N) as a:
         foreign = cuda.as_cuda_array(a)  # a escapes: another library may use it at any time
         for trial in range(TRIALS):

@@ -126,3 +126,24 @@ def test_forall_zero_tasks_launches_nothing_but_refuses_a_closed_buffer():
 def test_forall_refuses_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         _add.forall(**kwargs)
+
+
+def test_a_forall_launch_object_is_kept_and_serves_other_types(rng):
+    """``k.forall(n)`` in a loop builds one launch object; called with other argument types it still
+    picks their block size and gives numpy's values (fresh random data)."""
+    n = 3000
+    s = cuda.stream()
+    assert _add.forall(n, stream=s) is _add.forall(n, stream=s)
+    assert _add.forall(n, stream=s) is not _add.forall(n, stream=cuda.stream())
+    with pytest.raises(TypeError, match="ntasks must be an integer"):
+        _add.forall(True)
+    launch = _add.forall(n, stream=s)
+    for dtype in (np.float32, np.float64, np.float32):
+        a, b = random_array(rng, n, dtype), random_array(rng, n, dtype)
+        with (
+            um.ManagedBuffer.from_array(a) as da,
+            um.DeviceBuffer.from_array(b) as db,
+            um.ManagedBuffer.empty(n, dtype) as out,
+        ):
+            launch(da, db, out)
+            np.testing.assert_array_equal(out.host, a + b, err_msg=str(dtype))

@@ -19,7 +19,8 @@ Goals: a coherent launch <= 1.10x a bare DeviceNDArray launch of the same
 kernel with 1, 2 and 5 arguments; coherence adds < 0.3 µs per extra argument
 with nothing pending on other streams; the check with nothing pending < 2 µs;
 a plain numba launch of ManagedBuffers (tracked on its stream) <= 1.05x the same
-launch of DeviceNDArrays, with 1, 2 and 5 arguments (issue #28); a coherent forall <= 1.05x a
+launch of DeviceNDArrays, with 1, 2 and 5 arguments on a numba stream umem_numba knows
+and with 1 on the legacy stream (issue #28; a stream it never got is shown without a goal); a coherent forall <= 1.05x a
 coherent configured launch of the same kernel and argument (issue #28: "as cheap
 as a configured launch").
 """
@@ -129,6 +130,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     nb_managed[:] = 1.0
     plain = _PlainCAI(devs[0])
     stream = cuda.stream()
+    um.stream_handle(stream)  # umem_numba knows the stream (also through the um.launch cases below)
+    unseen = cuda.stream()  # never given to umem_numba: numba's launch hands buffers only its handle
     coh1 = um.coherent(bump1)
 
     # One block on purpose: the launch overhead is the measured quantity, not the kernel.
@@ -138,6 +141,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "ManagedBuffer, um.launch (1 arg)": lambda: um.launch(bump1, 1, 32, bufs[0], stream=stream),
         "DeviceNDArray, numba forall (1 arg)": lambda: bump1.forall(32, stream=stream)(devs[0]),
         "ManagedBuffer, coherent forall (1 arg)": lambda: coh1.forall(32, stream=stream)(bufs[0]),
+        "DeviceNDArray, legacy stream (1 arg)": lambda: bump1[1, 32](devs[0]),
+        "ManagedBuffer, legacy stream (1 arg)": lambda: bump1[1, 32](bufs[0]),
+        "DeviceNDArray, unseen stream (1 arg)": lambda: bump1[1, 32, unseen](devs[0]),
+        "ManagedBuffer, unseen stream (1 arg)": lambda: bump1[1, 32, unseen](bufs[0]),
     }
     for k, kern in kernels.items():
         coh = um.coherent(kern)
@@ -208,6 +215,19 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 note="numba's launch, tracked on its stream (ArgHint.to_device)",
             )
             for k in ARG_COUNTS
+        ),
+        goal_row(
+            "plain ManagedBuffer launch / DeviceNDArray launch, legacy stream, 1 argument",
+            best["ManagedBuffer, legacy stream (1 arg)"] / best["DeviceNDArray, legacy stream (1 arg)"],
+            GOAL_RATIO,
+            higher_is_better=False,
+            note="kernel[g, b](buf): the stream's mark, as on a known stream",
+        ),
+        goal_row(
+            "plain ManagedBuffer launch / DeviceNDArray launch, unseen numba stream, 1 argument",
+            best["ManagedBuffer, unseen stream (1 arg)"] / best["DeviceNDArray, unseen stream (1 arg)"],
+            higher_is_better=False,
+            note="a stream umem_numba never got: one event and a capture check per launch; no goal",
         ),
         goal_row(
             "coherent forall / coherent configured launch, 1 argument",

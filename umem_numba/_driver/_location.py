@@ -357,6 +357,13 @@ def stream_handle(stream: StreamLike, *, what: str = "") -> int:
     -------
     int
 
+    Notes
+    -----
+    Given a stream numba created (``cuda.stream()``), umem_numba also learns
+    that the handle is that stream's while the object lives: plain
+    ``kernel[g, b, s](buf)`` launches on it then record no event per launch
+    (numba's launch hands buffers only the handle).
+
     Raises
     ------
     TypeError

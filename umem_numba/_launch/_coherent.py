@@ -895,7 +895,7 @@ class CoherentKernel:
         not available.
     """
 
-    __slots__ = ("_configs", "_forall_blocks", "_info", "kernel")
+    __slots__ = ("_configs", "_forall_blocks", "_foralls", "_info", "kernel")
 
     def __init__(self, kernel: Any, readonly: Iterable[str] | None = None) -> None:
         if not hasattr(kernel, "__getitem__") or not hasattr(kernel, "py_func"):
@@ -906,6 +906,8 @@ class CoherentKernel:
         #: (ids of the argument types..., device, sharedmem) -> (the types, the block size forall
         #: picked by the occupancy API).
         self._forall_blocks: dict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = {}
+        #: forall() objects by (ntasks, tpb, stream, sharedmem): a loop of forall launches builds one.
+        self._foralls: dict[tuple[Any, ...], CoherentForAll] = {}
 
     @property
     def writes(self) -> dict[str, bool]:
@@ -976,6 +978,17 @@ class CoherentKernel:
         TypeError
             One of them is not an integer.
         """
+        raw = type(stream) is int
+        if type(ntasks) is int and type(tpb) is int and type(sharedmem) is int:  # bools and others: checked
+            key = (ntasks, tpb, stream if raw else id(stream), sharedmem, raw and stream == 2 and threading.get_ident())
+            cached = self._foralls.get(key)
+            if cached is not None and (raw or cached.stream is stream):
+                return cached
+            made = CoherentForAll(self, ntasks, tpb, stream, sharedmem)
+            if len(self._foralls) >= _CONFIG_CACHE_SIZE:
+                self._foralls.clear()
+            self._foralls[key] = made
+            return made
         return CoherentForAll(self, ntasks, tpb, stream, sharedmem)
 
     def _forall_block(self, args: tuple[Any, ...], sharedmem: int) -> int:
@@ -1008,7 +1021,7 @@ class CoherentForAll:
     See :meth:`CoherentKernel.forall`.
     """
 
-    __slots__ = ("kernel", "ntasks", "sharedmem", "stream", "tpb")
+    __slots__ = ("_last", "kernel", "ntasks", "sharedmem", "stream", "tpb")
 
     def __init__(self, kernel: CoherentKernel, ntasks: int, tpb: int, stream: Any, sharedmem: int) -> None:
         for name, value in (("ntasks", ntasks), ("tpb", tpb), ("sharedmem", sharedmem)):
@@ -1022,6 +1035,8 @@ class CoherentForAll:
         self.tpb = int(tpb)
         self.stream = stream
         self.sharedmem = int(sharedmem)
+        #: (block size, the configured launch) of the last call: a loop of calls configures once.
+        self._last: tuple[int, _ConfiguredLaunch] | None = None
 
     def __call__(self, *args: Any) -> None:
         n = self.ntasks
@@ -1030,12 +1045,17 @@ class CoherentForAll:
                 if isinstance(a, Buffer):
                     a._launch_arg()
             return
-        if _sim.active() and not self.tpb:
-            # numba's simulator configures forall as ntasks blocks of one thread (its threads are Python's).
-            self.kernel[n, 1, self.stream, self.sharedmem](*args)
+        if _sim.active():
+            # numba's simulator configures forall as ntasks blocks of one thread (its threads are Python's),
+            # and configures the kernel object itself: a configured launch is never kept there.
+            tpb = self.tpb
+            self.kernel[(n + tpb - 1) // tpb if tpb else n, tpb or 1, self.stream, self.sharedmem](*args)
             return
         tpb = self.tpb or self.kernel._forall_block(args, self.sharedmem)
-        self.kernel[(n + tpb - 1) // tpb, tpb, self.stream, self.sharedmem](*args)
+        last = self._last
+        if last is None or last[0] != tpb:
+            last = self._last = (tpb, self.kernel[(n + tpb - 1) // tpb, tpb, self.stream, self.sharedmem])
+        last[1](*args)
 
     def __repr__(self) -> str:
         return f"CoherentForAll({self.kernel!r}, ntasks={self.ntasks}, tpb={self.tpb}, stream={self.stream!r})"

@@ -9,7 +9,9 @@ other streams and files the launch as a write of every buffer argument
 it is given).
 
 What makes it cheap: a launch on a stream umem_numba can name later (the
-legacy stream, or a stream numba created, while its owner lives) files a
+legacy stream, or a stream numba created, while its owner lives: known once
+umem_numba saw the stream object, since numba's launch hands buffers only a
+cuda.core view of the handle) files a
 :class:`StreamMark` rather than recording an event.  The mark stands for
 "every plain launch queued on this stream so far"; it is recorded as a CUDA
 event only when something must wait for it (host access, work on another
