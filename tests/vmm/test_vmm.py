@@ -265,6 +265,9 @@ def test_any_drop_order_unmaps_before_release_and_free(how, order, device_memory
     ptr = objs["mapping"].ptr
     assert umem_numba.stats()["vmm"].live_bytes == stats0.live_bytes + g
     _driver.call("cuMemsetD32", ptr, 0x1234567, g // 4)
+    # cuMemsetD32 may still run when it returns (device memory), and the low-level mapping does not
+    # wait for work it cannot see: unmapping first (orders 4 and 5) faulted the context on an H200.
+    _driver.call("cuCtxSynchronize")
     for name in order:
         if how == "close":
             objs[name].close()

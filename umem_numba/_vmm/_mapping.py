@@ -428,6 +428,9 @@ class Mapping:
     Access is set per whole mapping (the driver refuses part of one).
     The mapping keeps its range and physical memory alive; ``close()`` (or
     garbage collection) unmaps it, after which they are freed if closed.
+    Device work on the mapping's address is the caller's to finish first:
+    the low-level layer cannot see it (a :class:`~umem_numba.VMMBuffer`
+    waits for its own work before it unmaps).
     """
 
     __slots__ = ("__weakref__", "_offset", "_physical", "_range", "_res")
