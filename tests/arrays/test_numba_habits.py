@@ -43,6 +43,7 @@ def non_blocking():
     made = []
 
     def make():
+        _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
         handle = int(_driver.call("cuStreamCreate", 1))
         made.append(handle)
         return cuda.external_stream(handle)

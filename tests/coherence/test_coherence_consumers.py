@@ -66,6 +66,7 @@ class _NonBlocking:
     """A stream created with CU_STREAM_NON_BLOCKING, as numba, CuPy and PyTorch see it."""
 
     def __init__(self) -> None:
+        _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
         self.handle = int(_driver.call("cuStreamCreate", 1))
 
     def close(self) -> None:

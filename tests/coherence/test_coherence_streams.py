@@ -186,6 +186,7 @@ def test_a_reused_stream_handle_is_not_the_old_stream(kernels, rng):
     for trial in range(TRIALS):
         values = random_array(rng, N, np.float64)
         last = float(rng.random() + 2.0)  # unlike any of `values`
+        _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
         h1 = int(_driver.call("cuStreamCreate", 0))
         s1 = cuda.external_stream(h1)
         sleep_then_copy[N // 128, 128, s1](a, cuda.to_device(values, stream=s1), 60)
@@ -204,6 +205,7 @@ def test_a_reused_stream_handle_is_not_the_old_stream(kernels, rng):
 def test_graph_capture_is_refused_clearly(kernels, rng):
     _, _, fill = kernels
     a = um.managed_zeros(N, np.float64)
+    _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
     h = int(_driver.call("cuStreamCreate", 1))
     drv = _driver.api().drv
     relaxed = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED

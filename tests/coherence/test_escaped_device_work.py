@@ -30,6 +30,7 @@ SLEEP_MS = 20
 @pytest.mark.parametrize("op", ["tracked-launch", "copy_to_host"])
 @pytest.mark.parametrize("protocol", ["dlpack", "cai"])
 def test_toolkit_work_on_an_escaped_buffer_comes_after_the_consumers_write(protocol, op, rng):
+    _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
     consumer = int(_driver.call("cuStreamCreate", 1))  # CU_STREAM_NON_BLOCKING
     other = cuda.stream()
     tracked_copy = um.coherent(sleeping.copy)
@@ -75,6 +76,7 @@ def test_a_cuda_array_interface_consumer_starts_after_earlier_work(before, rng):
 
     Found by the API fuzzer's ``export`` family (two consumers: the later one's write was lost).
     """
+    _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
     first = int(_driver.call("cuStreamCreate", 1))
     second = int(_driver.call("cuStreamCreate", 1))
     writer = cuda.stream()

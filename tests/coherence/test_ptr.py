@@ -54,6 +54,7 @@ def _read(buf) -> np.ndarray:
 @pytest.fixture
 def consumer():
     """A non-blocking stream (CU_STREAM_NON_BLOCKING), as another library makes them."""
+    _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
     handle = int(_driver.call("cuStreamCreate", 1))
     yield handle
     _driver.call("cuStreamSynchronize", handle)

@@ -155,6 +155,7 @@ def test_per_thread_stream_reuse_orders_the_other_threads_stream(interface, rng)
 def _non_blocking_stream():
     drv = _driver.api().drv
     _driver.ensure_context()
+    _driver.ensure_context()  # a raw driver call needs a current context (first test of a worker)
     handle = _driver.call("cuStreamCreate", int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
     try:
         yield cuda.external_stream(int(handle))
