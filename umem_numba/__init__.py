@@ -41,6 +41,7 @@ from ._kinds._device import DeviceBuffer, device_empty, device_from, device_like
 from ._kinds._managed import ManagedBuffer, managed_empty, managed_from, managed_like, managed_zeros
 from ._kinds._pinned import HostAllocFlags, PinnedBuffer
 from ._launch._coherent import CoherentForAll, CoherentKernel, coherent, jit, launch
+from ._launch._graphs import Graph, capture
 from ._memory._cache import get_allocation_cache, release_allocation_cache, set_allocation_cache
 from ._memory._pool import MemoryPool
 from ._memory._stats import KindStats, PoolStats, reset_peak, stats
@@ -160,4 +161,7 @@ __all__ = [
     "get_auto_prefetch",
     "get_coherence_policy",
     "CoherenceWarning",
+    # graphs
+    "capture",
+    "Graph",
 ]

@@ -334,7 +334,7 @@ class DeviceExports(DLPackExport):
             self._live()
         tracker = alloc.tracker
         if tracker not in _launching.current:  # a launch of umem_numba's own files its use itself
-            PlainLaunch.register(tracker, stream, retr)  # parses the stream once per launch
+            PlainLaunch.register(tracker, stream, retr, self)  # parses the stream once per launch
         if _sim.active():
             from .._driver._simulated import fake_array
 

@@ -50,7 +50,7 @@ from .._arrays._export import device_arrays
 from .._driver import _sim
 from .._driver._location import owns_stream, stream_classes, stream_handle
 from .._errors import CoherenceError, CudaError
-from .._memory import _events
+from .._memory import _capture, _events
 from .._memory._tracker import Tracker, _launching, prefetch_touched
 from ._kernel_call import KernelCall, scalar_type, supports
 
@@ -684,12 +684,8 @@ class _ConfiguredLaunch:
             _driver.ensure_context()
             capturing = _driver.is_capturing(handle)
         if capturing:
-            raise CoherenceError(
-                "cannot launch a tracked kernel into a CUDA graph capture: an event recorded in a capture "
-                "cannot be waited for, and the graph would keep using memory umem_numba may free; capture "
-                "with plain numba launches and keep the buffers alive (and unchanged on the host) while the "
-                "graph can run"
-            )
+            self._capture(uses, args, call, values, handle, epochs)
+            return
         key = self._key
         if key is None:
             key = _driver.stream_key(handle)
@@ -735,6 +731,41 @@ class _ConfiguredLaunch:
         finally:
             for tracker, write, covered in begun:
                 tracker.end_use(key, recorded, write, covered)
+
+    def _capture(
+        self,
+        uses: list[tuple[Tracker, bool]],
+        args: tuple[Any, ...],
+        call: KernelCall | None,
+        values: list[Any] | None,
+        handle: int,
+        epochs: dict[Tracker, int] | None,
+    ) -> None:
+        """The launch on a capturing stream: joins this thread's ``umem_numba.capture`` graph, or is refused.
+
+        Nothing is ordered or recorded now (the kernel does not run now): each
+        launch of the graph orders itself and files the uses noted here.
+        """
+        recorder = _capture.recorder_for(handle)
+        if recorder is None:
+            raise CoherenceError(
+                "cannot launch a tracked kernel into a CUDA graph capture umem_numba did not begin: an event "
+                "recorded in it cannot be waited for, and the graph would keep using memory umem_numba may "
+                "free; capture with `with umem_numba.capture(stream) as graph:` and launch it with "
+                "graph.launch()"
+            )
+        for tracker, write in uses:
+            recorder.add(tracker, write, epoch=epochs.get(tracker) if epochs else None)
+        recorder.keep.append(args)  # every operand lives as long as the graph
+        if call is None or not self._direct(call, values, handle):
+            _launching.current = tuple(t for t, _ in uses)  # numba's reads of these are not escapes
+            try:
+                if _sim.active():
+                    _driver.api().drv.queue_kernel(handle, self._configured, device_arrays(args))
+                else:
+                    self._configured(*args)
+            finally:
+                _launching.current = ()
 
     def _direct(self, call: KernelCall, values: Any, handle: int) -> bool:
         """Launch through ``call``; ``False`` (and the direct calls forgotten) where numba must launch."""

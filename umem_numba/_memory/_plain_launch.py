@@ -38,7 +38,7 @@ from typing import Any
 from .. import _driver
 from .._driver._location import stream_handle
 from .._errors import CoherenceError
-from . import _events
+from . import _capture, _events
 from ._tracker import Tracker, prefetch_touched
 
 __all__ = ["PlainLaunch", "StreamMark"]
@@ -159,7 +159,18 @@ class PlainLaunch:
     others join it.
     """
 
-    __slots__ = ("captured", "checked", "device", "eager", "handle", "key", "mark", "stream", "trackers")
+    __slots__ = (
+        "captured",
+        "checked",
+        "device",
+        "eager",
+        "handle",
+        "key",
+        "mark",
+        "recorder",
+        "stream",
+        "trackers",
+    )
 
     #: The simulated driver calls such functions as soon as the kernel is queued (numba's own
     #: copies back wait for the kernel; these need not).
@@ -170,6 +181,14 @@ class PlainLaunch:
         self.stream = stream
         self.handle = handle = stream_handle(stream, what="a kernel launch")
         self.device = device = _driver.current_device()
+        self.trackers: list[Tracker] = []
+        #: Without a mark: per tracker, what :meth:`Tracker.end_plain_launch` needs.
+        self.eager: list[tuple[Tracker, tuple[_events.Event, ...], int | None]] = []
+        #: This thread's umem_numba.capture of the launch stream: the kernel joins its graph.
+        self.recorder = recorder = _capture.recorder_for(handle)
+        if recorder is not None:  # nothing is asked of the capturing stream (cuStreamGetId breaks a capture)
+            self.mark, self.checked, self.captured, self.key = None, True, True, 0
+            return
         self.mark = mark = _current_mark(handle, device)
         #: Whether the stream was checked for a capture (once per launch, when needed).
         self.checked = False
@@ -179,9 +198,6 @@ class PlainLaunch:
             self.key = 0 if self.captured else _driver.stream_key(handle)
         else:
             self.key = mark.key
-        self.trackers: list[Tracker] = []
-        #: Without a mark: per tracker, what :meth:`Tracker.end_plain_launch` needs.
-        self.eager: list[tuple[Tracker, tuple[_events.Event, ...], int | None]] = []
 
     def _check_capture(self) -> bool:
         if not self.checked:
@@ -190,8 +206,11 @@ class PlainLaunch:
         return self.captured
 
     @staticmethod
-    def register(tracker: Tracker, stream: Any, retr: list[Any]) -> None:
-        """Order numba's launch ``stream`` for a plain launch using ``tracker``'s memory; file it (``retr``)."""
+    def register(tracker: Tracker, stream: Any, retr: list[Any], owner: Any = None) -> None:
+        """Order numba's launch ``stream`` for a plain launch using ``tracker``'s memory; file it (``retr``).
+
+        ``owner``: the buffer the memory was given as (kept alive by a graph capturing the launch).
+        """
         launch = None
         for done in retr:
             if type(done) is PlainLaunch and done.stream is stream:
@@ -203,6 +222,9 @@ class PlainLaunch:
         elif tracker in launch.trackers:
             return  # the same allocation twice in one launch: one record
         launch.trackers.append(tracker)
+        if launch.recorder is not None:
+            launch.recorder.add(tracker, True, owner)  # each replay of the graph files the write
+            return
         mark = launch.mark
         if mark is not None and tracker.plain_launch_unchanged(mark):
             return  # the stream's current mark is all the buffer waits for: this launch is under it

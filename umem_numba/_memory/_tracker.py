@@ -244,10 +244,12 @@ class Tracker:
         "_unknown_gen",
         "_waiters",
         "attached",
+        "capturing",
         "concurrent",
         "device_id",
         "epoch",
         "escaped",
+        "graphs",
         "holds",
         "inflight",
         "migrate",
@@ -282,6 +284,10 @@ class Tracker:
         #: work that took the address before must not register under the next owner.
         self.epoch = 0
         self.holds = 0
+        #: Graph captures under way that use the memory (its captured work has not run yet).
+        self.capturing = 0
+        #: Live graphs (umem_numba.Graph) whose replays use the memory.
+        self.graphs = 0
         #: Why new device use is refused right now (closing, resizing), or None.
         self._blocked: str | None = None
         #: Threads inside a ``lend`` block of this allocation (ident -> open blocks), or None.
@@ -540,6 +546,15 @@ class Tracker:
                 assert self._idle is not None  # made by the waiter
                 self._idle.notify_all()
 
+    def is_closed(self) -> bool:
+        """Whether the memory's buffer was closed for good (:meth:`block` with ``"closed"``)."""
+        return self._blocked == "closed"
+
+    def refuse_in_capture(self) -> None:
+        """Raise if the memory cannot join a graph capture now (the host holds it, or it is closing or resizing)."""
+        with self._lock:
+            self._refuse_device_use()
+
     def _refuse_device_use(self) -> None:
         """Under the lock: refuse device use while closing or resizing, or while the host holds the buffer."""
         self._refuse_if_blocked("device use")
@@ -638,8 +653,15 @@ class Tracker:
             and not self.escaped
             and not self.inflight
             and self.concurrent
+            and not self.capturing
         ):
             return
+        if self.capturing:
+            raise CoherenceError(
+                f"{what}: this buffer is used by the CUDA graph being captured (umem_numba.capture), whose "
+                "work has not run: it runs when the graph is launched; access it after the capture, and after "
+                "a launch of the graph for its results"
+            )
         self.settle(what, self.effective_policy())
 
     # -- lend blocks ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ from .. import _driver
 from .._arrays import _layout
 from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout, source_order
 from .._driver._location import StreamLike, Target, as_device, stream_handle
-from .._errors import BufferClosedError, UnsupportedError
+from .._errors import BufferClosedError, CoherenceError, UnsupportedError
 from .._memory._lifetime import Transaction
 from .._memory._tracker import refuse_capture
 from ._access import (
@@ -495,7 +495,7 @@ class VMMBuffer(Buffer):
             Not an int, negative or larger than the length.
         CoherenceError
             Under the ``"raise"`` policy, while a kernel may use the buffer
-            (nothing is changed).
+            (nothing is changed); while a live graph uses the buffer.
         """
         alloc = self._owner_alloc("shrink")
         self._check_resizable("shrink")
@@ -504,6 +504,11 @@ class VMMBuffer(Buffer):
             raise ValueError(f"shrink({n}) is larger than the current length {self._shape[0]}; use grow()")
         if n == self._shape[0]:
             return
+        if alloc.tracker.graphs or alloc.tracker.capturing:
+            raise CoherenceError(
+                "shrink: a CUDA graph (umem_numba.capture) uses this VMMBuffer; shrinking would unmap memory "
+                "that its launches use: close the graph first"
+            )
         with alloc.resize_lock, alloc.tracker.exclusive("resized"):
             # Unmapping under a running kernel is a fault, not a stale read:
             # "warn" and "off" wait here too ("raise" raises).

@@ -1,0 +1,274 @@
+"""CUDA graphs of toolkit work with coherence (#29 item 1): ``umem_numba.capture`` and ``Graph.launch``.
+
+A captured graph is replayed as one launch with the graph's read and write sets: ordered after
+conflicting work on other streams, recorded for every buffer it uses, so host access waits for
+exactly the replays.  Buffers a live graph uses are kept alive, cannot be freed under it (closing
+waits, a later launch is refused) or shrunk; work a graph cannot hold is refused inside the capture
+and the capture stays intact.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from numba import cuda
+from support.helpers import random_array
+
+import umem_numba as um
+from umem_numba import _driver
+from umem_numba._driver import _sim
+
+pytestmark = pytest.mark.gpu
+
+N = 4096
+G, B = N // 128, 128
+TRIALS = 3 if _sim.active() else 20
+SLEEPS = 0 if _sim.active() else 20  # ~1 ms each on a GPU
+
+
+@um.jit
+def _halve_plus(dst, src):
+    i = cuda.grid(1)
+    if i < dst.shape[0]:
+        dst[i] = src[i] * 0.5 + 1.0
+
+
+@um.jit
+def _slow_copy(dst, src, sleeps):
+    for _ in range(sleeps):
+        cuda.nanosleep(1_000_000)
+    i = cuda.grid(1)
+    if i < dst.shape[0]:
+        dst[i] = src[i]
+
+
+@cuda.jit
+def _plain_scale(a, k):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = a[i] * k
+
+
+def _steps_reference(a: np.ndarray, steps: int) -> np.ndarray:
+    a = a.copy()
+    for _ in range(steps):
+        a = a * 0.5 + 1.0
+    return a
+
+
+def _capture_ping_pong(s, a, b, pairs: int) -> um.Graph:
+    with um.capture(s) as graph:
+        for _ in range(pairs):
+            _halve_plus[G, B, s](b, a)
+            _halve_plus[G, B, s](a, b)
+    return graph
+
+
+def test_a_graph_replayed_100_times_with_host_reads_between(rng):
+    """Each launch of 2 x 3 captured steps; the host reads after every launch: numpy's values."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a, um.DeviceBuffer.zeros(N) as b:
+        graph = _capture_ping_pong(s, a, b, 3)
+        assert graph.buffers_written == 2
+        np.testing.assert_array_equal(a.host, values, err_msg="the capture ran the work")
+        expected = values
+        for replay in range(100 if not _sim.active() else 10):
+            if replay % 10 == 0:  # fresh random data now and then, written on the host
+                expected = random_array(rng, N, np.float64)
+                a.host[:] = expected
+            graph.launch()
+            expected = _steps_reference(expected, 6)
+            np.testing.assert_allclose(a.host, expected, rtol=0, atol=0, err_msg=f"launch {replay}")
+        graph.close()
+        with pytest.raises(um.BufferClosedError, match="closed"):
+            graph.launch()
+
+
+def test_a_launch_waits_for_a_writer_on_another_stream(rng):
+    """A slow tracked writer of ``a`` on s2, then a launch of a graph reading ``a`` on s (20 trials)."""
+    s, s2 = cuda.stream(), cuda.stream()
+    with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as out:
+        with um.capture(s) as graph:
+            _halve_plus[G, B, s](out, a)
+        for trial in range(TRIALS):
+            values = random_array(rng, N, np.float64)
+            with um.DeviceBuffer.from_array(values) as src:
+                _slow_copy[G, B, s2](a, src, SLEEPS)
+                graph.launch()
+                np.testing.assert_array_equal(out.host, values * 0.5 + 1.0, err_msg=f"trial {trial}")
+        graph.close()
+
+
+def test_a_writer_on_another_stream_waits_for_a_launch_that_reads(rng):
+    """Write after read: a graph whose kernel reads ``a`` slowly, then a tracked write of ``a`` on s2."""
+    s, s2 = cuda.stream(), cuda.stream()
+    with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as seen:
+        with um.capture(s) as graph:
+            _slow_copy[G, B, s](seen, a, SLEEPS)
+        for trial in range(TRIALS):
+            old, new = random_array(rng, N, np.float64), random_array(rng, N, np.float64)
+            a.host[:] = old
+            with um.DeviceBuffer.from_array(new) as src:
+                graph.launch()
+                _slow_copy[G, B, s2](a, src, 0)  # must not overwrite a before the graph read it
+                np.testing.assert_array_equal(seen.host, old, err_msg=f"trial {trial}: the writer overtook the graph")
+                np.testing.assert_array_equal(a.host, new)
+        graph.close()
+
+
+def test_host_access_waits_for_the_launch_only(rng):
+    """Host access after a launch waits for the launch's event, not for the whole device."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a, um.ManagedBuffer.zeros(N) as b:
+        graph = _capture_ping_pong(s, a, b, 1)
+        graph.launch()
+        events, unknown, _, escaped = a._coherence_tracker.pending_work()
+        assert len(events) == 1 and not unknown and not escaped
+        assert events[0].key == _driver.stream_key(um.stream_handle(s))
+        np.testing.assert_array_equal(a.host, _steps_reference(values, 2))
+        graph.close()
+
+
+@pytest.mark.parametrize("policy", ["sync", "raise"])
+def test_closing_a_buffer_under_a_live_graph(policy, rng):
+    """Closing waits for the graph's launch (or raises under "raise"); the graph then refuses to launch."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    out = um.ManagedBuffer.zeros(N)
+    src = um.DeviceBuffer.from_array(values)
+    with um.capture(s) as graph:
+        _slow_copy[G, B, s](out, src, SLEEPS)
+    graph.launch()
+    with um.coherence_policy(policy):
+        if policy == "raise" and not _sim.active():
+            with pytest.raises(um.CoherenceError):
+                src.close()
+            out.synchronize()
+        src.close()  # waits for the launch reading it
+    np.testing.assert_array_equal(out.host, values)
+    with pytest.raises(um.BufferClosedError):
+        graph.launch()
+    graph.close()
+    out.close()
+
+
+def test_a_vmm_buffer_cannot_shrink_under_a_live_graph(rng):
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.VMMBuffer.from_array(values) as v, um.ManagedBuffer.zeros(N) as out:
+        with um.capture(s) as graph:
+            _halve_plus[G, B, s](out, v)
+        with pytest.raises(um.CoherenceError, match="close the graph first"):
+            v.shrink(N // 2)
+        graph.launch()
+        np.testing.assert_array_equal(out.host, values * 0.5 + 1.0)
+        graph.close()
+        v.shrink(N // 2)
+        assert v.shape == (N // 2,)
+
+
+def test_the_graph_keeps_its_buffers_alive(rng):
+    """Buffers made for the capture and dropped: the graph holds them; the output read after launches."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    out = um.ManagedBuffer.zeros(N)
+
+    def build() -> um.Graph:
+        a = um.ManagedBuffer.from_array(values)
+        tmp = um.DeviceBuffer.zeros(N)
+        with um.capture(s) as graph:
+            _halve_plus[G, B, s](tmp, a)
+            _halve_plus[G, B, s](out, tmp)
+        return graph
+
+    graph = build()
+    gc.collect()
+    for _ in range(3):
+        graph.launch()
+    np.testing.assert_array_equal(out.host, _steps_reference(values, 2))
+    graph.close()
+    out.close()
+
+
+def test_refused_work_inside_the_capture_leaves_it_intact(rng):
+    """Host access to a captured buffer and a copy on the stream are refused; the graph still works."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a, um.ManagedBuffer.zeros(N) as b, um.ManagedBuffer.zeros(N) as c:
+        with um.capture(s) as graph:
+            _halve_plus[G, B, s](b, a)
+            with pytest.raises(um.CoherenceError, match="being captured"):
+                b.host
+            with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
+                um.copy(c, b, stream=s)
+            with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
+                um.DeviceBuffer.empty(N, stream=s)
+            _halve_plus[G, B, s](c, b)
+        graph.launch()
+        np.testing.assert_array_equal(c.host, _steps_reference(values, 2))
+        graph.close()
+
+
+def test_an_error_inside_the_block_ends_the_capture_without_a_graph(rng):
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a, um.ManagedBuffer.zeros(N) as b:
+        with pytest.raises(RuntimeError, match="boom"), um.capture(s) as graph:
+            _halve_plus[G, B, s](b, a)
+            raise RuntimeError("boom")
+        assert graph.closed
+        with pytest.raises(um.BufferClosedError, match="capture did not finish"):
+            graph.launch()
+        assert not _driver.is_capturing(um.stream_handle(s))
+        _halve_plus[G, B, s](b, a)  # the stream and the buffers work as before
+        np.testing.assert_array_equal(b.host, values * 0.5 + 1.0)
+
+
+def test_closing_a_buffer_inside_the_capture_is_refused(rng):
+    """Its captured work has not run and the graph will use it: close is refused, the capture goes on."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    a = um.ManagedBuffer.from_array(values)
+    with um.ManagedBuffer.zeros(N) as b:
+        with um.capture(s) as graph:
+            _halve_plus[G, B, s](b, a)
+            with pytest.raises(um.CoherenceError, match="being captured"):
+                a.close()
+        assert not a.closed
+        graph.launch()
+        np.testing.assert_array_equal(b.host, values * 0.5 + 1.0)
+        graph.close()
+    a.close()
+
+
+def test_bad_captures_are_refused_before_the_driver():
+    s = cuda.stream()
+    with pytest.raises(ValueError, match="legacy default stream"), um.capture(0):
+        pass
+    with um.capture(s) as outer:
+        with pytest.raises(um.CoherenceError, match="capturing a graph already"), um.capture(s):
+            pass
+        with pytest.raises(um.CoherenceError, match="already capturing"), um.capture(cuda.stream()):
+            pass
+    assert not outer.closed  # an empty graph: launching it does nothing
+    outer.launch()
+    outer.close()
+
+
+@pytest.mark.real_gpu("the simulated driver refuses plain numba launches inside a capture")
+def test_plain_numba_launches_join_the_graph(rng):
+    """A plain ``@cuda.jit`` launch of a buffer inside the capture is recorded as a write of the graph."""
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a:
+        with um.capture(s) as graph:
+            _plain_scale[G, B, s](a, 2.0)
+        assert graph.buffers_written == 1
+        for _ in range(3):
+            graph.launch()
+        np.testing.assert_array_equal(a.host, values * 8.0)
+        graph.close()

@@ -1,0 +1,272 @@
+"""CUDA graphs of toolkit work, replayed with coherence: :func:`capture` and :class:`Graph`.
+
+``with umem_numba.capture(stream) as graph:`` captures what the thread queues
+on ``stream`` (tracked launches: ``um.jit``, ``coherent``, ``launch``,
+``forall``; plain numba launches of buffers) into a CUDA graph instead of
+running it.  Inside the capture nothing is ordered or recorded (the work does
+not run); the launches note which buffers they read and write
+(:mod:`umem_numba._memory._capture`).  Each :meth:`Graph.launch` is then one
+``cuGraphLaunch`` treated as one launch with the graph's read and write sets:
+the stream first waits, on the device, for conflicting work on other streams,
+and one event recorded after the graph is filed under every buffer it uses,
+so host access waits for exactly the replays.
+
+The graph keeps its buffers alive.  Closing one waits for the graph's launches
+(or raises under ``"raise"``), and the graph then refuses to launch again
+rather than write freed memory; a ``VMMBuffer`` a live graph uses cannot
+shrink.  Work the graph cannot hold (copies, memsets, allocations, host
+access to a buffer it uses) is refused inside the capture before anything
+reaches the stream, and the capture stays intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from .. import _driver
+from .._driver._location import StreamLike, stream_handle
+from .._errors import BufferClosedError, CoherenceError
+from .._memory import _capture
+from .._memory._tracker import DeviceUse, Tracker, prefetch_touched
+
+__all__ = ["Graph", "capture"]
+
+
+class Graph:
+    """A CUDA graph captured from toolkit work by :func:`capture`; :meth:`launch` replays it.
+
+    Not made directly: ``with umem_numba.capture(stream) as graph:`` gives
+    one, usable once the block has ended.
+
+    Notes
+    -----
+    Holds the buffers its work uses (and every other operand) until
+    :meth:`close`, or until it is collected.
+    """
+
+    __slots__ = ("__weakref__", "_device", "_epochs", "_exec", "_finalizer", "_keep", "_state", "_stream", "_uses")
+
+    def __init__(self, stream: Any, device: int) -> None:
+        self._stream = stream
+        self._device = device
+        self._uses: list[tuple[Tracker, bool]] = []
+        self._epochs: list[int | None] = []
+        self._keep: list[Any] = []
+        #: "capturing", "ready", "failed" or "closed".
+        self._state = "capturing"
+        self._finalizer: weakref.finalize[Any, Graph] | None = None
+        self._exec: Any = None
+
+    # -- made by capture() -------------------------------------------------------------
+    def _ready(self, graph: Any, executable: Any, recorder: _capture.CaptureRecorder) -> None:
+        self._uses = [(t, w) for t, (w, _) in recorder.uses.items()]
+        self._epochs = [e for _, e in recorder.uses.values()]
+        self._keep = recorder.keep
+        trackers = [t for t, _ in self._uses]
+        for tracker in trackers:
+            tracker.graphs += 1
+        self._exec = executable
+        self._finalizer = weakref.finalize(self, _destroy, graph, executable, trackers, self._device)
+        self._state = "ready"
+
+    # -- public ------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or the capture failed)."""
+        return self._state != "ready"
+
+    @property
+    def buffers_written(self) -> int:
+        """How many allocations the graph's work writes (each launch files a write for them)."""
+        return sum(1 for _, w in self._uses if w)
+
+    @property
+    def buffers_read(self) -> int:
+        """How many allocations the graph's work only reads."""
+        return sum(1 for _, w in self._uses if not w)
+
+    def launch(self, stream: StreamLike | None = None) -> None:
+        """Replay the graph on ``stream`` (default: the stream it was captured on), with coherence.
+
+        The stream first waits, on the device, for work on other streams that
+        conflicts with the graph's reads and writes; one event recorded after
+        the graph is filed under every buffer it uses.  Managed memory the
+        host touched since the device last had it is prefetched first, as
+        for a launch.
+
+        Parameters
+        ----------
+        stream : stream-like, optional
+            A stream of the device the graph was captured on.
+
+        Raises
+        ------
+        BufferClosedError
+            The graph was closed, or a buffer it uses was closed since.
+        CoherenceError
+            ``stream`` is capturing a graph; the host holds a buffer the graph uses.
+        """
+        if self._state != "ready":
+            raise BufferClosedError(
+                "Graph.launch: the graph is closed"
+                if self._state == "closed"
+                else "Graph.launch: the capture did not finish, so there is no graph"
+            )
+        handle = stream_handle(self._stream if stream is None else stream, what="Graph.launch")
+        executable = self._exec
+        with _driver.device_context(self._device), DeviceUse(self._uses, handle, "a graph launch", self._epochs):
+            moves = [t for t, _ in self._uses if t.migrate]
+            if moves:
+                prefetch_touched(moves, handle, self._device)
+            _driver.call("cuGraphLaunch", executable, handle, detail="launching a captured graph")
+
+    def close(self) -> None:
+        """Destroy the graph and let go of its buffers (a launch in flight still finishes)."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        finalizer = self._finalizer
+        if finalizer is not None:
+            finalizer()
+        self._keep = []
+        self._uses = []
+        self._exec = None
+
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<umem_numba.Graph {self._state}: writes {self.buffers_written} and reads "
+            f"{self.buffers_read} allocation(s)>"
+        )
+
+
+def _destroy(graph: Any, executable: Any, trackers: list[Tracker], device: int) -> None:
+    """Free the graph (a launch in flight finishes first, as the driver documents); safe at exit."""
+    for tracker in trackers:
+        tracker.graphs -= 1
+    if _driver.shutting_down():
+        return  # the driver frees them with the context
+    try:
+        with _driver.device_context(device):
+            _driver.call("cuGraphExecDestroy", executable, detail="destroying a captured graph")
+            _driver.call("cuGraphDestroy", graph, detail="destroying a captured graph")
+    except Exception:  # a collected graph must not raise (the context may be gone)
+        pass
+
+
+@contextlib.contextmanager
+def capture(stream: StreamLike) -> Iterator[Graph]:
+    """Capture the toolkit work this thread queues on ``stream`` into a :class:`Graph`.
+
+    Inside the block, tracked launches (``um.jit``, :func:`coherent`,
+    :func:`launch`, ``forall``) and plain numba launches of buffers on
+    ``stream`` are recorded into the graph instead of run; the graph notes
+    which buffers each reads and writes.  Launch the graph after the block
+    with :meth:`Graph.launch`: each launch is ordered and recorded like one
+    coherent launch.
+
+    Parameters
+    ----------
+    stream : stream-like
+        A stream of the current device other than the legacy default stream
+        (``cuda.stream()``).  The capture is in CUDA's thread-local mode:
+        other threads may allocate and synchronise meanwhile.
+
+    Yields
+    ------
+    Graph
+        Usable once the block has ended.
+
+    Raises
+    ------
+    ValueError
+        ``stream`` is the legacy default stream (it cannot capture).
+    CoherenceError
+        ``stream`` is capturing already, or this thread is inside another
+        ``capture``; inside the block: host access to a buffer the graph
+        uses, or work the graph cannot hold (copies, memsets, allocations on
+        the stream).
+    BufferClosedError
+        A buffer the graph uses was closed inside the block (no graph is made).
+    CudaError
+        The driver invalidated the capture (work from another thread joined it).
+
+    Examples
+    --------
+    >>> s = cuda.stream()                                         # doctest: +SKIP
+    >>> with umem_numba.capture(s) as graph:
+    ...     for _ in range(10):
+    ...         step[grid, block, s](a, b); step[grid, block, s](b, a)
+    >>> for _ in range(100):
+    ...     graph.launch()
+    >>> a.host   # waits for the last launch only
+    """
+    handle = stream_handle(stream, what="capture")
+    c = _driver.consts()
+    if handle in (0, c.stream_legacy):
+        raise ValueError(
+            "capture: the legacy default stream cannot capture a graph; pass a stream of your own (cuda.stream())"
+        )
+    device = _driver.ensure_context()
+    if _driver.is_capturing(handle):
+        raise CoherenceError("capture: the stream is capturing a graph already")
+    recorder = _capture.CaptureRecorder(handle, device)
+    _capture.start(recorder)  # refuses a second capture in this thread before anything reaches the stream
+    graph = Graph(stream, device)
+    drv = _driver.api().drv
+    try:
+        _driver.call(
+            "cuStreamBeginCapture",
+            handle,
+            drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            detail="beginning a graph capture",
+        )
+    except BaseException:
+        _capture.stop()
+        raise
+    ended = False
+    try:
+        yield graph
+    except BaseException:
+        with contextlib.suppress(Exception):
+            err, made = drv.cuStreamEndCapture(handle)
+            ended = True
+            if int(err) == 0 and made is not None:
+                drv.cuGraphDestroy(made)
+        graph._state = "failed"
+        raise
+    finally:
+        if not ended and graph._state == "capturing":
+            _end(graph, handle, recorder)
+        _capture.stop()
+
+
+def _end(graph: Graph, handle: int, recorder: _capture.CaptureRecorder) -> None:
+    """End the capture on ``handle``: instantiate its graph into ``graph``, or raise (no graph then)."""
+    drv = _driver.api().drv
+    err, made = drv.cuStreamEndCapture(handle)
+    graph._state = "failed"
+    if int(err) != 0:
+        _driver.raise_for(
+            err, "cuStreamEndCapture", "ending a graph capture (the driver invalidated it: see the message)"
+        )
+    try:
+        closed = [t for t, (_, epoch) in recorder.uses.items() if t.is_closed() or t.epoch != epoch]
+        if closed:
+            raise BufferClosedError(
+                f"capture: {len(closed)} buffer(s) the graph uses were closed inside the capture; no graph was made"
+            )
+        executable = _driver.call("cuGraphInstantiate", made, 0, detail="instantiating a captured graph")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            drv.cuGraphDestroy(made)
+        raise
+    graph._ready(made, executable, recorder)
