@@ -80,6 +80,7 @@ def test_help_runs_anywhere(script, options):
         ("heat2d.py", ["--size", "2"], "--size must be at least 3"),
         ("heat2d.py", ["--steps", "0"], "--steps must be at least 1"),
         ("heat2d.py", ["--alpha", "0.3"], "--alpha must be in [0, 0.25]"),
+        ("heat2d.py", ["--graph", "3"], "--graph must be an even number of steps"),
         ("heat2d.py", ["--memory", "texture"], "invalid choice"),
         ("heat2d.py", ["--size", "big"], "invalid int value"),
         ("heat3d.py", ["--alpha", "0.2"], "--alpha must be in [0, 1/6]"),
@@ -140,6 +141,21 @@ def test_heat2d_end_to_end(tmp_path, memory, dtype):
     # The hot edge is one cell of 300 wide (a pixel or two, blended), so it is not
     # located here; the field's values are checked against NumPy by --check.
     assert np.flatnonzero(cold_px[mid]).size > 50
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory", ["device", "managed-prefetch", "vmm"])
+def test_heat2d_with_graphs_end_to_end(tmp_path, memory):
+    """``--graph 6`` over 25 steps: four graph launches and one plain step, checked against NumPy."""
+    if memory == "device" and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("the simulated driver refuses numba's own launches inside a capture (a GPU captures them)")
+    out = tmp_path / "plate.png"
+    proc = _run(
+        "heat2d.py", "--memory", memory, "--size", "300", "--steps", "25", "--graph", "6", "--check", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check against NumPy (25 steps)" in proc.stdout and ": OK" in proc.stdout
+    _no_library_warnings(proc.stderr)
 
 
 @pytest.mark.gpu

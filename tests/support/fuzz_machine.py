@@ -127,6 +127,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         self.staged = False
         #: A managed pool (the fuzzer's or the driver's default) was used: see MANAGED_POOL_RESIDUE.
         self.managed_pool_used = False
+        #: Live umem_numba graphs kept for later launches: (graph, the view it fills, the value).
+        self.graphs: list[tuple[um.Graph, View, int]] = []
 
     # -- helpers -----------------------------------------------------------------------------
     def stream(self, name: str) -> Any:
@@ -1028,6 +1030,59 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         assert ok, f"{what}: the user's capture was invalidated (cuStreamEndCapture: {err!r})"
         return multiple(*made)
 
+    @family("capture")
+    @rule(
+        view=buffers,
+        value=st.integers(1, 1000),
+        stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
+        on=st.sampled_from(STREAMS),
+        launches=st.integers(0, 2),
+        sleep=st.booleans(),
+        keep=st.booleans(),
+    )
+    def graph_capture(
+        self, view: View, value: int, stream: str, on: str, launches: int, sleep: bool, keep: bool
+    ) -> None:
+        """``umem_numba.capture`` of a tracked fill (sleeping first or not), launched 0 to 2 times on any
+        stream, then closed or kept for later launches (a VMMBuffer's graph is closed: it may shrink)."""
+        if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
+            return
+        nd = len(view.shape)
+        k = KERNELS.get(f"sleepfill{nd}" if sleep else f"fill{nd}")
+        args = (view.buf, value, SLEEP_NS) if sleep else (view.buf, value)
+        grid, block = launch_config(view.shape)
+        s = self.stream(stream)
+        with self.run(f"um.capture({stream}): {k.__name__}({view.label}, {value}); launch x{launches} on {on}", view):
+            with um.capture(s) as graph:
+                k[grid, block, s](*args)
+            try:
+                for _ in range(launches):
+                    graph.launch(self.stream(on))
+                    view.model()[...] = value
+                    view.known()[...] = True
+            finally:
+                if keep and view.kind != "vmm":
+                    self.graphs.append((graph, view, value))
+                else:
+                    graph.close()
+
+    @family("capture")
+    @rule(data=st.data(), on=st.sampled_from(STREAMS), close=st.booleans())
+    def graph_launch(self, data: Any, on: str, close: bool) -> None:
+        """A kept graph launched again on any stream (refused once its buffer was closed), or closed."""
+        if not self.graphs:
+            return
+        graph, view, value = data.draw(st.sampled_from(self.graphs), label="graph")
+        if close:
+            with self.run(f"graph({view.label} := {value}).close()"):
+                graph.close()
+            self.graphs.remove((graph, view, value))
+            return
+        with self.run(f"graph({view.label} := {value}).launch({on})", view, allowed=(um.BufferClosedError,)):
+            graph.launch(self.stream(on))
+            view.model()[...] = value
+            view.known()[...] = True
+
     def _capture_op(self, op: str, kind: str, pooled: bool, s: Any, view: View | None) -> list[View]:
         if op in ("empty", "zeros", "from_array"):
             cls = {"managed": um.ManagedBuffer, "device": um.DeviceBuffer, "pinned-pool": um.PinnedBuffer}[kind]
@@ -1204,6 +1259,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 warnings.simplefilter("always")
                 if self.failed:
                     self.drain()
+                for graph, _, _ in self.graphs:
+                    graph.close()
+                self.graphs.clear()
                 for a in self.allocs:
                     if a.closed or self.failed:
                         continue

@@ -41,7 +41,7 @@ FAMILIES: dict[str, str] = {
     "reentry": "host access, synchronize, on_host and close inside `with buf.lend(s):` on the same thread",
     "staging": "two threads copying through one user PinnedBuffer given as staging=",
     "capture": "operations on a stream that is capturing a CUDA graph: they work or are refused, and the "
-    "capture stays valid",
+    "capture stays valid; umem_numba.capture of tracked fills, launched then and later on any stream",
     "threads": "the same operations from worker threads (their per-thread default streams)",
     "vmm": "VMMBuffer grow and shrink",
     "plain": "plain @cuda.jit launches (numba's own launch) on random streams",

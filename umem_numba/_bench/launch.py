@@ -22,7 +22,9 @@ a plain numba launch of ManagedBuffers (tracked on its stream) <= 1.05x the same
 launch of DeviceNDArrays, with 1, 2 and 5 arguments on a numba stream umem_numba knows
 and with 1 on the legacy stream (issue #28; a stream it never got is shown without a goal); a coherent forall <= 1.05x a
 coherent configured launch of the same kernel and argument (issue #28: "as cheap
-as a configured launch").
+as a configured launch"); a 256 x 256 float32 heat step (launch-bound) from a
+captured graph of 100 steps (``umem_numba.capture``) <= 0.2x the time per step of
+one coherent launch per step, both timed to completion (issue #29).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ GOAL_PER_ARG_US = 0.3
 GOAL_CHECK_US = 2.0
 GOAL_FORALL_RATIO = 1.05
 ARG_COUNTS = (1, 2, 5)
+#: Launch-bound work for graphs (issue #29 item 2): a small heat plate, many steps per graph.
+HEAT_N = 256
+HEAT_GRAPH_STEPS = 100
+GOAL_GRAPH_RATIO = 0.2
 
 
 class _PlainCAI:
@@ -160,6 +166,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                     for b in bufs:
                         b.synchronize()  # a bare launch marks the buffers: settle before the next case
 
+        graph_steps = _heat2d_graph_steps(args, stream)
+
         # Host-side check with nothing pending: the fast path every host access takes.
         buf = bufs[0]
         tracker = buf._coherence_tracker
@@ -241,6 +249,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             higher_is_better=False,
             note="no goal",
         ),
+        goal_row(
+            f"heat2d {HEAT_N}x{HEAT_N} float32 step: graph launch / one coherent launch per step",
+            graph_steps["graph_us_per_step"] / graph_steps["launch_us_per_step"],
+            GOAL_GRAPH_RATIO,
+            higher_is_better=False,
+            note=f"umem_numba.capture of {HEAT_GRAPH_STEPS} steps, launched with coherence (issue #29)",
+        ),
         goal_row("host-access check, nothing pending", check_us, GOAL_CHECK_US, higher_is_better=False, unit="µs"),
         goal_row(
             "plain CAI object launch / DeviceNDArray launch",
@@ -252,16 +267,65 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     print()
     print_figures(figures)
     print(f"\n`buf.host` (check + numpy view creation): {host_us:.2f} µs")
+    print(
+        f"heat2d {HEAT_N}x{HEAT_N} float32, µs per step to completion: one coherent launch per step "
+        f"{graph_steps['launch_us_per_step']:.2f}, graph of {HEAT_GRAPH_STEPS} steps "
+        f"{graph_steps['graph_us_per_step']:.2f}"
+    )
     return {
         "benchmark": "launch",
         "launches": args.launches,
         "rounds": args.rounds,
         "us_per_launch": best,
         "host_check_us": check_us,
+        "heat2d_graph": graph_steps,
         "host_view_us": host_us,
         "ratios": {r["name"]: r["value"] for r in figures},
         "figures": figures,
     }
+
+
+def _heat2d_graph_steps(args: argparse.Namespace, stream: Any) -> dict[str, float]:
+    """µs per heat2d step on a HEAT_N plate, to completion: coherent launches vs a captured graph."""
+    import umem_numba as um
+    from umem_numba.kernels import heat2d_compile, heat2d_step
+
+    shape = (HEAT_N, HEAT_N)
+    heat2d_compile(shape, np.float32)
+    rounds = max(1, args.rounds)
+    launches = 2 if args.quick else 10  # graph launches per batch (each HEAT_GRAPH_STEPS steps)
+    with um.ManagedBuffer.zeros(shape, np.float32) as a, um.ManagedBuffer.zeros(shape, np.float32) as b:
+        a.host[:, 0] = 1.0
+
+        def steps(n: int) -> None:
+            for i in range(n):
+                src, dst = (a, b) if i % 2 == 0 else (b, a)
+                heat2d_step(src, dst, 0.25, stream=stream)
+
+        with um.capture(stream) as graph:
+            steps(HEAT_GRAPH_STEPS)
+        try:
+
+            def timed(fn: Any) -> float:
+                fn()
+                stream.synchronize()
+                best = float("inf")
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    fn()
+                    stream.synchronize()
+                    best = min(best, time.perf_counter() - t0)
+                return best / (launches * HEAT_GRAPH_STEPS) * 1e6
+
+            def replay() -> None:
+                for _ in range(launches):
+                    graph.launch(stream)
+
+            graph_us = timed(replay)
+            launch_us = timed(lambda: steps(launches * HEAT_GRAPH_STEPS))
+        finally:
+            graph.close()
+    return {"graph_us_per_step": graph_us, "launch_us_per_step": launch_us}
 
 
 def main(argv: list[str] | None = None) -> int:

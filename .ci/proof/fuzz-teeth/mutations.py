@@ -286,6 +286,21 @@ MUTATIONS = [
         "to cover the kernel queued after it",
     ),
     Mutation(
+        "graph-launch-not-ordered",
+        "umem_numba/_launch/_graphs.py",
+        'DeviceUse(self._uses, handle, "a graph launch", self._epochs)',
+        "contextlib.nullcontext()",
+        "a launch of a captured graph (#29) is neither ordered after conflicting work on other streams nor "
+        "recorded: host access does not wait for it",
+    ),
+    Mutation(
+        "graph-launch-ignores-epochs",
+        "umem_numba/_launch/_graphs.py",
+        'DeviceUse(self._uses, handle, "a graph launch", self._epochs)',
+        'DeviceUse(self._uses, handle, "a graph launch")',
+        "a graph launched after one of its pool buffers was closed writes the next buffer over that memory",
+    ),
+    Mutation(
         "plain-launch-clears-others-unknown-mark",
         T,
         "            if mark is not None and mark == self._unknown_gen:\n",
