@@ -134,21 +134,25 @@ def test_host_access_waits_for_the_launch_only(rng):
 
 
 @pytest.mark.parametrize("policy", ["sync", "raise"])
-def test_closing_a_buffer_under_a_live_graph(policy, rng):
-    """Closing waits for the graph's launch (or raises under "raise"); the graph then refuses to launch."""
+@pytest.mark.parametrize("kind", ["managed", "pool device"])
+def test_closing_a_buffer_under_a_live_graph(kind, policy, rng):
+    """Closing a buffer a launch of the graph still reads: a managed buffer waits for the launch (under
+    "raise": refuses while it runs); a pool buffer queues its free after it.  Either way the values are
+    right and the graph then refuses to launch rather than use freed memory."""
     s = cuda.stream()
     values = random_array(rng, N, np.float64)
     out = um.ManagedBuffer.zeros(N)
-    src = um.DeviceBuffer.from_array(values)
+    src = um.ManagedBuffer.from_array(values) if kind == "managed" else um.DeviceBuffer.from_array(values)
     with um.capture(s) as graph:
         _slow_copy[G, B, s](out, src, SLEEPS)
     graph.launch()
     with um.coherence_policy(policy):
-        if policy == "raise" and not _sim.active():
+        if policy == "raise" and kind == "managed":
             with pytest.raises(um.CoherenceError):
                 src.close()
+            assert not src.closed
             out.synchronize()
-        src.close()  # waits for the launch reading it
+        src.close()
     np.testing.assert_array_equal(out.host, values)
     with pytest.raises(um.BufferClosedError):
         graph.launch()

@@ -12,8 +12,8 @@ and one event recorded after the graph is filed under every buffer it uses,
 so host access waits for exactly the replays.
 
 The graph keeps its buffers alive.  Closing one waits for the graph's launches
-(or raises under ``"raise"``), and the graph then refuses to launch again
-rather than write freed memory; a ``VMMBuffer`` a live graph uses cannot
+(or raises under ``"raise"``; pool memory queues its free after them), and the
+graph then refuses to launch again rather than use freed memory; a ``VMMBuffer`` a live graph uses cannot
 shrink.  Work the graph cannot hold (copies, memsets, allocations, host
 access to a buffer it uses) is refused inside the capture before anything
 reaches the stream, and the capture stays intact.
@@ -201,10 +201,17 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
 
     Examples
     --------
-    >>> s = cuda.stream()                                         # doctest: +SKIP
-    >>> with umem_numba.capture(s) as graph:
+    >>> @um.jit                                                   # doctest: +SKIP
+    ... def step(dst, src):
+    ...     i = cuda.grid(1)
+    ...     if i < dst.size:
+    ...         dst[i] = 0.5 * src[i] + 1.0
+    >>> a, b = um.ManagedBuffer.zeros(4096), um.ManagedBuffer.zeros(4096)
+    >>> s = cuda.stream()
+    >>> with um.capture(s) as graph:
     ...     for _ in range(10):
-    ...         step[grid, block, s](a, b); step[grid, block, s](b, a)
+    ...         step[32, 128, s](b, a)
+    ...         step[32, 128, s](a, b)
     >>> for _ in range(100):
     ...     graph.launch()
     >>> a.host   # waits for the last launch only
