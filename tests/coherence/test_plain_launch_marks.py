@@ -16,7 +16,7 @@ import gc
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import random_array
+from support.helpers import random_array, sleeping
 
 import umem_numba as um
 from umem_numba import _driver
@@ -29,16 +29,9 @@ pytestmark = pytest.mark.gpu
 N = 1024
 G, B = N // 128, 128
 TRIALS = 3 if _sim.active() else 20
-SLEEPS = 0 if _sim.active() else 20  # ~1 ms each on a GPU
+SLEEPS = 0 if _sim.active() else 20  # ms on a GPU
 
-
-@cuda.jit
-def _slow_fill(a, v, sleeps):
-    for _ in range(sleeps):
-        cuda.nanosleep(1_000_000)
-    i = cuda.grid(1)
-    if i < a.shape[0]:
-        a[i] = v[i]
+# sleeping.copy[grid, block, stream](src, out, ms): sleep, then out[i] = src[i] (tests/support/helpers.py)
 
 
 @cuda.jit
@@ -48,13 +41,6 @@ def _slow_fill_plus_one(a, v, sleeps):
     i = cuda.grid(1)
     if i < a.shape[0]:
         a[i] = v[i] + 1.0
-
-
-@cuda.jit
-def _copy(dst, src):
-    i = cuda.grid(1)
-    if i < dst.shape[0]:
-        dst[i] = src[i]
 
 
 @pytest.fixture
@@ -89,10 +75,10 @@ def test_repeated_launches_on_one_stream_record_nothing(where, rng, counted):
     s = _known_stream() if where == "known numba stream" else 0
     values = random_array(rng, N, np.float64)
     with um.ManagedBuffer.from_array(values) as src, um.ManagedBuffer.zeros(N) as dst:
-        _copy[G, B, s](dst, src)
+        sleeping.copy[G, B, s](src, dst, 0)
         first = dict(counted)
         for _ in range(10):
-            _copy[G, B, s](dst, src)
+            sleeping.copy[G, B, s](src, dst, 0)
         assert counted == first, f"repeated launches recorded or checked: {first} -> {counted}"
         (mark,) = dst._coherence_tracker.pending_work()[0]
         assert isinstance(mark, _plain_launch.StreamMark) and mark.event is None
@@ -108,10 +94,10 @@ def test_a_stream_umem_numba_has_not_seen_gets_an_event_per_launch(rng, counted)
     s = cuda.stream()
     values = random_array(rng, N, np.float64)
     with um.ManagedBuffer.from_array(values) as src, um.ManagedBuffer.zeros(N) as dst:
-        _copy[G, B, s](dst, src)
+        sleeping.copy[G, B, s](src, dst, 0)
         first = counted["record"]
         for _ in range(3):
-            _copy[G, B, s](dst, src)
+            sleeping.copy[G, B, s](src, dst, 0)
         assert counted["record"] == first + 3
         (event,) = dst._coherence_tracker.pending_work()[0]
         assert isinstance(event, _events.Event)
@@ -128,7 +114,7 @@ def test_host_access_after_many_marked_launches_is_never_stale(where, rng):
             for src in sources:
                 src.synchronize()
             for src in sources:
-                _slow_fill[G, B, s](dst, src, SLEEPS)
+                sleeping.copy[G, B, s](src, dst, SLEEPS)
             np.testing.assert_array_equal(dst.host, sources[-1].host, err_msg=f"trial {trial}")
             for src in sources:
                 src.close()
@@ -138,18 +124,18 @@ def test_host_access_after_many_marked_launches_is_never_stale(where, rng):
 def test_another_stream_waits_for_marked_launches(reader, rng):
     """Slow marked writers on s1, then a reader on s2 (plain, tracked, a copy): s2 waits on the device."""
     s1, s2 = _known_stream(), cuda.stream()
-    tracked = um.jit(_copy.py_func)
+    tracked = um.coherent(sleeping.copy)
     with um.ManagedBuffer.zeros(N) as mid, um.ManagedBuffer.zeros(N) as out:
         for trial in range(TRIALS):
             values = [random_array(rng, N, np.float64) for _ in range(2)]
             srcs = [um.DeviceBuffer.from_array(v) for v in values]
             for src in srcs:
                 src.synchronize()
-                _slow_fill[G, B, s1](mid, src, SLEEPS)
+                sleeping.copy[G, B, s1](src, mid, SLEEPS)
             if reader == "plain":
-                _copy[G, B, s2](out, mid)
+                sleeping.copy[G, B, s2](mid, out, 0)
             elif reader == "um.jit":
-                tracked[G, B, s2](out, mid)
+                tracked[G, B, s2](mid, out, 0)
             else:
                 um.copy(out, mid, stream=s2)
             np.testing.assert_array_equal(out.host, values[-1], err_msg=f"trial {trial}")
@@ -166,9 +152,9 @@ def test_a_later_writer_on_another_stream_waits_for_marked_readers(rng):
             a.copy_from_host(old)
             with um.DeviceBuffer.from_array(new) as src:
                 src.synchronize()
-                _slow_fill[G, B, s1](seen, a, 0)
-                _slow_fill[G, B, s1](seen, a, SLEEPS)  # the second launch is under the same mark
-                _copy[G, B, s2](a, src)
+                sleeping.copy[G, B, s1](a, seen, 0)
+                sleeping.copy[G, B, s1](a, seen, SLEEPS)  # the second launch is under the same mark
+                sleeping.copy[G, B, s2](src, a, 0)
                 np.testing.assert_array_equal(seen.host, old, err_msg=f"trial {trial}: the writer overtook the reader")
                 np.testing.assert_array_equal(a.host, new)
 
@@ -182,7 +168,7 @@ def test_a_mark_recorded_while_its_launch_registers_does_not_lose_the_kernel(rng
         for trial in range(TRIALS):
             values = random_array(rng, N, np.float64)
             v.host[:] = values
-            _copy[G, B, s](a, v)  # both now hold the stream's mark
+            sleeping.copy[G, B, s](v, a, 0)  # both now hold the stream's mark
             _slow_fill_plus_one[G, B, s](a, v, SLEEPS)  # a: unchanged; v: settled, which records the mark
             np.testing.assert_array_equal(a.host, values + 1.0, err_msg=f"trial {trial}")
 
@@ -195,7 +181,7 @@ def test_a_mark_of_a_collected_stream_still_waits(rng):
             with um.DeviceBuffer.from_array(values) as src:
                 src.synchronize()
                 s = _known_stream()
-                _slow_fill[G, B, s](dst, src, SLEEPS)
+                sleeping.copy[G, B, s](src, dst, SLEEPS)
                 assert isinstance(dst._coherence_tracker.pending_work()[0][0], _plain_launch.StreamMark)
                 del s
                 gc.collect()
@@ -210,7 +196,7 @@ def test_host_access_while_the_marked_stream_captures_is_refused_and_the_capture
     drv = _driver.api().drv
     with um.ManagedBuffer.from_array(values) as src, um.ManagedBuffer.zeros(N) as dst:
         src.synchronize()
-        _copy[G, B, s](dst, src)
+        sleeping.copy[G, B, s](src, dst, 0)
         _driver.call("cuStreamBeginCapture", h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
         try:
             with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
@@ -237,7 +223,7 @@ def test_an_escaped_buffer_settles_before_every_marked_launch(rng):
             ):
                 for b in (f, m, z):
                     b.synchronize()
-                _copy[G, B, s](a, f)  # a now holds s's mark
-                _slow_fill[G, B, s2](foreign, cuda.as_cuda_array(m), SLEEPS)  # unseen by umem_numba
-                _copy[G, B, s](a, z)  # must not be overtaken by the foreign write
+                sleeping.copy[G, B, s](f, a, 0)  # a now holds s's mark
+                sleeping.copy[G, B, s2](cuda.as_cuda_array(m), foreign, SLEEPS)  # unseen by umem_numba
+                sleeping.copy[G, B, s](z, a, 0)  # must not be overtaken by the foreign write
                 np.testing.assert_array_equal(a.host, last, err_msg=f"trial {trial}: the foreign write landed last")

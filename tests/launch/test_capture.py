@@ -14,7 +14,7 @@ import gc
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import random_array
+from support.helpers import random_array, sleeping
 
 import umem_numba as um
 from umem_numba import _driver
@@ -35,13 +35,8 @@ def _halve_plus(dst, src):
         dst[i] = src[i] * 0.5 + 1.0
 
 
-@um.jit
-def _slow_copy(dst, src, sleeps):
-    for _ in range(sleeps):
-        cuda.nanosleep(1_000_000)
-    i = cuda.grid(1)
-    if i < dst.shape[0]:
-        dst[i] = src[i]
+#: ``_slow_copy[grid, block, stream](src, out, ms)``: sleep, then ``out[i] = src[i]``, tracked.
+_slow_copy = um.coherent(sleeping.copy)
 
 
 @cuda.jit
@@ -96,7 +91,7 @@ def test_a_launch_waits_for_a_writer_on_another_stream(rng):
         for trial in range(TRIALS):
             values = random_array(rng, N, np.float64)
             with um.DeviceBuffer.from_array(values) as src:
-                _slow_copy[G, B, s2](a, src, SLEEPS)
+                _slow_copy[G, B, s2](src, a, SLEEPS)
                 graph.launch()
                 np.testing.assert_array_equal(out.host, values * 0.5 + 1.0, err_msg=f"trial {trial}")
         graph.close()
@@ -107,13 +102,13 @@ def test_a_writer_on_another_stream_waits_for_a_launch_that_reads(rng):
     s, s2 = cuda.stream(), cuda.stream()
     with um.ManagedBuffer.zeros(N) as a, um.ManagedBuffer.zeros(N) as seen:
         with um.capture(s) as graph:
-            _slow_copy[G, B, s](seen, a, SLEEPS)
+            _slow_copy[G, B, s](a, seen, SLEEPS)
         for trial in range(TRIALS):
             old, new = random_array(rng, N, np.float64), random_array(rng, N, np.float64)
             a.host[:] = old
             with um.DeviceBuffer.from_array(new) as src:
                 graph.launch()
-                _slow_copy[G, B, s2](a, src, 0)  # must not overwrite a before the graph read it
+                _slow_copy[G, B, s2](src, a, 0)  # must not overwrite a before the graph read it
                 np.testing.assert_array_equal(seen.host, old, err_msg=f"trial {trial}: the writer overtook the graph")
                 np.testing.assert_array_equal(a.host, new)
         graph.close()
@@ -144,7 +139,7 @@ def test_closing_a_buffer_under_a_live_graph(kind, policy, rng):
     out = um.ManagedBuffer.zeros(N)
     src = um.ManagedBuffer.from_array(values) if kind == "managed" else um.DeviceBuffer.from_array(values)
     with um.capture(s) as graph:
-        _slow_copy[G, B, s](out, src, SLEEPS)
+        _slow_copy[G, B, s](src, out, SLEEPS)
     graph.launch()
     with um.coherence_policy(policy):
         if policy == "raise" and kind == "managed":
