@@ -325,3 +325,34 @@ def test_a_graph_never_writes_pool_memory_handed_to_the_next_buffer(rng):
             buf.close()
     finally:
         pool.close()
+
+
+def test_the_use_counts_return_to_zero_after_threads_capture_and_graphs_go(rng):
+    """Four threads capture graphs over the same buffers at once; half the graphs are closed, the rest
+    collected: the buffers count no capture and no graph afterwards (a VMMBuffer could then shrink)."""
+    import concurrent.futures
+
+    values = random_array(rng, N, np.float64)
+    with um.ManagedBuffer.from_array(values) as a, um.ManagedBuffer.zeros(N) as b:
+
+        def job(_: int) -> list[um.Graph]:
+            s = cuda.stream()
+            made = []
+            for _ in range(10):
+                with um.capture(s) as graph:
+                    _halve_plus[G, B, s](b, a)
+                made.append(graph)
+            return made
+
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            graphs = [g for made in ex.map(job, range(4)) for g in made]
+        tracker = a._coherence_tracker
+        assert (tracker.graphs, tracker.capturing) == (40, 0)
+        graphs[0].launch()
+        np.testing.assert_array_equal(b.host, values * 0.5 + 1.0)
+        for graph in graphs[::2]:
+            graph.close()
+        del graphs, graph
+        gc.collect()
+        assert (tracker.graphs, tracker.capturing) == (0, 0)
+        assert (b._coherence_tracker.graphs, b._coherence_tracker.capturing) == (0, 0)

@@ -67,7 +67,7 @@ class Graph:
         self._keep = recorder.keep
         trackers = [t for t, _ in self._uses]
         for tracker in trackers:
-            tracker.graphs += 1
+            tracker.count_uses(graphs=1)
         self._exec = executable
         self._finalizer = weakref.finalize(self, _destroy, graph, executable, trackers, self._device)
         self._state = "ready"
@@ -151,7 +151,7 @@ class Graph:
 def _destroy(graph: Any, executable: Any, trackers: list[Tracker], device: int) -> None:
     """Free the graph (a launch in flight finishes first, as the driver documents); safe at exit."""
     for tracker in trackers:
-        tracker.graphs -= 1
+        tracker.count_uses(graphs=-1)
     if _driver.shutting_down():
         return  # the driver frees them with the context
     try:

@@ -58,8 +58,7 @@ class CaptureRecorder:
         """
         old = self.uses.get(tracker)
         if old is None:
-            tracker.refuse_in_capture()
-            tracker.capturing += 1
+            tracker.join_capture()
             self.uses[tracker] = (write, tracker.epoch if epoch is None else epoch)
             if owner is not None:
                 self.keep.append(owner)
@@ -69,7 +68,7 @@ class CaptureRecorder:
     def end(self) -> None:
         """The capture ended (a graph was made or not): the buffers are the host's again."""
         for tracker in self.uses:
-            tracker.capturing -= 1
+            tracker.count_uses(captures=-1)
 
 
 class _Recording(threading.local):

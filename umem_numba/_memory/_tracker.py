@@ -81,6 +81,9 @@ POLICIES = ("sync", "raise", "warn", "off")
 #: begin_use's answer when the stream need not wait (never mutated).
 _NO_WAITS: list[Any] = []
 
+#: Guards Tracker.capturing and Tracker.graphs (see Tracker.count_uses).
+_use_counts_lock = threading.Lock()
+
 
 class CoherenceWarning(RuntimeWarning):
     """Host access to a buffer with device work that may still be running."""
@@ -550,10 +553,23 @@ class Tracker:
         """Whether the memory's buffer was closed for good (:meth:`block` with ``"closed"``)."""
         return self._blocked == "closed"
 
-    def refuse_in_capture(self) -> None:
-        """Raise if the memory cannot join a graph capture now (the host holds it, or it is closing or resizing)."""
+    def join_capture(self) -> None:
+        """Count a graph capture that uses the memory (refused while the host holds it, or it closes or resizes)."""
         with self._lock:
             self._refuse_device_use()
+        self.count_uses(captures=1)
+
+    def count_uses(self, *, captures: int = 0, graphs: int = 0) -> None:
+        """Change the counts of captures and live graphs that use the memory.
+
+        Under a lock of their own, not the tracker's: a collected graph's
+        finalizer calls this, and a garbage collection may run while this
+        thread holds the tracker's lock.  Nothing in the block allocates a
+        container, so no collection (no finalizer) can start inside it.
+        """
+        with _use_counts_lock:
+            self.capturing += captures
+            self.graphs += graphs
 
     def _refuse_device_use(self) -> None:
         """Under the lock: refuse device use while closing or resizing, or while the host holds the buffer."""
