@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import CoherenceError
 from ._tracker import Tracker
 
-__all__ = ["CaptureRecorder", "recorder_for"]
+__all__ = ["CaptureRecorder", "recorder_for", "start", "stop"]
 
 
 class CaptureRecorder:
@@ -84,11 +84,6 @@ def recorder_for(handle: int) -> CaptureRecorder | None:
     if recorder is not None and recorder.handle == handle:
         return recorder
     return None
-
-
-def current() -> CaptureRecorder | None:
-    """The calling thread's recorder, whatever stream it captures."""
-    return _recording.recorder
 
 
 def start(recorder: CaptureRecorder) -> None:
