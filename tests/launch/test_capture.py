@@ -194,7 +194,8 @@ def test_the_graph_keeps_its_buffers_alive(rng):
 
 
 def test_refused_work_inside_the_capture_leaves_it_intact(rng):
-    """Host access to a captured buffer and a copy on the stream are refused; the graph still works."""
+    """Host access to a captured buffer, a copy from the host and an allocation on the stream are refused;
+    the graph still works."""
     s = cuda.stream()
     values = random_array(rng, N, np.float64)
     with um.ManagedBuffer.from_array(values) as a, um.ManagedBuffer.zeros(N) as b, um.ManagedBuffer.zeros(N) as c:
@@ -203,7 +204,7 @@ def test_refused_work_inside_the_capture_leaves_it_intact(rng):
             with pytest.raises(um.CoherenceError, match="being captured"):
                 b.host
             with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
-                um.copy(c, b, stream=s)
+                c.copy_from_host(values, stream=s)
             with pytest.raises(um.CoherenceError, match="capturing a CUDA graph"):
                 um.DeviceBuffer.empty(N, stream=s)
             _halve_plus[G, B, s](c, b)
@@ -356,3 +357,40 @@ def test_the_use_counts_return_to_zero_after_threads_capture_and_graphs_go(rng):
         gc.collect()
         assert (tracker.graphs, tracker.capturing) == (0, 0)
         assert (b._coherence_tracker.graphs, b._coherence_tracker.capturing) == (0, 0)
+
+
+@pytest.mark.parametrize("kinds", [("managed", "device"), ("device", "vmm"), ("pinned", "managed")])
+def test_copies_join_the_graph(kinds, rng):
+    """``um.copy`` between buffers inside the capture is a node of the graph: a kernel, a copy, a kernel;
+    each launch after the host wrote fresh data gives numpy's values, and a slow writer of the source on
+    another stream is waited for (20 trials)."""
+    make = {
+        "managed": um.ManagedBuffer.from_array,
+        "device": um.DeviceBuffer.from_array,
+        "vmm": um.VMMBuffer.from_array,
+        "pinned": um.PinnedBuffer.from_array,
+    }
+    s, s2 = cuda.stream(), cuda.stream()
+    a = um.ManagedBuffer.zeros(N)
+    mid = make[kinds[0]](np.zeros(N))
+    copied = make[kinds[1]](np.zeros(N))
+    out = um.ManagedBuffer.zeros(N)
+    try:
+        with um.capture(s) as graph:
+            if kinds[0] == "pinned":
+                um.copy(mid, a, stream=s)
+            else:
+                _halve_plus[G, B, s](mid, a)
+            um.copy(copied, mid, stream=s)
+            _halve_plus[G, B, s](out, copied)
+        for trial in range(TRIALS):
+            values = random_array(rng, N, np.float64)
+            with um.DeviceBuffer.from_array(values) as src:
+                _slow_copy[G, B, s2](src, a, SLEEPS)  # the graph reads a: it must wait for this
+                graph.launch()
+            first = values if kinds[0] == "pinned" else values * 0.5 + 1.0
+            np.testing.assert_array_equal(out.host, first * 0.5 + 1.0, err_msg=f"trial {trial}")
+        graph.close()
+    finally:
+        for buf in (a, mid, copied, out):
+            buf.close()

@@ -84,7 +84,8 @@ import numpy as np
 
 from .. import _driver
 from .._driver._location import Location, StreamLike, stream_handle
-from .._memory import _events
+from .._errors import CoherenceError
+from .._memory import _capture, _events
 from .._memory._lifetime import Allocation, DriverMemory
 from .._memory._resources import PINNED, MemoryResource
 from .._memory._tracker import DeviceUse, Tracker, refuse_capture
@@ -450,7 +451,33 @@ def copy(dst: Any, src: Any, stream: StreamLike = None) -> None:
     n = s.nbytes
     if n and d.ptr < s.ptr + n and s.ptr < d.ptr + n:
         raise ValueError(f"{what}: source and destination overlap in memory")
-    _copy_sides(d, s, stream, what, sync=False)
+    handle = stream_handle(stream)
+    recorder = _capture.recorder_for(handle) if handle else None
+    if recorder is not None:
+        _capture_copy(d, s, (dst, src), handle, recorder)
+        return
+    _copy_sides(d, s, handle, what, sync=False)
+
+
+def _capture_copy(d: Side, s: Side, owners: tuple[Any, Any], handle: int, recorder: _capture.CaptureRecorder) -> None:
+    """``copy`` on a stream this thread captures with ``umem_numba.capture``: a memcpy node of the graph.
+
+    Nothing is ordered or recorded now (each launch of the graph is); the
+    graph notes the write of ``d`` and the read of ``s`` and keeps both alive.
+    """
+    for side in (d, s):
+        if side.cai_stream is not None and side.cai_stream != handle:
+            raise CoherenceError(
+                "copy: inside umem_numba.capture, an operand whose CUDA Array Interface names another stream "
+                "cannot be ordered (waiting on another stream's event would break the capture)"
+            )
+    for side, owner in zip((d, s), owners, strict=True):
+        if side.tracker is not None:
+            recorder.add(side.tracker, side is d, epoch=side.epoch)
+        recorder.keep.append(owner)
+    if s.nbytes:
+        with _driver.device_context(recorder.device):
+            _driver.call("cuMemcpyAsync", d.ptr, s.ptr, s.nbytes, handle, detail="copy (captured into a graph)")
 
 
 def _copy_sides(d: Side, s: Side, stream: StreamLike, what: str, *, sync: bool) -> _events.Event | None:

@@ -2,9 +2,10 @@
 
 ``with umem_numba.capture(stream) as graph:`` captures what the thread queues
 on ``stream`` (tracked launches: ``um.jit``, ``coherent``, ``launch``,
-``forall``; plain numba launches of buffers) into a CUDA graph instead of
-running it.  Inside the capture nothing is ordered or recorded (the work does
-not run); the launches note which buffers they read and write
+``forall``; plain numba launches of buffers; ``umem_numba.copy`` between
+buffers and device arrays) into a CUDA graph instead of running it.  Inside
+the capture nothing is ordered or recorded (the work does not run); the
+launches and copies note which buffers they read and write
 (:mod:`umem_numba._memory._capture`).  Each :meth:`Graph.launch` is then one
 ``cuGraphLaunch`` treated as one launch with the graph's read and write sets:
 the stream first waits, on the device, for conflicting work on other streams,
@@ -14,9 +15,9 @@ so host access waits for exactly the replays.
 The graph keeps its buffers alive.  Closing one waits for the graph's launches
 (or raises under ``"raise"``; pool memory queues its free after them), and the
 graph then refuses to launch again rather than use freed memory; a ``VMMBuffer`` a live graph uses cannot
-shrink.  Work the graph cannot hold (copies, memsets, allocations, host
-access to a buffer it uses) is refused inside the capture before anything
-reaches the stream, and the capture stays intact.
+shrink.  Work the graph cannot hold (copies to or from numpy arrays,
+allocations, prefetches, host access to a buffer it uses) is refused inside
+the capture before anything reaches the stream, and the capture stays intact.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
     """Capture the toolkit work this thread queues on ``stream`` into a :class:`Graph`.
 
     Inside the block, tracked launches (``um.jit``, :func:`coherent`,
-    :func:`launch`, ``forall``) and plain numba launches of buffers on
-    ``stream`` are recorded into the graph instead of run; the graph notes
-    which buffers each reads and writes.  Launch the graph after the block
+    :func:`launch`, ``forall``), plain numba launches of buffers and
+    :func:`copy` calls on ``stream`` are recorded into the graph instead of
+    run; the graph notes which buffers each reads and writes.  Launch the graph after the block
     with :meth:`Graph.launch`: each launch is ordered and recorded like one
     coherent launch.
 
@@ -192,8 +193,8 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
     CoherenceError
         ``stream`` is capturing already, or this thread is inside another
         ``capture``; inside the block: host access to a buffer the graph
-        uses, or work the graph cannot hold (copies, memsets, allocations on
-        the stream).
+        uses, or work the graph cannot hold (copies to or from numpy arrays,
+        allocations and prefetches on the stream).
     BufferClosedError
         A buffer the graph uses was closed inside the block (no graph is made).
     CudaError
