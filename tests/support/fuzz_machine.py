@@ -127,8 +127,9 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         self.staged = False
         #: A managed pool (the fuzzer's or the driver's default) was used: see MANAGED_POOL_RESIDUE.
         self.managed_pool_used = False
-        #: Live umem_numba graphs kept for later launches: (graph, the view it fills, the value).
-        self.graphs: list[tuple[um.Graph, View, int]] = []
+        #: Live umem_numba graphs kept for later launches: (graph, the view it writes, the value it
+        #: fills, or the view it copies from).
+        self.graphs: list[tuple[um.Graph, View, int, View | None]] = []
 
     # -- helpers -----------------------------------------------------------------------------
     def stream(self, name: str) -> Any:
@@ -1033,55 +1034,80 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     @family("capture")
     @rule(
         view=buffers,
+        data=st.data(),
         value=st.integers(1, 1000),
         stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
         on=st.sampled_from(STREAMS),
         launches=st.integers(0, 2),
-        sleep=st.booleans(),
+        op=st.sampled_from(("fill", "sleepfill", "copy")),
         keep=st.booleans(),
     )
     def graph_capture(
-        self, view: View, value: int, stream: str, on: str, launches: int, sleep: bool, keep: bool
+        self, view: View, data: Any, value: int, stream: str, on: str, launches: int, op: str, keep: bool
     ) -> None:
-        """``umem_numba.capture`` of a tracked fill (sleeping first or not), launched 0 to 2 times on any
-        stream, then closed or kept for later launches (a VMMBuffer's graph is closed: it may shrink)."""
+        """``umem_numba.capture`` of a tracked fill (sleeping first or not) or of ``um.copy`` from another
+        view, launched 0 to 2 times on any stream, then closed or kept for later launches (a VMMBuffer's
+        graph is closed: it may shrink)."""
         if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
             return
-        nd = len(view.shape)
-        k = KERNELS.get(f"sleepfill{nd}" if sleep else f"fill{nd}")
-        args = (view.buf, value, SLEEP_NS) if sleep else (view.buf, value)
-        grid, block = launch_config(view.shape)
+        src: View | None = None
+        if op == "copy":
+            if not view.contiguous():
+                return
+            src = self.writable_pair(data, view, frozenset(DEVICE_KINDS))
+            m = view.model()
+            if src is None or src.shape != view.shape or not src.contiguous():
+                return
+            if m.flags.c_contiguous != src.model().flags.c_contiguous:
+                return  # um.copy keeps the order: both C or both F
         s = self.stream(stream)
-        with self.run(f"um.capture({stream}): {k.__name__}({view.label}, {value}); launch x{launches} on {on}", view):
+        views = (view,) if src is None else (view, src)
+        what = f"um.capture({stream}): {op}({view.label}, {src.label if src else value}); launch x{launches} on {on}"
+        with self.run(what, *views):
             with um.capture(s) as graph:
-                k[grid, block, s](*args)
+                if src is not None:
+                    um.copy(view.buf, src.buf, stream=s)
+                else:
+                    grid, block = launch_config(view.shape)
+                    k = KERNELS.get(f"{op}{len(view.shape)}")
+                    k[grid, block, s](*((view.buf, value, SLEEP_NS) if op == "sleepfill" else (view.buf, value)))
             try:
                 for _ in range(launches):
                     graph.launch(self.stream(on))
-                    view.model()[...] = value
-                    view.known()[...] = True
+                    self._graph_effect(view, value, src)
             finally:
-                if keep and view.kind != "vmm":
-                    self.graphs.append((graph, view, value))
+                if keep and view.kind != "vmm" and (src is None or src.kind != "vmm"):
+                    self.graphs.append((graph, view, value, src))
                 else:
                     graph.close()
+
+    def _graph_effect(self, view: View, value: int, src: View | None) -> None:
+        """What one launch of a kept graph does to the model: a fill of ``value``, or a copy of ``src``."""
+        if src is None:
+            view.model()[...] = value
+            view.known()[...] = True
+        else:
+            view.model()[...] = src.model()
+            view.known()[...] = src.known()
 
     @family("capture")
     @rule(data=st.data(), on=st.sampled_from(STREAMS), close=st.booleans())
     def graph_launch(self, data: Any, on: str, close: bool) -> None:
-        """A kept graph launched again on any stream (refused once its buffer was closed), or closed."""
+        """A kept graph launched again on any stream (refused once one of its buffers was closed), or closed."""
         if not self.graphs:
             return
-        graph, view, value = data.draw(st.sampled_from(self.graphs), label="graph")
+        entry = data.draw(st.sampled_from(self.graphs), label="graph")
+        graph, view, value, src = entry
+        label = f"graph({view.label} := {src.label if src else value})"
         if close:
-            with self.run(f"graph({view.label} := {value}).close()"):
+            with self.run(f"{label}.close()"):
                 graph.close()
-            self.graphs.remove((graph, view, value))
+            self.graphs.remove(entry)
             return
-        with self.run(f"graph({view.label} := {value}).launch({on})", view, allowed=(um.BufferClosedError,)):
+        views = (view,) if src is None else (view, src)
+        with self.run(f"{label}.launch({on})", *views, allowed=(um.BufferClosedError,)):
             graph.launch(self.stream(on))
-            view.model()[...] = value
-            view.known()[...] = True
+            self._graph_effect(view, value, src)
 
     def _capture_op(self, op: str, kind: str, pooled: bool, s: Any, view: View | None) -> list[View]:
         if op in ("empty", "zeros", "from_array"):
@@ -1259,7 +1285,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 warnings.simplefilter("always")
                 if self.failed:
                     self.drain()
-                for graph, _, _ in self.graphs:
+                for graph, *_ in self.graphs:
                     graph.close()
                 self.graphs.clear()
                 for a in self.allocs:
