@@ -231,10 +231,8 @@ class PlainLaunch:
         if launch._check_capture():
             tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
             return
-        if mark is not None:
-            waits, covered = tracker.begin_marked_launch(launch.key, launch.device, mark)
-        else:
-            waits, covered, gen = tracker.begin_plain_launch(launch.key, launch.device)
+        waits, covered, gen = tracker.begin_plain_launch(launch.key, launch.device, mark)
+        if mark is None:
             launch.eager.append((tracker, covered, gen))
         for event in waits:
             _driver.call("cuStreamWaitEvent", launch.handle, event.handle, 0, detail="ordering a plain numba launch")

@@ -345,15 +345,18 @@ class Tracker:
                 self._unknown_gen += 1
 
     def begin_plain_launch(
-        self, key: int, device: int
+        self, key: int, device: int, mark: Any = None
     ) -> tuple[list[_events.Event], tuple[_events.Event, ...], int | None]:
         """A plain numba launch about to be queued on stream ``key`` of ``device`` (counted as a write).
 
         Work on an unknown stream is settled on the host first, as for any
-        launch.  Until :meth:`end_plain_launch` files the launch's event,
-        the memory counts as used on an unknown stream of ``device`` (host
-        access synchronises the device): a launch that fails before then
-        leaves that conservative mark, never a registration to wait for.
+        launch.  With ``mark`` (the stream's ``StreamMark``) the mark is filed
+        now: recorded only when needed, it will cover the kernel; what it
+        supersedes is dropped by :meth:`supersede` once the stream waits for
+        ``waits``.  Without, until :meth:`end_plain_launch` files the launch's
+        event the memory counts as used on an unknown stream of ``device``
+        (host access synchronises the device): a launch that fails before
+        then leaves that conservative mark, never a registration to wait for.
 
         Returns
         -------
@@ -361,10 +364,11 @@ class Tracker:
             What the launch stream must wait for, on the device: every write
             and read on another stream.
         covered : tuple of Event
-            Every event the launch comes after: pass it to :meth:`end_plain_launch`.
-        mark : int or None
-            The unknown mark's generation, if it is the only one (then
-            :meth:`end_plain_launch` removes it); ``None`` otherwise.
+            Everything pending before: pass it to :meth:`supersede` (with a
+            mark) or :meth:`end_plain_launch`.
+        generation : int or None
+            Without a mark: the unknown mark's generation if it is the only
+            one (then :meth:`end_plain_launch` removes it); ``None`` otherwise.
 
         Raises
         ------
@@ -380,6 +384,11 @@ class Tracker:
             self._refuse_device_use()
             covered = (*self.writes.values(), *self.reads.values())
             waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
+            if mark is not None:
+                if id(mark) not in self.writes:
+                    self.writes[id(mark)] = mark
+                    self._records += 1
+                return waits, covered, None
             alone = not self.unknown_devices
             self.unknown_devices.add(device)
             self._unknown_gen += 1
@@ -405,44 +414,8 @@ class Tracker:
                 and not self.migrate
             )
 
-    def begin_marked_launch(
-        self, key: int, device: int, mark: Any
-    ) -> tuple[list[_events.Event], tuple[_events.Event, ...]]:
-        """A plain launch on stream ``key`` about to be queued under ``mark`` (a ``StreamMark``): a write.
-
-        Work on an unknown stream is settled on the host first, as for any
-        launch.  The mark is filed now (it is recorded only when needed, so
-        it will cover the kernel); what it supersedes is dropped by
-        :meth:`supersede` once the stream waits for ``waits``.
-
-        Returns
-        -------
-        waits : list of Event
-            What the launch stream must wait for, on the device: every write
-            and read on another stream.
-        covered : tuple of Event
-            Everything pending before: pass it to :meth:`supersede`.
-
-        Raises
-        ------
-        CoherenceError
-            The host holds the buffer, or (``"raise"``) work on an unknown stream is pending.
-        BufferClosedError
-            The buffer is being closed.
-        """
-        if self.unknown_devices or self.escaped or self.inflight:
-            self.settle("a kernel launch", self.effective_policy())
-        with self._lock:
-            self._refuse_device_use()
-            covered = (*self.writes.values(), *self.reads.values())
-            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
-            if id(mark) not in self.writes:
-                self.writes[id(mark)] = mark
-                self._records += 1
-            return waits, covered
-
     def supersede(self, covered: tuple[_events.Event, ...], mark: Any) -> None:
-        """Drop ``covered`` (see :meth:`begin_marked_launch`): the mark's stream waited for them."""
+        """Drop ``covered`` (see :meth:`begin_plain_launch`): the mark's stream waited for them."""
         with self._lock:
             for old in covered:
                 if old is not mark:

@@ -256,16 +256,16 @@ MUTATIONS = [
     Mutation(
         "plain-launch-no-waits",
         T,
-        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n            if id(mark)",
-        "            waits = _NO_WAITS\n            if id(mark)",
+        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n            if mark is not None:",
+        "            waits = _NO_WAITS if mark is not None else [e for e in covered if e.key != key]\n            if mark is not None:",
         "a plain numba launch (tracked on its stream since 4a6ce29) does not wait for conflicting work on "
         "other streams",
     ),
     Mutation(
         "plain-launch-eager-no-waits",
         T,
-        "            waits = [e for e in covered if e.key != key] if covered else _NO_WAITS\n            alone",
-        "            waits = _NO_WAITS\n            alone",
+        "                return waits, covered, None\n            alone = not self.unknown_devices\n",
+        "                return waits, covered, None\n            waits = _NO_WAITS\n            alone = not self.unknown_devices\n",
         "a plain launch on a stream that gets one event per launch (the per-thread stream, a foreign "
         "stream) does not wait for conflicting work on other streams",
     ),
