@@ -100,6 +100,8 @@ class _SlabState:
     edge_owner: Any = None  # the PriorityStream behind ``edge``
     ready: Any = None  # main: halos of this step are in the field
     band_done: Any = None  # edge: the bands of this step have read the field
+    step_end: tuple = ()  # graphs=True: per step parity, the end of the slab's step (main)
+    graphs: tuple = ()  # graphs=True: per step parity, the slab's step as a umem_numba.Graph
 
 
 def _ptr(arr: Any) -> int:
@@ -108,16 +110,22 @@ def _ptr(arr: Any) -> int:
 
 @dataclass
 class _Link:
-    """One halo move with its band launch, buffers and event."""
+    """One halo move with its band launch, buffers and event.
+
+    ``scratch`` and ``landing`` hold one buffer per *slot*: one when steps are
+    issued one by one, two for graph steps (step ``t`` sends through slot
+    ``t % 2``, and the receiver reads it during step ``t + 1``, while the sender
+    may already fill the other slot).
+    """
 
     kind: str  # device | peer | pinned | vmm
     band: tuple[int, int]  # local rows of the sender's band launch
     band_row: int  # the sent row's index in the band array
-    scratch: Any  # band array on the sender (VMMBuffer for vmm)
+    scratch: list  # band arrays on the sender (VMMBuffers for vmm: one per slot; else one)
     grid: tuple
     block: tuple
-    landing: Any = None  # device array on the receiver, or PinnedBuffer (None for vmm)
-    landing_ptr: int = 0
+    landing: list = field(default_factory=list)  # per slot: device array on the receiver, or PinnedBuffer
+    landing_ptr: list = field(default_factory=list)
     sent: Any = None  # event on the sender's edge stream: the row left (or, vmm: is ready)
     views: dict = field(default_factory=dict)  # band views of the sender's two fields
 
@@ -135,6 +143,7 @@ class PeerExchange(HaloExchange):
     kernel, config : the slab kernel and its launch-configuration function (for the bands)
     block : the kernel's (x, y) block
     rows : the kernel's strip height
+    slots : 1 (steps issued one by one) or 2 (graph steps: see :class:`_Link`)
     """
 
     def __init__(
@@ -148,6 +157,7 @@ class PeerExchange(HaloExchange):
         config: Any = None,
         block: tuple = (),
         rows: int = 1,
+        slots: int = 1,
     ) -> None:
         super().__init__(decomp)
         if transport not in TRANSPORTS:
@@ -188,74 +198,121 @@ class PeerExchange(HaloExchange):
             sa = decomp.slabs[m.src]
             b0, b1 = decomp.band(m.src, sa.start + m.src_row)
             with cuda.gpus[a.device]:
+                scratch = []
                 if kind == "vmm":
-                    scratch = um.VMMBuffer.empty((b1 - b0, *rest), dtype, device=a.device)
-                    if b.device != a.device:
-                        scratch.set_access(b.device, um.AccessFlags.READ)
-                else:
-                    scratch = cuda.device_array((b1 - b0, *rest), dtype)
+                    for _ in range(slots):  # the receiver reads the row in place: one per slot
+                        band = um.VMMBuffer.empty((b1 - b0, *rest), dtype, device=a.device)
+                        if b.device != a.device:
+                            band.set_access(b.device, um.AccessFlags.READ)
+                        scratch.append(band)
+                else:  # written and sent within one step on one stream: one is enough
+                    scratch.append(cuda.device_array((b1 - b0, *rest), dtype))
                 grid, blk3 = config((b1 - b0, *rest), rows, block)
                 sent = cuda.event(timing=False)
             link = _Link(kind, (b0, b1), m.src_row - b0, scratch, grid, blk3, sent=sent)
-            if kind == "pinned":
-                link.landing = um.PinnedBuffer.empty(rest, dtype, um.HostAllocFlags.PORTABLE)
-                link.landing_ptr = int(link.landing.host.ctypes.data)
-            elif kind in ("device", "peer"):
-                with cuda.gpus[b.device]:
-                    link.landing = cuda.device_array(rest, dtype)
-                link.landing_ptr = _ptr(link.landing)
+            for _ in range(slots if kind != "vmm" else 0):
+                if kind == "pinned":
+                    landing = um.PinnedBuffer.empty(rest, dtype, um.HostAllocFlags.PORTABLE)
+                    link.landing_ptr.append(int(landing.host.ctypes.data))
+                else:
+                    with cuda.gpus[b.device]:
+                        landing = cuda.device_array(rest, dtype)
+                    link.landing_ptr.append(_ptr(landing))
+                link.landing.append(landing)
             self.links.append(link)
             self.kinds.append(kind)
 
-    def _scratch_row_ptr(self, link: _Link) -> int:
-        base = raw_address(link.scratch) if link.kind == "vmm" else _ptr(link.scratch)
+    def _scratch(self, link: _Link, slot: int) -> Any:
+        return link.scratch[slot if link.kind == "vmm" else 0]
+
+    def _scratch_row_ptr(self, link: _Link, slot: int) -> int:
+        band = self._scratch(link, slot)
+        base = raw_address(band) if link.kind == "vmm" else _ptr(band)
         return base + link.band_row * self._slabs[0].row_bytes
+
+    def _incoming(self, k: int) -> list[tuple[Any, _Link]]:
+        return [(m, link) for m, link in zip(self.moves, self.links, strict=True) if m.dst == k]
+
+    def _outgoing(self, k: int) -> list[tuple[Any, _Link]]:
+        return [(m, link) for m, link in zip(self.moves, self.links, strict=True) if m.src == k]
+
+    def sends(self, k: int) -> bool:
+        """Whether slab ``k`` sends rows (it has a neighbour)."""
+        return bool(self._outgoing(k))
+
+    def neighbours(self, k: int) -> list[int]:
+        """The slabs slab ``k`` exchanges rows with."""
+        near = {m.src for m, _ in self._incoming(k)} | {m.dst for m, _ in self._outgoing(k)}
+        return sorted(near)
+
+    def copy_in(self, k: int, field_: Any, slot: int, handle: int) -> None:
+        """On ``handle``: put the rows sent to slab ``k`` through ``slot`` into ``field_``'s halo rows."""
+        s = self._slabs[k]
+        for m, link in self._incoming(k):
+            dst = _ptr(field_) + m.dst_row * s.row_bytes
+            if link.kind == "vmm":
+                # Read in place through the peer mapping of the sender's band array.
+                self._call("cuMemcpyAsync", dst, self._scratch_row_ptr(link, slot), s.row_bytes, handle)
+            elif link.kind == "pinned":
+                self._call("cuMemcpyHtoDAsync", dst, link.landing_ptr[slot], s.row_bytes, handle)
+            else:
+                self._call("cuMemcpyDtoDAsync", dst, link.landing_ptr[slot], s.row_bytes, handle)
+
+    def bands(self, k: int, field_: Any, slot: int, weights: tuple, stream: Any) -> None:
+        """On ``stream``: the band launches of slab ``k`` over ``field_`` into the band arrays of ``slot``."""
+        for _, link in self._outgoing(k):
+            view = link.views.get(id(field_))
+            if view is None:  # slicing a device array costs host time: once per field
+                b0, b1 = link.band
+                view = link.views[id(field_)] = field_[b0:b1]
+            self.kernel[link.grid, link.block, stream](view, self._scratch(link, slot), *weights)
+
+    def send_row(self, m: Any, link: _Link, slot: int, handle: int) -> None:
+        """On ``handle``: move the row of ``link``'s band array towards the receiver (nothing for vmm)."""
+        s, b = self._slabs[m.src], self._slabs[m.dst]
+        src = self._scratch_row_ptr(link, slot)
+        if link.kind == "peer":
+            self._call("cuMemcpyPeerAsync", link.landing_ptr[slot], b.ctx, src, s.ctx, s.row_bytes, handle)
+        elif link.kind == "device":
+            self._call("cuMemcpyDtoDAsync", link.landing_ptr[slot], src, s.row_bytes, handle)
+        elif link.kind == "pinned":
+            self._call("cuMemcpyDtoHAsync", link.landing_ptr[slot], src, s.row_bytes, handle)
+
+    def prefill(self, k: int) -> None:
+        """Put slab ``k``'s current halo rows where its first graph step receives them (slot 1).
+
+        The first step then puts the rows it has back in place: bitwise the run without it.
+        """
+        s = self._slabs[k]
+        h = int(s.stream.handle)
+        for m, link in self._incoming(k):
+            row = _ptr(s.src) + m.dst_row * s.row_bytes
+            dst = self._scratch_row_ptr(link, 1) if link.kind == "vmm" else link.landing_ptr[1]
+            self._call("cuMemcpyAsync", dst, row, s.row_bytes, h)
 
     def receive(self, k: int) -> None:
         """On slab ``k``'s main stream: put the rows sent to it last step into its ``src`` halo rows."""
         s = self._slabs[k]
-        h = int(s.stream.handle)
-        for m, link in zip(self.moves, self.links, strict=True):
-            if m.dst != k:
-                continue
+        for _, link in self._incoming(k):
             link.sent.wait(s.stream)
-            dst = _ptr(s.src) + m.dst_row * s.row_bytes
-            if link.kind == "vmm":
-                # Read in place through the peer mapping of the sender's band array.
-                self._call("cuMemcpyAsync", dst, self._scratch_row_ptr(link), s.row_bytes, h)
-            elif link.kind == "pinned":
-                self._call("cuMemcpyHtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
-            else:
-                self._call("cuMemcpyDtoDAsync", dst, link.landing_ptr, s.row_bytes, h)
+        self.copy_in(k, s.src, 0, int(s.stream.handle))
 
     def send(self, k: int, weights: tuple) -> None:
         """On slab ``k``'s edge stream: the bands of this step, then the rows towards the neighbours."""
         s = self._slabs[k]
         s.ready.wait(s.edge)
-        mine = [(m, link) for m, link in zip(self.moves, self.links, strict=True) if m.src == k]
+        mine = self._outgoing(k)
         for m, link in mine:
             if link.kind == "vmm":
                 # The receiver reads last step's row straight out of this band array:
                 # it must have done so before the band kernel overwrites it.
                 self._slabs[m.dst].ready.wait(s.edge)
-        for _, link in mine:
-            view = link.views.get(id(s.src))
-            if view is None:  # slicing a device array costs host time: once per field
-                b0, b1 = link.band
-                view = link.views[id(s.src)] = s.src[b0:b1]
-            self.kernel[link.grid, link.block, s.edge](view, link.scratch, *weights)
+        self.bands(k, s.src, 0, weights, s.edge)
         s.band_done.record(s.edge)
         h = int(s.edge.handle)
         for m, link in mine:
-            b = self._slabs[m.dst]
-            b.ready.wait(s.edge)  # the receiver consumed the previous row (landing or band array)
-            src = self._scratch_row_ptr(link)
-            if link.kind == "peer":
-                self._call("cuMemcpyPeerAsync", link.landing_ptr, b.ctx, src, s.ctx, s.row_bytes, h)
-            elif link.kind == "device":
-                self._call("cuMemcpyDtoDAsync", link.landing_ptr, src, s.row_bytes, h)
-            elif link.kind == "pinned":
-                self._call("cuMemcpyDtoHAsync", link.landing_ptr, src, s.row_bytes, h)
+            self._slabs[m.dst].ready.wait(s.edge)  # the receiver consumed the previous row (landing or band array)
+            self.send_row(m, link, 0, h)
             link.sent.record(s.edge)
 
     def exchange(self, fields: Sequence[Any] | None = None) -> None:
@@ -265,11 +322,11 @@ class PeerExchange(HaloExchange):
     def close(self) -> None:
         """Free the band, landing and staging buffers."""
         for link in self.links:
-            for buf in (link.scratch, link.landing):
+            for buf in (*link.scratch, *link.landing):
                 close = getattr(buf, "close", None)
                 if close is not None:
                     close()
-            link.scratch = link.landing = None
+            link.scratch, link.landing, link.landing_ptr = [], [], []
             link.views.clear()
         self.links = []
 
@@ -336,6 +393,14 @@ class MultiGPUHeat:
         the tuned value for the dtype when omitted.  The decomposition aligns to it.
     block : (int, int), optional
         Thread block; the tuned one when omitted.
+    graphs : bool
+        Issue each step as one CUDA graph launch per slab (default): the
+        slab's step (halo rows in, the full kernel, and on the high-priority
+        edge branch the bands and the rows out) is captured once per step
+        parity with :func:`umem_numba.capture`, and a step is then, per slab,
+        a wait for its neighbours' previous step, the graph launch and one
+        event (see the module notes).  ``False`` issues every launch, copy
+        and event of a step from the host.
     allow_oversubscribe : bool
         Skip the free-memory check.
 
@@ -361,6 +426,7 @@ class MultiGPUHeat:
         halo: str = "copy",
         rows_per_thread: int | None = None,
         block: tuple[int, int] | None = None,
+        graphs: bool = True,
         allow_oversubscribe: bool = False,
     ) -> None:
         u0 = np.asarray(u0)
@@ -444,14 +510,69 @@ class MultiGPUHeat:
                         edge_owner=edge,
                         ready=cuda.event(timing=False),
                         band_done=cuda.event(timing=False),
+                        step_end=(cuda.event(timing=False), cuda.event(timing=False)),
                     )
                 )
         self.exchanger = PeerExchange(
-            self.decomp, self.slabs, transport, halo, kernel=self.kernel, config=config, block=blk, rows=rows
+            self.decomp,
+            self.slabs,
+            transport,
+            halo,
+            kernel=self.kernel,
+            config=config,
+            block=blk,
+            rows=rows,
+            slots=2 if graphs else 1,
         )
         self._pending = False  # rows sent by the last step wait to be received
         self.steps_done = 0
+        self.graphs = bool(graphs)
+        if self.graphs:
+            self._capture()
         self.synchronize()
+
+    def _capture(self) -> None:
+        """Capture each slab's step, once per step parity (the fields swap each step), as a graph.
+
+        Step ``t`` of slab ``k`` (parity ``p = t % 2``) reads ``fields[p]``,
+        writes ``fields[1 - p]``, receives the rows sent through slot ``1 - p``
+        in step ``t - 1`` and sends its own through slot ``p``.  Its graph:
+        the rows in (main stream), then a fork: the full kernel on main, and on
+        the edge stream the bands and the rows out, joined back into main.
+        """
+        from numba import cuda
+
+        import umem_numba as um
+
+        ex = self.exchanger
+        wc, wn = self.weights
+        for k, s in enumerate(self.slabs):
+            fields = (s.src, s.dst)
+            with cuda.gpus[s.device]:
+                # Load the kernel's module on this device outside the capture.  Harmless: the
+                # first step writes the same interior of fields[1] from the same fields[0].
+                self.kernel[s.grid, s.block, s.stream](fields[0], fields[1], wc, wn)
+                graphs = []
+                for p in (0, 1):
+                    src, dst = fields[p], fields[1 - p]
+                    with um.capture(s.stream) as graph:
+                        ex.copy_in(k, src, 1 - p, int(s.stream.handle))
+                        sends = ex.sends(k)
+                        if sends:
+                            s.ready.record(s.stream)  # the fork: the bands read the field with its halos in
+                            s.ready.wait(s.edge)
+                        self.kernel[s.grid, s.block, s.stream](src, dst, wc, wn)
+                        if sends:
+                            ex.bands(k, src, p, self.weights, s.edge)
+                            for m, link in ex._outgoing(k):
+                                ex.send_row(m, link, p, int(s.edge.handle))
+                            s.band_done.record(s.edge)  # the join
+                            s.band_done.wait(s.stream)
+                    graphs.append(graph)
+                s.graphs = tuple(graphs)
+                ex.prefill(k)
+        self._neighbours = [ex.neighbours(k) for k in range(len(self.slabs))]
+        self._record = um.driver_call
 
     @property
     def transports(self) -> list[str]:
@@ -477,6 +598,9 @@ class MultiGPUHeat:
         ``exchange=False`` skips the halo moves (for timing the kernels alone;
         the field is then wrong at the slab edges).
         """
+        if self.graphs:
+            self._graph_steps(int(n), exchange)
+            return
         from numba import cuda
 
         wc, wn = self.weights
@@ -495,6 +619,35 @@ class MultiGPUHeat:
                     with cuda.gpus[s.device]:
                         ex.send(k, self.weights)  # bands, then rows out, while the kernels run
             self._pending = exchange
+            for s in self.slabs:
+                s.src, s.dst = s.dst, s.src
+            self.steps_done += 1
+
+    def _graph_steps(self, n: int, exchange: bool) -> None:
+        """``n`` steps as graph launches (see :meth:`_capture`); ``exchange=False``: the kernels alone.
+
+        Slab ``k``'s step ``t`` waits for its neighbours' step ``t - 1`` (their
+        ``step_end`` of parity ``1 - p``): the rows it receives were sent then,
+        and the slot it sends through was last read then.  Two events per slab,
+        one per parity: a neighbour recording step ``t`` cannot be mistaken for
+        its step ``t - 1``.
+        """
+        from numba import cuda
+
+        call = self._record
+        wc, wn = self.weights
+        for _ in range(n):
+            p = self.steps_done % 2
+            for k, s in enumerate(self.slabs):
+                h = int(s.stream.handle)
+                for j in self._neighbours[k]:
+                    call("cuStreamWaitEvent", h, int(self.slabs[j].step_end[1 - p].handle), 0)
+                if exchange:
+                    s.graphs[p].launch(s.stream)
+                else:
+                    with cuda.gpus[s.device]:
+                        self.kernel[s.grid, s.block, s.stream](s.src, s.dst, wc, wn)
+                call("cuEventRecord", int(s.step_end[p].handle), h)
             for s in self.slabs:
                 s.src, s.dst = s.dst, s.src
             self.steps_done += 1
@@ -529,6 +682,10 @@ class MultiGPUHeat:
         from numba import cuda
 
         self.synchronize()
+        for s in self.slabs:
+            for graph in s.graphs:
+                graph.close()
+            s.graphs = ()
         self.exchanger.close()
         for s in self.slabs:
             s.src = s.dst = None

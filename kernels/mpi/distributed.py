@@ -70,6 +70,7 @@ kernel, so the tokens cost no more and need no cross-process event state.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,11 @@ class RankHeat:
     halo_seconds : float
         Host time spent waiting for messages (``Waitall``) so far; with the
         exchange hidden, most of it overlaps the next slab kernel.
+    band_seconds : float
+        Host time spent waiting for the edge bands (and the rows they send)
+        before posting the messages, so far.  The rest of a step's host time
+        is the host issuing work: when it nears the GPU's step, the host is
+        what limits the run.
     """
 
     def __init__(
@@ -170,6 +176,7 @@ class RankHeat:
         self._pending: list[Any] = []  # the MPI requests of the last step
         self._received = False  # the receive buffers hold rows from the neighbours
         self.halo_seconds = 0.0
+        self.band_seconds = 0.0
         halo_shape = decomp.shape[1:]
         if cpu:
             from ..reference import heat2d_step_reference, heat3d_step_reference
@@ -405,7 +412,9 @@ class RankHeat:
         self.field_done.record(self.ks)
         # The rows to send are out (ipc: in the outbox); the receive buffers (ipc: the neighbours'
         # outboxes) were read.  Only then may the neighbours learn it from this step's messages.
+        t0 = time.perf_counter()
         self.band_done.synchronize()
+        self.band_seconds += time.perf_counter() - t0
         if ipc:
             self._exchanges += 1
             for t in self._send:
@@ -425,8 +434,6 @@ class RankHeat:
 
     def _wait_pending(self) -> None:
         if self._pending:
-            import time
-
             from mpi4py import MPI
 
             t0 = time.perf_counter()
@@ -476,8 +483,6 @@ class RankHeat:
 
     def timed(self, n: int, *, exchange: bool = True) -> float:
         """Seconds for ``n`` steps, host clock from a barrier to :meth:`synchronize` (collective)."""
-        import time
-
         self.synchronize()
         self.comm.Barrier()
         t0 = time.perf_counter()

@@ -297,6 +297,44 @@ def test_sim_capture_records_instead_of_running_and_a_replay_is_late_and_ordered
     ok((*drv.cuGraphExecDestroy(exe), None))
 
 
+def test_sim_forked_streams_join_a_capture_and_must_join_back(drv):
+    """A stream waiting for a captured event records into that capture; the capture ends once it joined back."""
+    n = 4096
+    a, b = ok(drv.cuMemAlloc(n)), ok(drv.cuMemAlloc(n))
+    s, side = ok(drv.cuStreamCreate(1)), ok(drv.cuStreamCreate(1))
+    fork, join = ok(drv.cuEventCreate(2)), ok(drv.cuEventCreate(2))
+    ok((*drv.cuMemsetD32Async(b, 0, n // 4, s), None))
+    drv.cuStreamSynchronize(s)
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "THREAD_LOCAL")), None))
+    ok((*drv.cuMemsetD32Async(a, 5, n // 4, s), None))
+    ok((*drv.cuEventRecord(fork, s), None))
+    ok((*drv.cuStreamWaitEvent(side, fork, 0), None))  # the fork: side joins the capture
+    assert _status(drv, side) == "ACTIVE"
+    ok((*drv.cuMemcpyDtoDAsync(b, a, n, side), None))  # after the memset, on the other branch
+    ok((*drv.cuEventRecord(join, side), None))
+    assert drv.cuStreamEndCapture(side) == (903, None)  # CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: not its origin
+    ok((*drv.cuStreamWaitEvent(s, join, 0), None))  # joined back
+    graph = ok(drv.cuStreamEndCapture(s))
+    assert _status(drv, side) == "NONE" and _status(drv, s) == "NONE"
+    drv.cuCtxSynchronize()
+    assert not host(b, n // 4, np.uint32).any(), "captured work ran"
+    exe = ok(drv.cuGraphInstantiate(graph, 0))
+    ok((*drv.cuGraphLaunch(exe, s), None))
+    drv.cuStreamSynchronize(s)
+    assert (host(b, n // 4, np.uint32) == 5).all()
+    # A fork whose work is not joined back: the capture ends with CUDA_ERROR_STREAM_CAPTURE_UNJOINED.
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "THREAD_LOCAL")), None))
+    ok((*drv.cuEventRecord(fork, s), None))
+    ok((*drv.cuStreamWaitEvent(side, fork, 0), None))
+    ok((*drv.cuMemsetD32Async(b, 9, n // 4, side), None))
+    assert drv.cuStreamEndCapture(s) == (904, None)
+    assert _status(drv, side) == "NONE", "the capture ended for the forked stream too"
+    drv.cuCtxSynchronize()
+    assert (host(b, n // 4, np.uint32) == 5).all(), "work of the failed capture ran"
+    ok((*drv.cuGraphExecDestroy(exe), None))
+    ok((*drv.cuGraphDestroy(graph), None))
+
+
 def test_sim_synchronising_a_capture_fails_and_invalidates_it(drv):
     mem = ok(drv.cuMemAlloc(64))
     s = ok(drv.cuStreamCreate(0))
@@ -366,8 +404,10 @@ def test_sim_capture_refuses_by_name_what_it_does_not_simulate(drv):
     with pytest.raises(UnsupportedError, match=r"pageable"):
         drv.cuMemcpyAsync(managed, np.zeros(n, np.uint8).ctypes.data, n, s)
     ok((*drv.cuEventRecord(ev, s), None))
-    with pytest.raises(UnsupportedError, match=r"cross-stream capture"):
+    ok((*drv.cuStreamBeginCapture(s2, _mode(drv, "RELAXED")), None))
+    with pytest.raises(UnsupportedError, match=r"merging two captures"):
         drv.cuStreamWaitEvent(s2, ev, 0)
+    assert drv.cuGraphGetNodes(ok(drv.cuStreamEndCapture(s2)))[-1] == 0
     with pytest.raises(UnsupportedError, match=r"cuStreamGetCaptureInfo.*simulator"):
         drv.cuStreamGetCaptureInfo(s)
     assert drv.cuGraphGetNodes(ok(drv.cuStreamEndCapture(s)))[-1] == 0  # nothing refused was recorded

@@ -49,19 +49,21 @@ def _check(got: np.ndarray, u0: np.ndarray, steps: int, alpha: float) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
-def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int) -> None:
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_simulated_slabs_2d_bitwise(rng, dtype, parts: int, graphs: bool) -> None:
     rows, cols = _size(((300, 700), (200, 600)), ((70, 130), (24, 60)))
     u0 = random_array(rng, (rng.integers(*rows), rng.integers(*cols)), dtype)
     alpha = float(rng.uniform(0.1, 0.25))
-    got = multigpu.heat2d_multi(u0, 25, [0] * parts, alpha)
+    got = multigpu.heat2d_multi(u0, 25, [0] * parts, alpha, graphs=graphs)
     _check(got, u0, 25, alpha)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("parts", [2, 4])
-def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int) -> None:
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_simulated_slabs_pinned_staging_bitwise(rng, parts: int, graphs: bool) -> None:
     u0 = random_array(rng, _size((513, 257), (97, 41)), np.float32)
-    with multigpu.MultiGPUHeat(u0, [0] * parts, 0.2, transport="pinned") as run:
+    with multigpu.MultiGPUHeat(u0, [0] * parts, 0.2, transport="pinned", graphs=graphs) as run:
         assert run.transports == ["pinned"] * (2 * (parts - 1))
         run.step(17)
         got = run.result()
@@ -81,7 +83,8 @@ def test_simulated_slabs_3d_bitwise(rng, dtype, parts: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("parts", [2, 3])
-def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int, graphs: bool) -> None:
     """halo='vmm' on one GPU: band arrays are VMMBuffers read in place by the neighbour's stream."""
     import umem_numba as um
 
@@ -93,10 +96,12 @@ def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int) -> None:
     shape = (int(rng.integers(*rows)), *rest)
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.22 if ndim == 2 else 0.15
-    with multigpu.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm") as run:
+    with multigpu.MultiGPUHeat(u0, [0] * parts, alpha, halo="vmm", graphs=graphs) as run:
         assert run.halo == "vmm" and run.fallback is None
         assert run.transports == ["vmm"] * (2 * (parts - 1))
-        assert all(isinstance(link.scratch, um.VMMBuffer) for link in run.exchanger.links)
+        for link in run.exchanger.links:  # one band array per slot: two for graph steps
+            assert len(link.scratch) == (2 if graphs else 1)
+            assert all(isinstance(band, um.VMMBuffer) for band in link.scratch)
         run.step(13)
         got = run.result()
     _check(got, u0, 13, alpha)
@@ -155,13 +160,14 @@ def test_vmm_halo_with_pinned_transport_falls_back_with_reason(rng) -> None:
 @pytest.mark.multigpu
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("transport", ["auto", "pinned"])
-def test_two_gpus_bitwise(rng, ndim: int, transport: str) -> None:
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_two_gpus_bitwise(rng, ndim: int, transport: str, graphs: bool) -> None:
     from umem_numba import _driver
 
     shape = _size((1031, 777), (103, 77)) if ndim == 2 else _size((97, 65, 80), (41, 13, 20))
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
-    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, transport=transport) as run:
+    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, transport=transport, graphs=graphs) as run:
         peer = int(_driver.call("cuDeviceCanAccessPeer", 0, 1))
         expected_kind = "pinned" if transport == "pinned" or not peer else "peer"
         assert run.transports == [expected_kind, expected_kind]
@@ -172,7 +178,8 @@ def test_two_gpus_bitwise(rng, ndim: int, transport: str) -> None:
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("ndim", [2, 3])
-def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_two_gpus_vmm_halo_bitwise(rng, ndim: int, graphs: bool) -> None:
     """Band arrays on each GPU, READ access granted to the other; read in place over the peer mapping."""
     import umem_numba as um
     from umem_numba import _driver
@@ -182,10 +189,11 @@ def test_two_gpus_vmm_halo_bitwise(rng, ndim: int) -> None:
     shape = _size((1029, 801), (101, 81)) if ndim == 2 else _size((95, 66, 81), (39, 14, 21))
     u0 = random_array(rng, shape, np.float32)
     alpha = 0.25 if ndim == 2 else 1.0 / 6.0
-    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm") as run:
+    with multigpu.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm", graphs=graphs) as run:
         assert run.halo == "vmm" and run.transports == ["vmm", "vmm"]
         for m, link in zip(run.exchanger.moves, run.exchanger.links, strict=True):
-            assert link.scratch.get_access(run.slabs[m.dst].device) == um.AccessFlags.READ  # the driver's own answer
+            for band in link.scratch:  # the driver's own answer
+                assert band.get_access(run.slabs[m.dst].device) == um.AccessFlags.READ
         run.step(19)
         got = run.result()
     _check(got, u0, 19, alpha)

@@ -259,7 +259,6 @@ def test_bad_captures_are_refused_before_the_driver():
     outer.close()
 
 
-@pytest.mark.real_gpu("the simulated driver refuses plain numba launches inside a capture")
 def test_plain_numba_launches_join_the_graph(rng):
     """A plain ``@cuda.jit`` launch of a buffer inside the capture is recorded as a write of the graph."""
     s = cuda.stream()
@@ -394,3 +393,72 @@ def test_copies_join_the_graph(kinds, rng):
     finally:
         for buf in (a, mid, copied, out):
             buf.close()
+
+
+def test_forked_streams_join_the_graph_and_must_join_back(rng):
+    """numba launches on a stream forked into the capture (event record, wait) join the graph; an unjoined fork fails.
+
+    Bitwise the same on the GPU and the simulated driver: both end an unjoined capture with
+    ``CUDA_ERROR_STREAM_CAPTURE_UNJOINED`` and no graph, leaving the streams usable.
+    """
+    s, side = cuda.stream(), cuda.stream()
+    fork, join = cuda.event(timing=False), cuda.event(timing=False)
+    values = random_array(rng, N, np.float64)
+    a, b = cuda.to_device(values, stream=s), cuda.to_device(values, stream=s)
+    s.synchronize()
+    with um.capture(s) as graph:
+        fork.record(s)
+        fork.wait(side)
+        _plain_scale[G, B, s](a, 2.0)
+        _plain_scale[G, B, side](b, 4.0)  # the other branch of the graph
+        join.record(side)
+        join.wait(s)
+    for _ in range(2):
+        graph.launch()
+    s.synchronize()
+    np.testing.assert_array_equal(a.copy_to_host(), values * 4.0)
+    np.testing.assert_array_equal(b.copy_to_host(), values * 16.0)
+    graph.close()
+    with pytest.raises(um.CudaError, match="CUDA_ERROR_STREAM_CAPTURE_UNJOINED"), um.capture(s):
+        fork.record(s)
+        fork.wait(side)
+        _plain_scale[G, B, side](b, 5.0)  # never joined back
+    assert not _driver.is_capturing(int(s.handle)) and not _driver.is_capturing(int(side.handle))
+    _plain_scale[G, B, side](b, 0.5)  # both streams work again; the failed capture's work never ran
+    side.synchronize()
+    np.testing.assert_array_equal(b.copy_to_host(), values * 8.0)
+
+
+def test_garbage_freed_during_a_capture_does_not_break_it(rng):
+    """Device arrays in reference cycles, collected by the garbage collector, free memory: not inside a capture.
+
+    A free in the capturing thread invalidates a capture (on a GPU through numba's queued frees,
+    on the simulated driver at once): ``capture`` collects before the block, and the garbage
+    collector is off in it (numba's queued frees wait for its end too).
+    """
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+            self.array = cuda.device_array(1024, np.float32)
+
+    s = cuda.stream()
+    values = random_array(rng, N, np.float64)
+    a = cuda.to_device(values, stream=s)
+    s.synchronize()
+    for _ in range(50):
+        Cycle()  # garbage, freed only by a collection
+    later = [Cycle() for _ in range(200)]
+    collecting = gc.isenabled()
+    with um.capture(s) as graph:
+        assert not gc.isenabled()
+        for _ in range(40):
+            _plain_scale[G, B, s](a, 1.0)
+            for _ in range(5):
+                later.pop()  # more garbage in the block (allocating there would invalidate the capture)
+        _plain_scale[G, B, s](a, 2.0)
+    assert gc.isenabled() == collecting
+    graph.launch()
+    s.synchronize()
+    np.testing.assert_array_equal(a.copy_to_host(), values * 2.0)
+    graph.close()

@@ -23,6 +23,7 @@ the capture before anything reaches the stream, and the capture stays intact.
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +32,7 @@ from .. import _driver
 from .._driver._location import StreamLike, stream_handle
 from .._errors import BufferClosedError, CoherenceError
 from .._memory import _capture
-from .._memory._tracker import DeviceUse, Tracker, prefetch_touched
+from .._memory._tracker import DeviceUse, Tracker, prefetch_touched, refuse_capture
 
 __all__ = ["Graph", "capture"]
 
@@ -118,6 +119,11 @@ class Graph:
             )
         handle = stream_handle(self._stream if stream is None else stream, what="Graph.launch")
         executable = self._exec
+        if not self._uses:  # no buffer to order or record (device arrays, raw memory): the launch alone
+            with _driver.device_context(self._device):
+                refuse_capture(handle, "a graph launch")
+                _driver.call("cuGraphLaunch", executable, handle, detail="launching a captured graph")
+            return
         with _driver.device_context(self._device), DeviceUse(self._uses, handle, "a graph launch", self._epochs):
             moves = [t for t, _ in self._uses if t.migrate]
             if moves:
@@ -179,7 +185,11 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
     stream : stream-like
         A stream of the current device other than the legacy default stream
         (``cuda.stream()``).  The capture is in CUDA's thread-local mode:
-        other threads may allocate and synchronise meanwhile.
+        other threads may allocate and synchronise meanwhile.  Work on other
+        streams forked into the capture (``cuda.event().record(stream)``
+        waited for there, and joined back before the block ends) joins the
+        graph too; launches of buffers are recorded on ``stream`` only.
+
 
     Yields
     ------
@@ -199,6 +209,12 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
         A buffer the graph uses was closed inside the block (no graph is made).
     CudaError
         The driver invalidated the capture (work from another thread joined it).
+
+    Notes
+    -----
+    A free in the capturing thread would invalidate the capture, so inside
+    the block numba's deferred frees wait (``numba.cuda.defer_cleanup``) and
+    the garbage collector is off; it collects once when the block begins.
 
     Examples
     --------
@@ -230,7 +246,17 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
     _capture.start(recorder)  # refuses a second capture in this thread before anything reaches the stream
     graph = Graph(stream, device)
     drv = _driver.api().drv
+    # A free in this thread would invalidate the capture (a potentially unsafe call): numba's
+    # queued frees wait for the block's end, and the garbage collector, which may finalize
+    # device arrays, collects now and not during the block.
+    frees = contextlib.ExitStack()
+    collecting = gc.isenabled()
     try:
+        from numba import cuda
+
+        frees.enter_context(cuda.defer_cleanup())
+        gc.collect()
+        gc.disable()
         _driver.call(
             "cuStreamBeginCapture",
             handle,
@@ -238,6 +264,7 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
             detail="beginning a graph capture",
         )
     except BaseException:
+        _restore_frees(frees, collecting)
         _capture.stop()
         raise
     ended = False
@@ -252,9 +279,19 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
         graph._state = "failed"
         raise
     finally:
-        if not ended and graph._state == "capturing":
-            _end(graph, handle, recorder)
-        _capture.stop()
+        try:
+            if not ended and graph._state == "capturing":
+                _end(graph, handle, recorder)
+        finally:
+            _restore_frees(frees, collecting)
+            _capture.stop()
+
+
+def _restore_frees(frees: contextlib.ExitStack, collecting: bool) -> None:
+    """The capture is over: queued frees run, and the garbage collector runs again if it did before."""
+    if collecting:
+        gc.enable()
+    frees.close()
 
 
 def _end(graph: Graph, handle: int, recorder: _capture.CaptureRecorder) -> None:
@@ -272,7 +309,10 @@ def _end(graph: Graph, handle: int, recorder: _capture.CaptureRecorder) -> None:
             raise BufferClosedError(
                 f"capture: {len(closed)} buffer(s) the graph uses were closed inside the capture; no graph was made"
             )
-        executable = _driver.call("cuGraphInstantiate", made, 0, detail="instantiating a captured graph")
+        # Kernels keep the priority of the stream they were captured on (a high-priority side
+        # branch still goes first), as they would have launched.
+        flags = int(drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
+        executable = _driver.call("cuGraphInstantiate", made, flags, detail="instantiating a captured graph")
     except BaseException:
         with contextlib.suppress(Exception):
             drv.cuGraphDestroy(made)

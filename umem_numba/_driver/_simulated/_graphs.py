@@ -31,12 +31,19 @@ from ._scheduling import _Op, _Stream
 # while a blocking stream captures, and the potentially unsafe calls (allocations, frees)
 # in a thread that a capture's mode prohibits, each fail with the driver's error and
 # invalidate the capture (cuStreamEndCapture then returns
-# CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).  What is not simulated inside a
-# capture (cross-stream capture, stream-ordered allocation nodes, prefetches and other
-# operations without a node here) is refused with UnsupportedError naming it.
+# CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).  A stream that waits for an event
+# recorded in a capture joins it (a fork); the capture ends on its origin stream, and only
+# once every joined stream's work is joined back into the origin (cudaStreamCaptureUnjoined
+# otherwise).  The graph keeps the nodes in the order the host issued them: a valid order of
+# the captured dependencies, so a launch runs them one after another.  What is not simulated
+# inside a capture (merging two captures, waiting for an event from outside, stream-ordered
+# allocation nodes, prefetches and other operations without a node here) is refused with
+# UnsupportedError naming it.
 
 _CAPTURE_UNSUPPORTED = 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
 _CAPTURE_INVALIDATED = 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+_CAPTURE_UNMATCHED = 903  # CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+_CAPTURE_UNJOINED = 904  # CUDA_ERROR_STREAM_CAPTURE_UNJOINED
 _CAPTURE_IMPLICIT = 906  # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 _CAPTURED_EVENT = 907  # CUDA_ERROR_CAPTURED_EVENT
 _CAPTURE_WRONG_THREAD = 908  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
@@ -45,19 +52,30 @@ _MODE_GLOBAL, _MODE_THREAD_LOCAL, _MODE_RELAXED = 0, 1, 2
 
 
 class _Node(_Op):
-    """Work recorded by a capture (never queued itself: a graph launch queues a copy of it)."""
+    """Work recorded by a capture (never queued itself: a graph launch queues a copy of it).
 
-    __slots__ = ("capture",)
+    ``frontier``: per stream of the capture, how much of its work comes before this node
+    (what a wait for an event recorded here joins).
+    """
+
+    __slots__ = ("capture", "frontier")
 
     def __init__(self, capture: _Capture, stream: _Stream, run: Callable[[], None] | None, what: str) -> None:
         super().__init__(stream, run, [], what)
         self.capture = capture
+        self.frontier: dict[_Stream, int] = {}
 
 
 class _Capture:
-    """One capture sequence: its stream, mode, thread, state and the nodes recorded so far."""
+    """One capture sequence: its origin stream, mode, thread, state and the nodes recorded so far.
 
-    __slots__ = ("ident", "invalidated", "mode", "nodes", "stream", "thread")
+    Streams joined through a captured event (forks) record into it too.  Per stream,
+    ``counts`` says how many operations it recorded and ``frontiers`` how much of each
+    stream's work its next operation comes after; the capture may end once the origin's
+    frontier covers every stream's work (each fork joined back).
+    """
+
+    __slots__ = ("counts", "frontiers", "ident", "invalidated", "mode", "nodes", "stream", "thread")
 
     def __init__(self, ident: int, stream: _Stream, mode: int) -> None:
         self.ident = ident
@@ -65,7 +83,32 @@ class _Capture:
         self.mode = mode
         self.thread = threading.get_ident()
         self.invalidated = False
-        self.nodes: list[_Node] = []  # in stream order (one stream: a chain)
+        self.nodes: list[_Node] = []  # in the order the host issued them
+        self.counts: dict[_Stream, int] = {stream: 0}
+        self.frontiers: dict[_Stream, dict[_Stream, int]] = {stream: {}}
+
+    def note(self, node: _Node) -> None:
+        """``node`` was recorded on its stream: it comes after that stream's frontier."""
+        s = node.stream
+        self.counts[s] += 1
+        frontier = self.frontiers[s]
+        frontier[s] = self.counts[s]
+        node.frontier = dict(frontier)
+
+    def join(self, s: _Stream, after: _Node) -> None:
+        """Stream ``s`` waits for ``after`` (an event recorded in this capture): it comes after its frontier."""
+        if s not in self.counts:  # a fork: s joins the capture
+            self.counts[s] = 0
+            self.frontiers[s] = {}
+        frontier = self.frontiers[s]
+        for other, n in after.frontier.items():
+            if frontier.get(other, 0) < n:
+                frontier[other] = n
+
+    def unjoined(self) -> list[_Stream]:
+        """The streams whose recorded work the origin's frontier does not cover."""
+        done = self.frontiers[self.stream]
+        return [s for s, n in self.counts.items() if s is not self.stream and done.get(s, 0) < n]
 
 
 class _Graph:
@@ -127,6 +170,7 @@ class GraphCapture(Allocations):
         if cap is None:
             return None
         node = _Node(cap, s, run, what)
+        cap.note(node)
         if run is not None:  # event records and waits within the capture add no node
             cap.nodes.append(node)
         return node
@@ -162,11 +206,16 @@ class GraphCapture(Allocations):
             cap = self._captures.get(s)
             if cap is None:
                 return (_ILLEGAL_STATE, None)
+            if cap.stream is not s:
+                return (_CAPTURE_UNMATCHED, None)  # a joined stream cannot end the capture
             if cap.mode != _MODE_RELAXED and cap.thread != threading.get_ident():
                 return (_CAPTURE_WRONG_THREAD, None)
-            del self._captures[s]
+            for joined in cap.counts:
+                del self._captures[joined]
             if cap.invalidated:
                 return (_CAPTURE_INVALIDATED, None)
+            if cap.unjoined():
+                return (_CAPTURE_UNJOINED, None)
             graph = _Graph([(n.what, n.run, n.spans) for n in cap.nodes if n.run is not None])
             return self._register(self._graphs, lambda _: graph)
 
@@ -249,9 +298,15 @@ class GraphCapture(Allocations):
             ev = self._events.get(_int(args[1]))
             op = None if ev is None else ev.op
             if isinstance(op, _Node):
-                if cap is op.capture:
-                    return 0  # within the capture's own stream: ordered already
-                raise _refuse_in_capture(f"{name} on an event recorded in a capture (cross-stream capture)")
+                if cap is None and self._captures.get(op.stream) is op.capture:
+                    self._captures[s] = op.capture  # a fork: the stream joins the capture
+                elif cap is not op.capture:
+                    raise _refuse_in_capture(
+                        f"{name} on an event recorded in another capture (merging two captures), "
+                        "or in a capture that has ended"
+                    )
+                op.capture.join(s, op)
+                return 0
             if cap is not None:
                 raise _refuse_in_capture(f"{name}: a capturing stream waiting for an event recorded outside it")
             return 0
@@ -306,16 +361,16 @@ class GraphCapture(Allocations):
                 "a launch on the legacy stream while a blocking stream captures a graph",
             )
 
-    def refuse_plain_launch_in_capture(self, stream: Any) -> None:
-        """A plain ``kernel[g, b, s](...)`` is not recorded into a graph: refuse it where it would be captured."""
+    def refuse_plain_launch_in_capture(self, stream: Any, host_arguments: bool) -> None:
+        """A plain ``kernel[g, b, s](...)`` on a capturing stream is recorded, unless numba copies host arrays."""
         with self._lock:
             if not self._captures:
                 return
             s = self._stream(stream)
             self._legacy_launch_gate(s)
-            if s in self._captures:
+            if host_arguments and s in self._captures:
                 raise _refuse_in_capture(
-                    "a plain numba launch on a capturing stream (its host arguments are copied at the call)"
+                    "a plain numba launch of host arrays on a capturing stream (numba copies them at the call)"
                 )
 
 

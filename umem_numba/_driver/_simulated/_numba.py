@@ -379,7 +379,7 @@ def install_numba(drv: SimDriver) -> None:
             if _nc.sim_kernel_is_device(self) or _nc.sim_in_kernel() or self.grid_dim is None:
                 return numba_call(self, *args)
             handle = getattr(self, "_umem_stream", 0)
-            drv.refuse_plain_launch_in_capture(handle)
+            drv.refuse_plain_launch_in_capture(handle, any(isinstance(a, np.ndarray) and a.ndim for a in args))
             configured = copy.copy(self)
             configured.grid_dim, configured.block_dim = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
             retr: list[Callable[[], None]] = []
