@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how halo rows move: mpi (messages, --staging) or ipc (ranks of one node read their "
         "neighbours' exported GPU memory in place; GPU only)",
     )
+    p.add_argument(
+        "--launches",
+        action="store_true",
+        help="GPU: issue every launch and copy of a step from the host (default: the slab kernel and the "
+        "edge bands as two CUDA graph launches per step)",
+    )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
     p.add_argument(
@@ -225,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu=args.cpu,
             device_buffers=device_buffers,
             halo=args.halo,
+            graphs=not args.launches,
         )
     except Exception as exc:  # e.g. no memory left for the slab or the staging buffers: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"

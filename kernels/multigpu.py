@@ -267,28 +267,44 @@ class PeerExchange(HaloExchange):
                 view = link.views[id(field_)] = field_[b0:b1]
             self.kernel[link.grid, link.block, stream](view, self._scratch(link, slot), *weights)
 
-    def send_row(self, m: Any, link: _Link, slot: int, handle: int) -> None:
-        """On ``handle``: move the row of ``link``'s band array towards the receiver (nothing for vmm)."""
+    def send_row(self, m: Any, link: _Link, slot: int, handle: int, *, captured: bool = False) -> None:
+        """On ``handle``: move the row of ``link``'s band array towards the receiver (nothing for vmm).
+
+        ``captured``: the copy goes into a graph, where the driver refuses ``cuMemcpyPeerAsync``
+        (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``); a unified-address copy between the GPUs,
+        whose peer access is enabled, is captured as a copy node instead.
+        """
         s, b = self._slabs[m.src], self._slabs[m.dst]
         src = self._scratch_row_ptr(link, slot)
-        if link.kind == "peer":
+        if link.kind == "peer" and captured:
+            self._call("cuMemcpyAsync", link.landing_ptr[slot], src, s.row_bytes, handle)
+        elif link.kind == "peer":
             self._call("cuMemcpyPeerAsync", link.landing_ptr[slot], b.ctx, src, s.ctx, s.row_bytes, handle)
         elif link.kind == "device":
             self._call("cuMemcpyDtoDAsync", link.landing_ptr[slot], src, s.row_bytes, handle)
         elif link.kind == "pinned":
             self._call("cuMemcpyDtoHAsync", link.landing_ptr[slot], src, s.row_bytes, handle)
 
-    def prefill(self, k: int) -> None:
-        """Put slab ``k``'s current halo rows where its first graph step receives them (slot 1).
+    def prefill(self, parts: Sequence[np.ndarray]) -> None:
+        """Put each slab's first halo rows where its first graph step receives them (slot 1).
 
-        The first step then puts the rows it has back in place: bitwise the run without it.
+        ``parts``: the slabs' initial fields on the host.  The first step then puts
+        the rows each slab has back in place: bitwise the run without it.  Each row
+        is written by the GPU that owns the destination (a VMM band array is READ
+        only for its receiver), from the host.
         """
-        s = self._slabs[k]
-        h = int(s.stream.handle)
-        for m, link in self._incoming(k):
-            row = _ptr(s.src) + m.dst_row * s.row_bytes
+        from numba import cuda
+
+        for m, link in zip(self.moves, self.links, strict=True):
+            row = np.ascontiguousarray(parts[m.dst][m.dst_row])
+            if link.kind == "pinned":
+                link.landing[1].host[...] = row
+                continue
+            owner = self._slabs[m.src if link.kind == "vmm" else m.dst].device
             dst = self._scratch_row_ptr(link, 1) if link.kind == "vmm" else link.landing_ptr[1]
-            self._call("cuMemcpyAsync", dst, row, s.row_bytes, h)
+            with cuda.gpus[owner]:
+                self._call("cuMemcpyHtoD", dst, row.ctypes.data, row.nbytes)
+                cuda.synchronize()  # the copy from pageable memory may still be in flight when it returns
 
     def receive(self, k: int) -> None:
         """On slab ``k``'s main stream: put the rows sent to it last step into its ``src`` halo rows."""
@@ -528,10 +544,10 @@ class MultiGPUHeat:
         self.steps_done = 0
         self.graphs = bool(graphs)
         if self.graphs:
-            self._capture()
+            self._capture(parts)
         self.synchronize()
 
-    def _capture(self) -> None:
+    def _capture(self, parts: list[np.ndarray]) -> None:
         """Capture each slab's step, once per step parity (the fields swap each step), as a graph.
 
         Step ``t`` of slab ``k`` (parity ``p = t % 2``) reads ``fields[p]``,
@@ -565,12 +581,12 @@ class MultiGPUHeat:
                         if sends:
                             ex.bands(k, src, p, self.weights, s.edge)
                             for m, link in ex._outgoing(k):
-                                ex.send_row(m, link, p, int(s.edge.handle))
+                                ex.send_row(m, link, p, int(s.edge.handle), captured=True)
                             s.band_done.record(s.edge)  # the join
                             s.band_done.wait(s.stream)
                     graphs.append(graph)
                 s.graphs = tuple(graphs)
-                ex.prefill(k)
+        ex.prefill(parts)
         self._neighbours = [ex.neighbours(k) for k in range(len(self.slabs))]
         self._record = um.driver_call
 

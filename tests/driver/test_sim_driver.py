@@ -335,6 +335,17 @@ def test_sim_forked_streams_join_a_capture_and_must_join_back(drv):
     ok((*drv.cuGraphDestroy(graph), None))
 
 
+def test_sim_peer_copy_in_a_capture_fails_and_invalidates_it(drv):
+    """cuMemcpyPeerAsync on a capturing stream: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as an H200 (580) answers."""
+    a, b = ok(drv.cuMemAlloc(256)), ok(drv.cuMemAlloc(256))
+    s = ok(drv.cuStreamCreate(1))
+    ctx = ok(drv.cuCtxGetCurrent())
+    ok((*drv.cuStreamBeginCapture(s, _mode(drv, "THREAD_LOCAL")), None))
+    assert drv.cuMemcpyPeerAsync(b, ctx, a, ctx, 256, s)[0] == 900
+    assert _status(drv, s) == "INVALIDATED"
+    assert drv.cuStreamEndCapture(s) == (901, None)
+
+
 def test_sim_synchronising_a_capture_fails_and_invalidates_it(drv):
     mem = ok(drv.cuMemAlloc(64))
     s = ok(drv.cuStreamCreate(0))

@@ -188,15 +188,23 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int, rows: 
     ("ranks", "args"),
     [(2, ["70", "20", "5"]), (3, ["70", "20", "6"]), (4, ["6", "9", "4"]), (3, ["29", "5", "4", "3d"])],
 )
-def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str]) -> None:
-    """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy."""
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
+def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str], graphs: bool) -> None:
+    """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy.
+
+    ``graphs``: the default path (each step's slab kernel and bands as graph launches) over the
+    simulated driver, which runs stream work late; ``launches``: issued launch by launch, with
+    copies that run when queued (see the worker).
+    """
     mpirun = _mpirun()
     seed = str(int.from_bytes(os.urandom(4), "little"))
     worker = ROOT / "tests" / "support" / "mpi_sim_worker.py"
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
-    r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:]], timeout=300)
+    extra = ["graphs"] if graphs else []
+    r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], *extra], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"simulated GPU path (mpi halos), {ranks} ranks: bitwise equal" in r.stdout
+    how = "mpi halos, graphs" if graphs else "mpi halos"
+    assert f"simulated GPU path ({how}), {ranks} ranks: bitwise equal" in r.stdout
 
 
 def test_mpi_grid_smaller_than_ranks_fails_on_every_rank() -> None:
@@ -267,9 +275,15 @@ def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
 
 # -- GPU path ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize(("staging", "ranks"), [("pinned", 2), ("auto", 2), ("pinned", 3)])
-def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int) -> None:
-    """Two or three ranks (sharing GPUs where there are fewer) against the one-GPU run, checked by rank 0."""
+@pytest.mark.parametrize(
+    ("staging", "ranks", "how"),
+    [("pinned", 2, "graphs"), ("auto", 2, "graphs"), ("pinned", 3, "graphs"), ("pinned", 3, "launches")],
+)
+def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int, how: str) -> None:
+    """Two or three ranks (sharing GPUs where there are fewer) against the one-GPU run, checked by rank 0.
+
+    ``graphs``: each step as graph launches (the default); ``launches``: ``--launches``.
+    """
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out = tmp_path / "plate.npy"
@@ -297,6 +311,7 @@ def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int)
             str(out),
             "--out",
             "",
+            *(["--launches"] if how == "launches" else []),
         ],
         timeout=300,
     )
@@ -464,13 +479,16 @@ def test_mpi_ipc_without_gpu_fails_on_every_rank() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("ranks", "rows", "cols"), [(2, 512, 512), (3, 777, 1000)])
-def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int, cols: int) -> None:
+@pytest.mark.parametrize(
+    ("ranks", "rows", "cols", "how"), [(2, 512, 512, "graphs"), (3, 777, 1000, "graphs"), (3, 777, 1000, "launches")]
+)
+def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int, cols: int, how: str) -> None:
     """--halo ipc (ranks sharing the GPUs where there are fewer): bitwise the one-GPU run, checked by rank 0."""
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
     out, js = tmp_path / "plate.npy", tmp_path / "r.json"
     args = ["--halo", "ipc", "--size", str(cols), "--rows", str(rows), "--steps", "20", "--init", "random"]
+    args += ["--launches"] if how == "launches" else []
     args += ["--seed", str(seed), "--check", "--save", str(out), "--json", str(js), "--out", ""]
     r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *args], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,6 +1,6 @@
 """RankHeat's GPU path on MPI ranks under numba's CUDA simulator (a helper of tests/kernels/test_mpi.py).
 
-    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc]
+    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc] [graphs]
 
 The copies run at once, after all work queued before them (the simulated
 driver runs kernels late, on their streams), so the order queued is kept: this
@@ -12,6 +12,13 @@ the simulator lacks are replaced here: the asynchronous copies by
 NumPy arrays, the priority stream by a simulator stream.  Rank 0 prints
 ``bitwise equal`` (or the count of differing cells) against the NumPy
 reference, which the simulator matches bit for bit.
+
+With ``graphs`` (``halo="mpi"`` only) nothing is replaced: RankHeat's
+default path, its steps as CUDA graph launches, runs over the simulated driver
+(copies, pinned staging, priority stream, capture and replay), whose streams
+run their work late and in a seeded order, so a missing event shows up as a
+wrong cell too.  Without it, the steps are issued launch by launch
+(``graphs=False``) over the replacements above.
 
 With ``ipc`` the same runs with ``halo="ipc"``: each rank's exported VMM
 outbox is a shared memory file (``memfd_create``, mapped with ``mmap``) whose
@@ -130,14 +137,16 @@ def main() -> int:
     flags = set(sys.argv[5:])
     three_d = "3d" in flags
     halo = "ipc" if "ipc" in flags else "mpi"
-    sim.stream.handle = 0  # the simulator's streams have no driver handle
-    cuda.event = lambda timing=True: sim.Event()  # nor do its events take flags
-    _driver.call = fake_call
-    um.PinnedBuffer = FakePinned
-    distributed.PriorityStream = FakePriorityStream
-    distributed._dptr = lambda arr: int(arr.__array_interface__["data"][0])
-    if halo == "ipc":
-        fake_ipc()
+    graphs = "graphs" in flags
+    if not graphs:
+        sim.stream.handle = 0  # the simulator's streams have no driver handle
+        cuda.event = lambda timing=True: sim.Event()  # nor do its events take flags
+        _driver.call = fake_call
+        um.PinnedBuffer = FakePinned
+        distributed.PriorityStream = FakePriorityStream
+        distributed._dptr = lambda arr: int(arr.__array_interface__["data"][0])
+        if halo == "ipc":
+            fake_ipc()
 
     comm = MPI.COMM_WORLD
     shape = (rows, cols, 6) if three_d else (rows, cols)
@@ -147,7 +156,7 @@ def main() -> int:
     alpha = 0.15 if three_d else 0.2
     d = Decomposition(shape, comm.Get_size(), align)
     s = d.slabs[comm.Get_rank()]
-    run = distributed.RankHeat(comm, d, u0[s.start : s.stop], alpha, halo=halo, fd_timeout=30.0)
+    run = distributed.RankHeat(comm, d, u0[s.start : s.stop], alpha, halo=halo, fd_timeout=30.0, graphs=graphs)
     run.step(steps)
     run.synchronize()
     plate = run.gather(0)
@@ -159,7 +168,7 @@ def main() -> int:
     differ = int(np.count_nonzero(plate != expected))
     changed = not np.array_equal(expected, u0)
     print(
-        f"simulated GPU path ({halo} halos), {comm.Get_size()} ranks: "
+        f"simulated GPU path ({halo} halos{', graphs' if graphs else ''}), {comm.Get_size()} ranks: "
         + ("bitwise equal" if not differ else f"{differ} DIFFER")
     )
     return 0 if differ == 0 and changed else 1

@@ -314,8 +314,11 @@ class GraphCapture(Allocations):
             return 0
         if rule == "refuse":
             raise _refuse_in_capture(name)
+        if rule == "unsupported":  # the driver's answer: an error, and the capture is invalid
+            cap.invalidated = True
+            return _CAPTURE_UNSUPPORTED
         if rule == "copy":
-            dst, src = (args[0], args[2]) if name == "cuMemcpyPeerAsync" else (args[0], args[1])
+            dst, src = args[0], args[1]
             for p in (dst, src):
                 ptr = p.ctypes.data if isinstance(p, np.ndarray) else _int(p)
                 if self._find(ptr) is None:
@@ -376,6 +379,7 @@ class GraphCapture(Allocations):
 
 #: Entry points that take a stream: (index of the stream argument, values returned after the
 #: CUresult, rule).  "record": queued work, recorded into the graph of a capturing stream;
+#: "unsupported": failing in a capture with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which invalidates it;
 #: "copy": the same, refusing pageable memory; "sync": synchronises or queries the stream,
 #: not permitted while it captures; "wait": cuStreamWaitEvent; "refuse": not simulated in a capture.
 _STREAM_RULES: dict[str, tuple[int, int, str]] = {
@@ -383,7 +387,7 @@ _STREAM_RULES: dict[str, tuple[int, int, str]] = {
     "cuMemcpyHtoDAsync": (3, 0, "copy"),
     "cuMemcpyDtoHAsync": (3, 0, "copy"),
     "cuMemcpyDtoDAsync": (3, 0, "copy"),
-    "cuMemcpyPeerAsync": (5, 0, "copy"),
+    "cuMemcpyPeerAsync": (5, 0, "unsupported"),  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED in a capture (H200, 580)
     "cuMemsetD8Async": (3, 0, "record"),
     "cuMemsetD32Async": (3, 0, "record"),
     "cuEventRecord": (1, 0, "record"),
