@@ -81,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         "neighbours' exported GPU memory in place; GPU only)",
     )
     p.add_argument(
-        "--launches",
+        "--graphs",
         action="store_true",
-        help="GPU: issue every launch and copy of a step from the host (default: the slab kernel and the "
-        "edge bands as two CUDA graph launches per step)",
+        help="GPU: the slab kernel and the edge bands of a step as two CUDA graph launches (default: "
+        "every launch and copy issued from the host)",
     )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu=args.cpu,
             device_buffers=device_buffers,
             halo=args.halo,
-            graphs=not args.launches,
+            graphs=args.graphs,
         )
     except Exception as exc:  # e.g. no memory left for the slab or the staging buffers: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"

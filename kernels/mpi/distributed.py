@@ -34,14 +34,16 @@ messages of step ``n - 1`` (``Waitall``), queues the bands and fix-ups of step
 runs, and the messages travel during the next slab kernel: the only work
 between two slab kernels is the fix-up copy of the edge rows.
 
-With ``graphs=True`` (the default) the slab kernel is one CUDA graph launch
-and the comm stream's work of a step (band inputs, bands, rows out) another,
-each captured with :func:`umem_numba.capture` the first time its field,
-outbox slot and first-step case come (at most eight graphs); the events,
-fix-ups and messages around them stay as above.  A four-rank step on 16384²
-is a fifth of a millisecond on the GPU, and issuing its three kernel launches
-and dozen copies from Python took most of that: the host, not the exchange,
-set the pace.
+With ``graphs=True`` the slab kernel is one CUDA graph launch and the comm
+stream's work of a step (band inputs, bands, rows out) another, each captured
+with :func:`umem_numba.capture` the first time its field, outbox slot and
+first-step case come (at most eight graphs); the events, fix-ups and messages
+around them stay as above.  On four H200 ranks (16384², where a step is
+0.15 ms of GPU work) it measured no faster than issuing the launches (strong
+speed-up 2.26x pinned and 2.51x ipc with graphs, 2.42x and 2.51x without), so
+it is off by default: what keeps these steps from the GPU's pace is the rank's
+host loop around them (messages, the wait for the bands, the host time of
+every step), not the launches alone (docs/scaling.md).
 
 Same-node zero copy (``halo="ipc"``)
 ------------------------------------
@@ -133,8 +135,9 @@ class RankHeat:
     graphs : bool
         GPU path: issue the slab kernel and the edge bands of a step as two
         CUDA graph launches (:func:`umem_numba.capture`, one graph per field
-        parity and exchange slot, captured at first use) instead of every
-        launch and copy from the host (module notes).  Default True.
+        parity, exchange slot and first-step case, captured at first use:
+        each capture collects garbage once) instead of every launch and copy
+        from the host (module notes).  Off by default: no gain was measured.
 
     Raises
     ------
@@ -167,7 +170,7 @@ class RankHeat:
         rows_per_thread: int | None = None,
         halo: str = "mpi",
         fd_timeout: float = 60.0,
-        graphs: bool = True,
+        graphs: bool = False,
     ) -> None:
         if halo not in HALOS:
             raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")

@@ -188,22 +188,22 @@ def test_mpi_cpu_ranks_bitwise_equal_one_rank(tmp_path: Path, ranks: int, rows: 
     ("ranks", "args"),
     [(2, ["70", "20", "5"]), (3, ["70", "20", "6"]), (4, ["6", "9", "4"]), (3, ["29", "5", "4", "3d"])],
 )
-@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
-def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str], graphs: bool) -> None:
+@pytest.mark.parametrize("mode", ["replaced", "driver", "graphs"])
+def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str], mode: str) -> None:
     """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy.
 
-    ``graphs``: the default path (each step's slab kernel and bands as graph launches) over the
-    simulated driver, which runs stream work late; ``launches``: issued launch by launch, with
-    copies that run when queued (see the worker).
+    ``replaced``: copies that run when queued replace the driver's (see the worker); ``driver``:
+    over the simulated driver, which runs stream work late; ``graphs``: the same with each step's
+    slab kernel and bands captured and replayed as graphs (``graphs=True``).
     """
     mpirun = _mpirun()
     seed = str(int.from_bytes(os.urandom(4), "little"))
     worker = ROOT / "tests" / "support" / "mpi_sim_worker.py"
     cmd = [*mpirun, "-np", str(ranks), *_env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")]
-    extra = ["graphs"] if graphs else []
+    extra = [] if mode == "replaced" else [mode]
     r = _run([*cmd, sys.executable, str(worker), *args[:3], seed, *args[3:], *extra], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    how = "mpi halos, graphs" if graphs else "mpi halos"
+    how = "mpi halos, graphs" if mode == "graphs" else "mpi halos"
     assert f"simulated GPU path ({how}), {ranks} ranks: bitwise equal" in r.stdout
 
 
@@ -282,7 +282,7 @@ def test_mpi_rank_without_gpu_fails_on_every_rank() -> None:
 def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int, how: str) -> None:
     """Two or three ranks (sharing GPUs where there are fewer) against the one-GPU run, checked by rank 0.
 
-    ``graphs``: each step as graph launches (the default); ``launches``: ``--launches``.
+    ``graphs``: each step as graph launches (``--graphs``); ``launches``: one by one (the default).
     """
     mpirun = _mpirun()
     seed = int.from_bytes(os.urandom(4), "little")
@@ -311,7 +311,7 @@ def test_mpi_gpu_ranks_bitwise_one_gpu(tmp_path: Path, staging: str, ranks: int,
             str(out),
             "--out",
             "",
-            *(["--launches"] if how == "launches" else []),
+            *(["--graphs"] if how == "graphs" else []),
         ],
         timeout=300,
     )
@@ -488,7 +488,7 @@ def test_mpi_gpu_ipc_halos_bitwise_one_gpu(tmp_path: Path, ranks: int, rows: int
     seed = int.from_bytes(os.urandom(4), "little")
     out, js = tmp_path / "plate.npy", tmp_path / "r.json"
     args = ["--halo", "ipc", "--size", str(cols), "--rows", str(rows), "--steps", "20", "--init", "random"]
-    args += ["--launches"] if how == "launches" else []
+    args += ["--graphs"] if how == "graphs" else []
     args += ["--seed", str(seed), "--check", "--save", str(out), "--json", str(js), "--out", ""]
     r = _run([*mpirun, "-np", str(ranks), sys.executable, str(EXAMPLE), *args], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

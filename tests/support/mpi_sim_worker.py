@@ -1,6 +1,6 @@
 """RankHeat's GPU path on MPI ranks under numba's CUDA simulator (a helper of tests/kernels/test_mpi.py).
 
-    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc] [graphs]
+    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc] [driver] [graphs]
 
 The copies run at once, after all work queued before them (the simulated
 driver runs kernels late, on their streams), so the order queued is kept: this
@@ -13,12 +13,11 @@ NumPy arrays, the priority stream by a simulator stream.  Rank 0 prints
 ``bitwise equal`` (or the count of differing cells) against the NumPy
 reference, which the simulator matches bit for bit.
 
-With ``graphs`` (``halo="mpi"`` only) nothing is replaced: RankHeat's
-default path, its steps as CUDA graph launches, runs over the simulated driver
-(copies, pinned staging, priority stream, capture and replay), whose streams
-run their work late and in a seeded order, so a missing event shows up as a
-wrong cell too.  Without it, the steps are issued launch by launch
-(``graphs=False``) over the replacements above.
+With ``driver`` (``halo="mpi"`` only) nothing is replaced: RankHeat runs
+over the simulated driver (copies, pinned staging, priority stream), whose
+streams run their work late and in a seeded order, so a missing event shows
+up as a wrong cell too; ``graphs`` adds ``graphs=True`` (each step's slab
+kernel and bands captured and replayed as CUDA graphs; implies ``driver``).
 
 With ``ipc`` the same runs with ``halo="ipc"``: each rank's exported VMM
 outbox is a shared memory file (``memfd_create``, mapped with ``mmap``) whose
@@ -138,7 +137,7 @@ def main() -> int:
     three_d = "3d" in flags
     halo = "ipc" if "ipc" in flags else "mpi"
     graphs = "graphs" in flags
-    if not graphs:
+    if not (graphs or "driver" in flags):
         sim.stream.handle = 0  # the simulator's streams have no driver handle
         cuda.event = lambda timing=True: sim.Event()  # nor do its events take flags
         _driver.call = fake_call

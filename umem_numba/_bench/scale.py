@@ -24,8 +24,7 @@ bit for bit with the one-GPU field.
 
 MPI path: ``mpirun -np N python examples/heat2d_mpi.py --staging pinned``
 (from the source tree; the ``mpirun`` first on ``PATH``, Open MPI or MPICH) in a
-subprocess per point (each rank's slab kernel and edge bands as CUDA graph
-launches, or launch by launch with ``--launches``); the example reports ms per step, the same steps again
+subprocess per point; the example reports ms per step, the same steps again
 without the exchange (its *halo time per step* is the difference, as for the
 peer path) and the longest host wait for messages of any rank (``--json``).
 Once per ``--mpi-halos`` mode: ``pinned`` (rows in MPI messages through pinned
@@ -94,8 +93,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--launches",
         action="store_true",
-        help="issue every launch and copy of a step from the host (default: CUDA graphs: one per slab and "
-        "step on the peer path, the slab kernel and the edge bands on each MPI rank)",
+        help="peer path: issue every launch and copy of a step from the host (default: one CUDA graph "
+        "launch per slab and step)",
     )
     ap.add_argument(
         "--halos",
@@ -216,7 +215,6 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             "--json",
             out,
             *(["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]),
-            *(["--launches"] if args.launches else []),
         ]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
