@@ -1,6 +1,7 @@
 """RankHeat's GPU path on MPI ranks under numba's CUDA simulator (a helper of tests/kernels/test_mpi.py).
 
-    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED [3d] [ipc] [driver] [graphs]
+    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/support/mpi_sim_worker.py ROWS COLS STEPS SEED \
+        [3d] [ipc] [driver] [graphs]
 
 The copies run at once, after all work queued before them (the simulated
 driver runs kernels late, on their streams), so the order queued is kept: this
