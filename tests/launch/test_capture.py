@@ -462,3 +462,58 @@ def test_garbage_freed_during_a_capture_does_not_break_it(rng):
     s.synchronize()
     np.testing.assert_array_equal(a.copy_to_host(), values * 2.0)
     graph.close()
+
+
+def test_buffers_launched_on_a_forked_stream_are_refused_or_right(rng):
+    """A plain launch of a buffer on a stream forked into the capture: refused, or every replay's write seen.
+
+    The graph's read and write sets hold what the capturing stream's launches use; a buffer
+    written on a forked branch would be replayed untracked (a host read after the second launch
+    would not wait for it).  The launch is refused inside the block and the capture goes on.
+    """
+    s, side = cuda.stream(), cuda.stream()
+    fork, join = cuda.event(timing=False), cuda.event(timing=False)
+    with um.ManagedBuffer.from_array(random_array(rng, N, np.float64)) as a:
+        refused = False
+        with um.capture(s) as graph:
+            fork.record(s)
+            fork.wait(side)
+            try:
+                _plain_scale[G, B, side](a, 2.0)
+            except um.CoherenceError as exc:
+                refused = True
+                assert "forked" in str(exc)
+            join.record(side)
+            join.wait(s)
+            _plain_scale[G, B, s](a, 4.0)  # the capture goes on
+        for _ in range(TRIALS):
+            values = random_array(rng, N, np.float64)
+            a.host[:] = values
+            graph.launch()
+            np.testing.assert_array_equal(a.host, values * (4.0 if refused else 8.0))
+        graph.close()
+        assert refused
+
+
+def test_a_plain_launch_of_a_buffer_in_a_capture_umem_numba_did_not_begin_is_refused(rng):
+    """``cuStreamBeginCapture`` called directly: a plain launch of a buffer there is refused, the capture intact.
+
+    (A launch filed under a stream mark made before the capture began asks nothing of the
+    stream, so it is not seen: docs/concepts/graphs.md says so.)
+    """
+    values = random_array(rng, N, np.float64)
+    s = cuda.stream()
+    h = um.stream_handle(s)
+    with um.ManagedBuffer.from_array(values) as a:
+        drv = _driver.api().drv
+        _driver.call("cuStreamBeginCapture", h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        try:
+            with pytest.raises(um.CoherenceError, match="did not begin"):
+                _plain_scale[G, B, s](a, 2.0)
+            assert _driver.is_capturing(h), "the refusal broke the capture"
+        finally:
+            err, graph = drv.cuStreamEndCapture(h)
+            assert int(err) == 0, "the refusal invalidated the capture"
+            _driver.call("cuGraphDestroy", graph)
+        _plain_scale[G, B, s](a, 2.0)  # the stream and the buffer work as before
+        np.testing.assert_array_equal(a.host, values * 2.0)

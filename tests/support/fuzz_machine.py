@@ -1039,7 +1039,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         stream=st.sampled_from((*NUMBA_STREAMS, *NON_BLOCKING)),
         on=st.sampled_from(STREAMS),
         launches=st.integers(0, 2),
-        op=st.sampled_from(("fill", "sleepfill", "copy")),
+        op=st.sampled_from(("fill", "sleepfill", "copy", "forkfill")),
         keep=st.booleans(),
     )
     def graph_capture(
@@ -1047,7 +1047,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
     ) -> None:
         """``umem_numba.capture`` of a tracked fill (sleeping first or not) or of ``um.copy`` from another
         view, launched 0 to 2 times on any stream, then closed or kept for later launches (a VMMBuffer's
-        graph is closed: it may shrink)."""
+        graph is closed: it may shrink).  ``forkfill``: a stream forked into the capture first tries a
+        plain launch of the buffer (refused: it would replay untracked), then joins back before the fill."""
         if view.kind not in DEVICE_KINDS or len(view.shape) not in (1, 2):
             return
         src: View | None = None
@@ -1063,12 +1064,17 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         s = self.stream(stream)
         views = (view,) if src is None else (view, src)
         what = f"um.capture({stream}): {op}({view.label}, {src.label if src else value}); launch x{launches} on {on}"
+        if op == "forkfill" and not hasattr(self, "_fork"):
+            self._fork = (cuda.stream(), cuda.event(timing=False), cuda.event(timing=False))
         with self.run(what, *views):
             with um.capture(s) as graph:
                 if src is not None:
                     um.copy(view.buf, src.buf, stream=s)
                 else:
                     grid, block = launch_config(view.shape)
+                    if op == "forkfill":
+                        self._forked_plain_launch_refused(s, view, value)
+                        op = "fill"
                     k = KERNELS.get(f"{op}{len(view.shape)}")
                     k[grid, block, s](*((view.buf, value, SLEEP_NS) if op == "sleepfill" else (view.buf, value)))
             try:
@@ -1080,6 +1086,22 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                     self.graphs.append((graph, view, value, src))
                 else:
                     graph.close()
+
+    def _forked_plain_launch_refused(self, s: Any, view: View, value: int) -> None:
+        """Inside a capture on ``s``: fork a stream in, try a plain launch of ``view`` there, join it back."""
+        side, fork, join = self._fork  # made outside the capture (a stream destroyed in it would end it)
+        fork.record(s)
+        fork.wait(side)
+        nd = len(view.shape)
+        grid, block = launch_config(view.shape)
+        try:
+            KERNELS.get(f"plainfill{nd}")[grid, block, side](view.buf, value)
+        except um.CoherenceError as exc:
+            assert "forked" in str(exc), exc
+        else:
+            raise AssertionError("a plain launch of a buffer on a forked stream was not refused")
+        join.record(side)
+        join.wait(s)
 
     def _graph_effect(self, view: View, value: int, src: View | None) -> None:
         """What one launch of a kept graph does to the model: a fill of ``value``, or a copy of ``src``."""
@@ -1288,6 +1310,7 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 for graph, *_ in self.graphs:
                     graph.close()
                 self.graphs.clear()
+                self.__dict__.pop("_fork", None)  # the forked stream and its events: freed now
                 for a in self.allocs:
                     if a.closed or self.failed:
                         continue

@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import CoherenceError
 from ._tracker import Tracker
 
-__all__ = ["CaptureRecorder", "recorder_for", "start", "stop"]
+__all__ = ["CaptureRecorder", "capturing", "recorder_for", "start", "stop"]
 
 
 class CaptureRecorder:
@@ -84,6 +84,11 @@ def recorder_for(handle: int) -> CaptureRecorder | None:
     if recorder is not None and recorder.handle == handle:
         return recorder
     return None
+
+
+def capturing() -> bool:
+    """Whether the calling thread is inside a ``umem_numba.capture`` block."""
+    return _recording.recorder is not None
 
 
 def start(recorder: CaptureRecorder) -> None:

@@ -145,10 +145,28 @@ def _current_mark(handle: int, device: int) -> StreamMark | None:
         if mark is not None and mark.event is None and mark.owner is not None and mark.owner() is owned[0]():
             return mark
         slot, owner = handle, owned[0]
+    if _driver.is_capturing(handle):
+        return None  # cuStreamGetId would break the capture; the launch checks it and refuses
     if len(_marks) >= _MARKS_KEPT:
         _marks.clear()  # marks stay valid in the trackers that filed them
     mark = _marks[slot] = StreamMark(handle, device, _driver.stream_key(handle), owner)
     return mark
+
+
+def _capture_refusal(handle: int) -> str:
+    """Why a plain launch of a buffer on capturing stream ``handle`` is refused."""
+    if _capture.capturing():
+        return (
+            f"a plain numba launch of a buffer on stream {handle:#x}, forked into this thread's "
+            "umem_numba.capture: a graph's read and write sets hold what the capturing stream's "
+            "launches use, so a buffer written on another branch would be replayed untracked; launch "
+            "it on the capturing stream"
+        )
+    return (
+        f"a plain numba launch of a buffer on stream {handle:#x}, which is capturing a CUDA graph "
+        "umem_numba did not begin: its launches would replay untracked; capture with "
+        "`with umem_numba.capture(stream) as graph:` and launch it with graph.launch()"
+    )
 
 
 class PlainLaunch:
@@ -189,7 +207,9 @@ class PlainLaunch:
         if recorder is not None:  # nothing is asked of the capturing stream (cuStreamGetId breaks a capture)
             self.mark, self.checked, self.captured, self.key = None, True, True, 0
             return
-        self.mark = mark = _current_mark(handle, device)
+        # Inside this thread's umem_numba.capture another stream may be forked into it: no mark's
+        # fast path (it asks nothing of the stream), the launch checks the stream first.
+        self.mark = mark = None if _capture.capturing() else _current_mark(handle, device)
         #: Whether the stream was checked for a capture (once per launch, when needed).
         self.checked = False
         self.captured = False
@@ -229,8 +249,7 @@ class PlainLaunch:
         if mark is not None and tracker.plain_launch_unchanged(mark):
             return  # the stream's current mark is all the buffer waits for: this launch is under it
         if launch._check_capture():
-            tracker.on_device_export(False)  # no event inside the user's graph: the conservative mark
-            return
+            raise CoherenceError(_capture_refusal(launch.handle))
         waits, covered, gen = tracker.begin_plain_launch(launch.key, launch.device, mark)
         if mark is None:
             launch.eager.append((tracker, covered, gen))
