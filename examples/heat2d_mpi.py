@@ -35,6 +35,7 @@ every rank, and all ranks exit with status 2, before any halo moves.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import socket
 import sys
@@ -245,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         warm = 0 if args.cpu else min(args.warmup, args.steps)
         run.step(warm)
         run.synchronize()
+        # A full garbage collection walks every object of the process (numba's compiled kernels
+        # and typing state: tens of milliseconds) and lands on whichever step it falls in; with
+        # steps of a fifth of a millisecond it dominated the timing and differed from rank to
+        # rank.  What exists now is kept for good (gc.freeze): the steps' own garbage is young.
+        gc.collect()
+        gc.freeze()
         run.halo_seconds = run.band_seconds = 0.0
         comm.Barrier()
         t0 = time.perf_counter()

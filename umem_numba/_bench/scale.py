@@ -42,6 +42,7 @@ decomposition: it measures the exchange overhead, not a speed-up).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -147,8 +148,17 @@ def _peer_point(
         run = MultiGPUHeat(u0, devices, halo=halo, graphs=not args.launches)
     with run:
         run.step(3)
-        with_ex = [run.timed(args.steps) for _ in range(args.trials)]
-        without = [run.timed(args.steps, exchange=False) for _ in range(args.trials)] if len(devices) > 1 else with_ex
+        # A full garbage collection (tens of ms in a process holding numba's state) would land in
+        # one step of one trial: what exists now is exempt while timing (the steps' garbage is young).
+        gc.collect()
+        gc.freeze()
+        try:
+            with_ex = [run.timed(args.steps) for _ in range(args.trials)]
+            without = (
+                [run.timed(args.steps, exchange=False) for _ in range(args.trials)] if len(devices) > 1 else with_ex
+            )
+        finally:
+            gc.unfreeze()
         t, t0 = statistics.median(with_ex), statistics.median(without)
         point = {
             "gpus": len(devices),
