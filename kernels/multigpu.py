@@ -39,6 +39,22 @@ slab ``k`` is:
 
 Nothing in a step waits on the host, so the host queues steps ahead of the GPUs.
 
+With ``graphs=True`` (the default) each slab's step is one CUDA graph launch
+(:func:`umem_numba.capture`, one graph per step parity, since the fields swap):
+the rows in on main, then a fork into the edge stream (bands, rows out) joined
+back into main.  Issuing the launches, copies and events of four GPUs' steps
+from one Python thread took longer than an H200's step; a graph step costs
+per slab two event waits, one launch and one event record.  The events inside
+a step become the graph's edges, so the rows cross between graphs instead:
+slab ``k``'s step ``t`` sends through *slot* ``t % 2`` (two landing rows, or
+two VMM band arrays, per move), receives what its neighbours sent in step
+``t - 1`` through slot ``(t - 1) % 2``, and waits (``cuStreamWaitEvent``) for
+its neighbours' step ``t - 1`` to end (``step_end`` events, one per parity).
+That wait covers both hazards: the rows it receives were written then, and the
+slot it sends through was last read in the neighbour's step ``t - 1``.  Before
+the first step, slot 1 holds each slab's initial halo rows (written from the
+host), so the first step's receive changes nothing.
+
 The same GPU may appear several times in ``devices``: ``devices=[0, 0, 0]``
 runs a *simulated* decomposition into three slabs on GPU 0, with the same
 exchange logic (the tests compare it bitwise with the one-slab run).
@@ -588,7 +604,7 @@ class MultiGPUHeat:
                 s.graphs = tuple(graphs)
         ex.prefill(parts)
         self._neighbours = [ex.neighbours(k) for k in range(len(self.slabs))]
-        self._record = um.driver_call
+        self._call = um.driver_call  # bound once: a graph step calls it per slab
 
     @property
     def transports(self) -> list[str]:
@@ -650,7 +666,7 @@ class MultiGPUHeat:
         """
         from numba import cuda
 
-        call = self._record
+        call = self._call
         wc, wn = self.weights
         for _ in range(n):
             p = self.steps_done % 2
