@@ -172,6 +172,27 @@ def raw_address(buf: Any) -> int:
     return int(buf._address)
 
 
+def raw_view(buf: Any) -> Any:
+    """A numba device array over a C-contiguous umem_numba buffer's memory, for work the caller orders itself.
+
+    Kernels launched with it are not tracked (the buffer's coherence sees none
+    of them): for the stencils' own scratch arrays whose every use is ordered by
+    events of their own, such as a band array written on a branch of a CUDA
+    graph (a tracked buffer there would be refused).  The view keeps ``buf``
+    alive.
+    """
+    from numba import cuda
+
+    desc = {
+        "shape": tuple(buf.shape),
+        "strides": None,
+        "typestr": np.dtype(buf.dtype).str,
+        "data": (raw_address(buf), False),
+        "version": 3,
+    }
+    return cuda.from_cuda_array_interface(desc, owner=buf, sync=False)
+
+
 def _address(a: Any) -> int | None:
     # umem_numba buffers: the untracked address (an identity check is no device use).
     if hasattr(a, "_coherence_tracker"):

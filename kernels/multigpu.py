@@ -86,7 +86,7 @@ import numpy as np
 
 from umem_numba import PriorityStream
 
-from ._common import _as_float_dtype, raw_address, require_free_memory, stencil_weights
+from ._common import _as_float_dtype, raw_address, raw_view, require_free_memory, stencil_weights
 from .decomp import Decomposition, HaloExchange
 
 __all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi", "heat3d_multi", "heat_multi"]
@@ -140,6 +140,9 @@ class _Link:
     scratch: list  # band arrays on the sender (VMMBuffers for vmm: one per slot; else one)
     grid: tuple
     block: tuple
+    #: What the band kernels write: the band arrays, or for vmm untracked views of them (every use
+    #: is ordered by this module's events, and a tracked buffer is refused on a graph's branch).
+    outputs: list = field(default_factory=list)
     landing: list = field(default_factory=list)  # per slot: device array on the receiver, or PinnedBuffer
     landing_ptr: list = field(default_factory=list)
     sent: Any = None  # event on the sender's edge stream: the row left (or, vmm: is ready)
@@ -226,6 +229,7 @@ class PeerExchange(HaloExchange):
                 grid, blk3 = config((b1 - b0, *rest), rows, block)
                 sent = cuda.event(timing=False)
             link = _Link(kind, (b0, b1), m.src_row - b0, scratch, grid, blk3, sent=sent)
+            link.outputs = [raw_view(band) for band in scratch] if kind == "vmm" else list(scratch)
             for _ in range(slots if kind != "vmm" else 0):
                 if kind == "pinned":
                     landing = um.PinnedBuffer.empty(rest, dtype, um.HostAllocFlags.PORTABLE)
@@ -281,7 +285,7 @@ class PeerExchange(HaloExchange):
             if view is None:  # slicing a device array costs host time: once per field
                 b0, b1 = link.band
                 view = link.views[id(field_)] = field_[b0:b1]
-            self.kernel[link.grid, link.block, stream](view, self._scratch(link, slot), *weights)
+            self.kernel[link.grid, link.block, stream](view, link.outputs[slot if link.kind == "vmm" else 0], *weights)
 
     def send_row(self, m: Any, link: _Link, slot: int, handle: int, *, captured: bool = False) -> None:
         """On ``handle``: move the row of ``link``'s band array towards the receiver (nothing for vmm).
@@ -358,7 +362,7 @@ class PeerExchange(HaloExchange):
                 close = getattr(buf, "close", None)
                 if close is not None:
                     close()
-            link.scratch, link.landing, link.landing_ptr = [], [], []
+            link.scratch, link.outputs, link.landing, link.landing_ptr = [], [], [], []
             link.views.clear()
         self.links = []
 
