@@ -31,6 +31,7 @@ P = "umem_numba/_memory/_pool.py"
 C = "umem_numba/_arrays/_copy.py"
 H = "umem_numba/_hints/_prefetch.py"
 E = "umem_numba/_arrays/_export.py"
+PL = "umem_numba/_memory/_plain_launch.py"
 
 MUTATIONS = [
     Mutation(
@@ -404,6 +405,14 @@ MUTATIONS = [
         ".ci/proof/item7-unseen-work.patch: pool memory that work umem_numba could not see used is neither "
         "held nor freed after a synchronise",
         more=((P, "            if unknown or escaped:\n                synchronize_for_reuse(", "            if False:\n                synchronize_for_reuse("),),
+    ),
+    Mutation(
+        "plain-launch-on-forked-stream-not-refused",
+        PL,
+        "        if launch._check_capture():\n            raise CoherenceError(_capture_refusal(launch.handle))",
+        "        if launch._check_capture():\n            tracker.on_device_export(False)\n            return",
+        "a786983 reverted: a plain launch of a buffer on a stream forked into um.capture is taken in as an "
+        "unknown-stream use (every later replay of the graph writes it untracked)",
     ),
 ]
 
