@@ -190,7 +190,6 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
         waited for there, and joined back before the block ends) joins the
         graph too; launches of buffers are recorded on ``stream`` only.
 
-
     Yields
     ------
     Graph
@@ -208,7 +207,9 @@ def capture(stream: StreamLike) -> Iterator[Graph]:
     BufferClosedError
         A buffer the graph uses was closed inside the block (no graph is made).
     CudaError
-        The driver invalidated the capture (work from another thread joined it).
+        The driver invalidated the capture (work from another thread joined it),
+        or a stream forked into it was not joined back
+        (``CUDA_ERROR_STREAM_CAPTURE_UNJOINED``); no graph is made.
 
     Notes
     -----
