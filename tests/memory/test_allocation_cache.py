@@ -183,7 +183,7 @@ def test_out_of_memory_with_nothing_cached_is_raised(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_cache_keeps_at_most_its_limit(rng, monkeypatch):
-    monkeypatch.setattr(_cache, "cache_limit", lambda device_id: 3 * 4096)
+    monkeypatch.setattr(_cache, "cache_limit", lambda device_id, kind="managed": 3 * 4096)
     _cache._lists.clear()  # made again with the patched limit
     try:
         bufs = [um.ManagedBuffer.empty(512, np.float64) for _ in range(4)]  # 4096 bytes each

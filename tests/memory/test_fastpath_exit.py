@@ -300,9 +300,9 @@ def _report(what, _w=os.write, _flag=_exiting):
         _w(1, b"FREED AT EXIT: " + what.encode() + b"\\n")
 
 
-def _spy_release(memory, tracker, generation, _real=_lifetime._release, _r=_report):
+def _spy_release(memory, tracker, generation, settled=False, _real=_lifetime._release, _r=_report):
     _r("release of " + type(memory).__name__)
-    _real(memory, tracker, generation)
+    _real(memory, tracker, generation, settled)
 
 
 _FREES = frozenset({

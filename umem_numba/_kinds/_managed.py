@@ -171,10 +171,13 @@ class ManagedBuffer(Buffer):
             cached = _cache.take("managed", device_id, size)
             if cached is not None:
                 cached.nbytes = nbytes
+                tracker = cached.reopened_record()
             else:
                 with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
                     cached = _cache.allocate("managed", device_id, nbytes, _alloc_managed, "cuMemFree")
-            tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
+                tracker = None
+            if tracker is None:
+                tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
             alloc = Allocation("managed", cached, cached.ptr, device_id, tracker)
             buf = object.__new__(cls)
             buf._init(alloc, 0, shape, strides, dtype, True)

@@ -20,6 +20,7 @@ from .._arrays._buffer import Buffer, cuda_core_source, host_source, new_layout,
 from .._arrays._copy import copy
 from .._checks import as_int
 from .._driver._location import StreamLike, stream_handle
+from .._memory import _cache
 from .._memory._lifetime import Allocation, DriverMemory, Transaction
 from .._memory._pool import MemoryPool, check_pool
 from .._memory._tracker import Tracker
@@ -61,6 +62,11 @@ def _as_flags(flags: Any) -> HostAllocFlags:
     if value & ~_ALL_FLAGS or value < 0:
         raise ValueError(f"unknown host allocation flag bits {value & ~_ALL_FLAGS:#x}")
     return HostAllocFlags(value)
+
+
+def _alloc_pinned(size: int) -> int:
+    """``cuMemHostAlloc`` of ``size`` bytes with the default flags (a new allocation for the cache)."""
+    return int(_driver.call("cuMemHostAlloc", size, 0, detail=f"pinning {size} bytes of host memory"))
 
 
 class PinnedBuffer(Buffer):
@@ -139,6 +145,28 @@ class PinnedBuffer(Buffer):
         if stream is not None and stream_handle(stream, what="PinnedBuffer.empty") != 0:
             raise ValueError("PinnedBuffer.empty: stream= is the allocation stream of pool memory; pass pool= too")
         device_id = _driver.ensure_context()
+        if nbytes and not flags:
+            # From the allocation cache (a closed buffer's page-locked memory of this size, idle), else new.
+            cached = _cache.take("pinned", device_id, _cache.rounded(nbytes))
+            if cached is not None:
+                cached.nbytes = nbytes
+                tracker = cached.reopened_record()
+            else:
+                with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
+                    cached = _cache.allocate("pinned", device_id, nbytes, _alloc_pinned, "cuMemFreeHost")
+                tracker = None
+            alloc = Allocation("pinned", cached, cached.ptr, device_id, tracker or Tracker(device_id))
+        else:
+            alloc = cls._driver_allocation(nbytes, flags, device_id)
+        buf = object.__new__(cls)
+        buf._init(alloc, 0, shape, strides, dtype, True)
+        buf._flags = flags
+        buf._device_accessible = HostAllocFlags.DEVICEMAP in flags
+        return buf
+
+    @staticmethod
+    def _driver_allocation(nbytes: int, flags: HostAllocFlags, device_id: int) -> Allocation:
+        """A page-locked allocation of its own (flags other than the default, or zero bytes): freed at close."""
         ptr = 0
         device_ptr = None
         memory = None
@@ -155,12 +183,7 @@ class PinnedBuffer(Buffer):
                 if HostAllocFlags.DEVICEMAP in flags:
                     device_ptr = int(_driver.call("cuMemHostGetDevicePointer", ptr, 0))
                 tx.commit()
-        alloc = Allocation("pinned", memory, ptr, device_id, Tracker(device_id), device_ptr=device_ptr)
-        buf = object.__new__(cls)
-        buf._init(alloc, 0, shape, strides, dtype, True)
-        buf._flags = flags
-        buf._device_accessible = HostAllocFlags.DEVICEMAP in flags
-        return buf
+        return Allocation("pinned", memory, ptr, device_id, Tracker(device_id), device_ptr=device_ptr)
 
     @classmethod
     def _from_pool(

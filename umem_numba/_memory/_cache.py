@@ -1,26 +1,31 @@
 """The allocation cache: closed buffers' driver allocations kept for the next buffer of their size.
 
-A buffer made without ``pool=`` gets its own driver allocation
-(``cuMemAllocManaged``, ``cuMemHostAlloc``).  Allocating and freeing one costs
-20 to 60 µs (the free waits for the device), against about 1 µs for a pool;
-CuPy's default allocator keeps ``cudaMalloc`` blocks for that reason.  The
-managed default is not a managed memory pool: the driver refuses advice on
-managed-pool memory (``CUDA_ERROR_NOT_SUPPORTED`` on an H100), and a default
-buffer must keep taking advice.  So the cache keeps the allocations
-themselves, with :class:`~umem_numba._memory._free_lists.FreeLists` for the
-policy, as a pool keeps its blocks:
+A ``ManagedBuffer`` or ``PinnedBuffer`` made without ``pool=`` gets its own
+driver allocation (``cuMemAllocManaged``, ``cuMemHostAlloc``).  Allocating and
+freeing one costs 20 to 60 µs for managed memory and far more for pinned
+memory (the free waits for the device; pinning locks pages), against about
+1 µs for a pool; CuPy's default allocator keeps ``cudaMalloc`` blocks, and its
+and PyTorch's pinned allocators keep freed page-locked blocks, for that
+reason.  The managed default is not a managed memory pool: the driver refuses
+advice on managed-pool memory (``CUDA_ERROR_NOT_SUPPORTED`` on an H100), and a
+default buffer must keep taking advice.  So the cache keeps the allocations
+themselves, in lists per kind, device and size class, as a pool keeps its
+blocks:
 
 - a closed buffer's allocation joins the list of its size (rounded up to
   :data:`ROUND`) once its device work is done: closing waits for it, whatever
   the coherence policy, exactly as it does before a free (a host view that
-  outlives ``close()`` keeps the final values).  Nothing can use it any more,
-  so the next buffer over it starts with a new coherence record and waits for
-  nothing;
+  outlives ``close()`` keeps the final values).  Nothing can use it any more;
+  the next buffer over it reopens the closed buffer's coherence record under
+  a new epoch (:meth:`CachedMemory.reopened_record`), so a launch that took
+  the old buffer's address is still refused;
 - it goes back to the driver instead when it took advice or a stream
   attachment (the next buffer must not inherit them), when its address was
   shared (``ptr``, the CUDA Array Interface), when the cache is off
-  or holds :func:`cache_limit` bytes already, or when it was made with flags
-  other than the default ones (those allocations are not made here);
+  or holds :func:`cache_limit` bytes already (a quarter of the device's
+  memory; pinned memory at most :data:`PINNED_LIMIT`), or when it was made
+  with flags other than the default ones (those allocations are not made
+  here);
 - :func:`release_allocation_cache` gives everything back; an allocation the
   driver refuses for lack of memory first releases the cache and tries again.
 
@@ -40,6 +45,7 @@ from ._lifetime import Memory, report_failed_free
 from ._tracker import Tracker
 
 __all__ = [
+    "PINNED_LIMIT",
     "ROUND",
     "CachedMemory",
     "cache_limit",
@@ -105,9 +111,15 @@ class _SizeLists:
 _lists: dict[tuple[str, int], _SizeLists] = {}
 
 
-def cache_limit(device_id: int) -> int:
-    """The most bytes one kind's cache keeps for a device: a quarter of its memory."""
-    return int(_driver.call("cuDeviceTotalMem", device_id)) // 4
+#: The most pinned bytes the cache keeps: page-locked memory is taken from the OS's paging
+#: for as long as it is cached, so the pinned cache stays small next to the managed one.
+PINNED_LIMIT = 1 << 30
+
+
+def cache_limit(device_id: int, kind: str = "managed") -> int:
+    """The most bytes one kind's cache keeps for a device: a quarter of its memory (pinned: at most 1 GiB)."""
+    quarter = int(_driver.call("cuDeviceTotalMem", device_id)) // 4
+    return min(quarter, PINNED_LIMIT) if kind == "pinned" else quarter
 
 
 def _lists_of(kind: str, device_id: int) -> _SizeLists:
@@ -117,7 +129,7 @@ def _lists_of(kind: str, device_id: int) -> _SizeLists:
         with _lock:
             lists = _lists.get(key)
             if lists is None:
-                lists = _lists[key] = _SizeLists(cache_limit(device_id))
+                lists = _lists[key] = _SizeLists(cache_limit(device_id, kind))
     return lists
 
 
@@ -153,7 +165,7 @@ class CachedMemory(Memory):
         Whose context frees it.
     """
 
-    __slots__ = ("advised", "device_id", "free_call", "kind", "nbytes", "ptr", "size")
+    __slots__ = ("advised", "device_id", "free_call", "kind", "nbytes", "ptr", "size", "tracker")
     #: Closed like a driver allocation: the release path first waits for the buffer's device
     #: work, whatever the policy, so what the cache holds has no work left to run.
     stream_ordered = False
@@ -166,6 +178,22 @@ class CachedMemory(Memory):
         self.free_call = free_call
         self.device_id = device_id
         self.advised = False
+        #: While cached: the closed buffer's coherence record (blocked "closed"; see :meth:`reopened_record`).
+        self.tracker: Tracker | None = None
+
+    def reopened_record(self) -> Tracker | None:
+        """The last buffer's record, reopened for the next buffer over this memory; None: make a new one.
+
+        Reopening (:meth:`Tracker.recycle`, as a pool does for its free lists)
+        bumps the record's epoch, so a launch that took the closed buffer's
+        address and registers only now is refused; it saves the next buffer a
+        new record (a lock and twenty fields).  A record a live graph or a
+        capture still counts stays with the closed buffer.
+        """
+        tracker, self.tracker = self.tracker, None
+        if tracker is None or tracker.graphs or tracker.capturing or not tracker.recycle():
+            return None
+        return tracker
 
     def describe(self) -> str:
         return f"{self.kind} memory at {self.ptr:#x} ({self.nbytes} bytes)"
@@ -177,8 +205,11 @@ class CachedMemory(Memory):
         # The release path waited for ``tracker``'s work: the memory is idle.  Memory whose address
         # was shared (``ptr``, the CUDA Array Interface) may still be named by a raw pointer
         # somewhere: freed, so that a stale use faults rather than writes the next buffer.
-        if _enabled and not self.advised and not tracker.escaped and _lists_of(self.kind, self.device_id).keep(self):
-            return
+        if _enabled and not self.advised and not tracker.escaped:
+            self.tracker = tracker  # set before the memory is listed: another thread may take it at once
+            if _lists_of(self.kind, self.device_id).keep(self):
+                return
+            self.tracker = None
         self.free_to_driver()
 
     def free_to_driver(self) -> None:

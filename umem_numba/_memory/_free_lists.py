@@ -119,6 +119,12 @@ class FreeLists(Generic[M]):
             return memory
         return None
 
+    def put_back(self, memory: M) -> None:
+        """Return an entry :meth:`take_buffer` gave out, unused (its record still in ``memory.tracker``)."""
+        self.buffers.setdefault(memory.size, []).append(memory)
+        if self.closed:  # the pool closed meanwhile and emptied the lists: this entry too
+            _release_buffers(self.buffers)
+
     def keep_buffer(self, memory: M, tracker: Tracker) -> bool:
         """List a closed buffer's block with its record (False: it must go back to the driver)."""
         if not self.has_room(memory.size) or not tracker.recycle():

@@ -163,15 +163,18 @@ def _unless_exiting(func: Callable[..., Any], *args: Any, _quiet: Callable[[], b
         func(*args)
 
 
-def _release(memory: Memory, tracker: Tracker, generation: int) -> None:
-    """The one release path: wait, free, count, report.  Never raises."""
+def _release(memory: Memory, tracker: Tracker, generation: int, settled: bool = False) -> None:
+    """The one release path: wait, free, count, report.  Never raises.
+
+    ``settled``: nothing can use the memory (:meth:`Tracker.close_if_idle`), so there is nothing to wait for.
+    """
     if generation != _driver.fork_generation:
         # Made before fork() in the parent: the parent's context owns it, and a
         # forked child can make no CUDA call.  Only the count goes.
         _stats.record_free(memory.kind, memory.nbytes)
         return
     try:
-        if not memory.stream_ordered:
+        if not (settled or memory.stream_ordered):
             tracker.wait_all(f"releasing {memory.describe()}")
     except Exception as exc:  # the free below still runs
         report_failed_free(f"waiting for device work before releasing {memory.describe()}", exc)
@@ -300,10 +303,14 @@ class Allocation:
         """
         if self.closed:
             return
+        memory = self.memory
+        if memory is not None and not memory.stream_ordered and self.tracker.close_if_idle():
+            # Nothing pending, in flight or refusing: closed for good with no settling and no wait.
+            self._mark_closed(settled=True)
+            return
         # Inside its own lend block the lent work is not recorded yet: neither a wait for it
         # (which would never end) nor a free (which would not come after it) can be right.
         self.tracker.refuse_inside_own_lend(f"closing {self.kind} buffer")
-        memory = self.memory
         if memory is not None and memory.stream_ordered:
             # Work that took the address before this close must not register after it: memory
             # freed to the driver keeps the record blocked for good; a pool that hands the block
@@ -328,8 +335,8 @@ class Allocation:
             else:
                 tracker.unblock()
 
-    def _mark_closed(self) -> None:
-        """Set ``closed``; release unless exports live or the memory escaped."""
+    def _mark_closed(self, settled: bool = False) -> None:
+        """Set ``closed``; release unless exports live or the memory escaped (``settled``: see :func:`_release`)."""
         with _exports_lock:
             if self.closed:
                 return
@@ -337,7 +344,7 @@ class Allocation:
             if self._exports > 0 or self.tracker.escaped or self._released:
                 return
             self._released = True
-        _release(self.memory, self.tracker, self.generation)  # type: ignore[arg-type]
+        _release(self.memory, self.tracker, self.generation, settled)  # type: ignore[arg-type]
 
     def add_export(self) -> None:
         """Count an object outside umem_numba over the memory (numpy array, DLPack consumer); refused once closed."""

@@ -847,8 +847,14 @@ class MemoryPool:
         owner = ref()
         if owner is None or (owner is not stream and (type(stream) is not int or stream != handle)):
             handle, key, _ = self._resolve(stream, what, refusal)
+            checked = True
         else:
-            self._refuse_capture(handle, refusal)
+            # The legacy stream (handle 0) never captures itself: a capture elsewhere only makes
+            # driver work on it illegal.  A free-list block that needs no ordering makes no driver
+            # call, so there the check (one driver call, a third of this path) waits for the first.
+            checked = handle != 0
+            if checked:
+                self._refuse_capture(handle, refusal)
         if not nbytes:
             return Allocation(kind, None, 0, self.device_id, Tracker(self.device_id))
         size = (nbytes + _ROUND_UP) & _ROUND_MASK
@@ -858,9 +864,15 @@ class MemoryPool:
             if memory is not None:
                 tracker = memory.tracker
                 assert tracker is not None  # every entry of a list carries its record
-                memory.tracker = None
-                memory.nbytes = nbytes
-                if tracker.writes or tracker.reads:
+                if (tracker.writes or tracker.reads) and (
+                    key is None or memory.ordered_on != key or tracker.recorded_since(memory.ordered_mark)
+                ):
+                    if not checked:
+                        try:
+                            self._refuse_capture(handle, refusal)
+                        except BaseException:
+                            lists.put_back(memory)  # untouched: the next allocation may take it
+                            raise
                     if key is None:
                         key = self._stream_key(handle)
                     if memory.ordered_on != key or tracker.recorded_since(memory.ordered_mark):
@@ -870,7 +882,11 @@ class MemoryPool:
                         # so that one filed by a launch racing the close is caught too).
                         memory.ordered_on = key
                         memory.ordered_mark = tracker.mark()
+                memory.tracker = None
+                memory.nbytes = nbytes
                 return Allocation(kind, memory, memory.ptr, self.device_id, tracker)
+        if not checked:
+            self._refuse_capture(handle, refusal)
         if lists.idle or lists.held:
             ptr = self._take_settled(size, handle)
             if ptr:  # nothing can still use it: no event, no wait

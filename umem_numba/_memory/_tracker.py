@@ -575,6 +575,35 @@ class Tracker:
         with self._lock:
             self._blocked = reason
 
+    def close_if_idle(self) -> bool:
+        """Block device use for good (``"closed"``) if nothing may use the memory: True when it did.
+
+        The common close (nothing launched since the host last settled, as
+        in an allocate / fill / read / close loop) then needs no settling and
+        no wait: what :meth:`before_host_access` and :meth:`wait_all` would
+        find is checked and the block is set under one lock, so no launch can
+        register in between.  False, and nothing changed, whenever anything
+        is pending or in flight, a capture, a host hold or a ``lend`` block
+        uses the memory, or the device lacks concurrentManagedAccess: the
+        caller takes the full close path.
+        """
+        with self._lock:
+            if (
+                self._blocked is None
+                and not self.writes
+                and not self.reads
+                and not self.unknown_devices
+                and not self.escaped
+                and not self.inflight
+                and not self.holds
+                and not self.capturing
+                and not self._lenders
+                and self.concurrent
+            ):
+                self._blocked = "closed"
+                return True
+        return False
+
     def unblock(self) -> None:
         """End :meth:`block`."""
         with self._lock:
