@@ -206,8 +206,12 @@ def affine():
 
 
 def _buffer(rng, pages: int = 16) -> tuple[um.ManagedBuffer, np.ndarray]:
+    """A buffer never prefetched, its pages written on the host (``from_array`` of 1 MiB or more would
+    place them on the device by DMA, a prefetch these tests must not see)."""
     data = random_array(rng, pages * PAGE, np.float32)
-    return um.ManagedBuffer.from_array(data), data
+    buf = um.ManagedBuffer.empty(data.shape, data.dtype)
+    buf.host[:] = data
+    return buf, data
 
 
 def _state(hints: ManagedMemoryHints) -> tuple:

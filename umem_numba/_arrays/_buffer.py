@@ -172,7 +172,7 @@ class Buffer(DeviceExports, _Base):
             return
         if self._owner:
             alloc.close()
-            if not alloc.released:
+            if not alloc._released:  # the attribute, not the property: every close reads it
                 # Released later (host exports, or a device view held by another
                 # library): this object keeps the memory until it is collected.
                 return

@@ -48,6 +48,10 @@ def _alloc_managed(size: int) -> int:
     )
 
 
+#: ``from_array`` copies host data of at least this many bytes by DMA (see :meth:`ManagedBuffer.from_array`).
+FROM_ARRAY_DMA_MIN_BYTES = 1 << 20
+
+
 class ManagedBuffer(Buffer):
     """An n-d array in managed (unified) memory, usable by ``@cuda.jit`` kernels and the host.
 
@@ -262,6 +266,17 @@ class ManagedBuffer(Buffer):
         order : {"K", "C", "F"}
             ``"K"`` (default) keeps an F-ordered source's order and stores
             anything else C-ordered; ``"C"`` or ``"F"`` forces one.
+
+        Notes
+        -----
+        Host data of 1 MiB or more goes to a ``"global"`` buffer by DMA on
+        ``stream``, as :meth:`copy_from_host` copies it: the new pages are
+        placed on the device first, so the copy engine writes device memory
+        and the next kernel finds the data there (at DMA speed, where a host
+        copy into new managed memory faults every page in on the CPU).  The
+        copy is tracked like any other: host access waits for it.  Smaller
+        arrays, ``attach="host"`` buffers, ``prefetch="cpu"`` and devices
+        without concurrentManagedAccess are copied on the host.
         """
         what = "ManagedBuffer.from_array"
         side, dev_order = cuda_core_source(array, order, what)
@@ -274,7 +289,21 @@ class ManagedBuffer(Buffer):
             order = source_order(src, order, what)
             loc = None if prefetch is None else _prefetch_target(prefetch, what, src.shape, src.dtype)
             buf = cls.empty(src.shape, src.dtype, attach=attach, pool=pool, stream=stream, order=order)
-            if buf.size:
+            if (
+                buf.nbytes >= FROM_ARRAY_DMA_MIN_BYTES
+                and attach == "global"
+                and buf._alloc.tracker.concurrent  # type: ignore[union-attr]
+                and (loc is None or loc.kind == "device")
+            ):
+                # The copy engine writes the pages where the device reads them (the copy layer
+                # prefetches new memory to the device first): a host copy would fault every page in
+                # on the CPU (4.4 GB/s for 256 MiB on an H100, against 29 GB/s by DMA).
+                try:
+                    buf.copy_from_host(src, stream=stream)
+                except BaseException:
+                    buf.close()
+                    raise
+            elif buf.size:
                 np.copyto(buf._host_array("from_array", prefetch=False), src)
         if loc is not None:
             buf._prefetch_new(loc, stream)
