@@ -10,6 +10,9 @@ One run, one buffer size (>= 1 GiB by default), four comparisons:
    prefetch + the same kernel, values checked;
 4. a 64-entry :class:`PrefetchPlan` (one batched driver call where available) vs 64
    ``prefetch_range`` calls;
+6. automatic prefetch (``set_auto_prefetch``, issue #28 item 3), 256 MiB: a launch after the
+   host wrote the buffer, and a host read after the device wrote it, against an explicit
+   prefetch followed by the same work (goal >= 0.9x the speed) and against page faults;
 5. ``buf.discard_prefetch("cpu")`` of the device-resident buffer vs the plain device->host
    prefetch of (2) (goal >= 1x; discarded pages carry no data, so nothing should cross the
    bus: the figure says how much of the transfer the discard saves).  Where the driver has no
@@ -182,6 +185,82 @@ def _discard_d2h(buf: Any, clock: _Clock, reps: int, to_dev: Callable[[], Any], 
     return t
 
 
+#: Size of the automatic-prefetch comparison (issue #28 item 3 states its goals at 256 MiB).
+_AUTO_BYTES = 256 << 20
+
+
+def _auto_prefetch(dev: int, stream: Any, clock: _Clock, reps: int, kernel: Any, notes: list[str]) -> dict[str, Any]:
+    """(6) Automatic prefetch both ways against an explicit prefetch and against page faults.
+
+    To the device: the host writes every page, then one launch (timed: launch to completion).
+    ``auto``: the launch prefetches what the host touched (``set_auto_prefetch(True)``);
+    ``explicit``: ``prefetch(device)`` then the launch, automatic prefetch off; ``faults``:
+    the launch alone, off.  To the host: a kernel writes every element, then the host reads the
+    buffer into a numpy array (timed: the read, the wait for the kernel done before).  ``auto``: a
+    host view of the device's data prefetches it; ``explicit``: ``prefetch("cpu")``, then the
+    read, off; ``faults``: the read alone, off.  Values are checked.
+    """
+    from .. import get_auto_prefetch, launch, set_auto_prefetch
+    from .._kinds._managed import ManagedBuffer
+
+    refusal = _check_free(_AUTO_BYTES, "the automatic-prefetch buffer")
+    if refusal:
+        notes.append(f"no automatic-prefetch rows: {refusal}")
+        return {}
+    n = _AUTO_BYTES // 4
+    blocks = 8 * _driver.device_attribute("MULTIPROCESSOR_COUNT", dev)
+    buf = ManagedBuffer.zeros(n, np.float32)
+    out = np.empty(n, np.float32)
+    before = get_auto_prefetch()
+    times: dict[str, dict[str, list[float]]] = {"to_device": {}, "to_host": {}}
+    try:
+        value = np.float32(0.0)
+
+        def host_writes() -> None:
+            nonlocal value
+            value = np.float32(value + 1.0)
+            buf.host[:] = value  # every page, on the host
+
+        def device_writes() -> None:
+            launch(kernel, blocks, 256, buf, stream=stream)  # every element, on the device
+            buf.synchronize()
+
+        def read_back() -> None:
+            np.copyto(out, buf.host)
+
+        def launch_only() -> None:
+            launch(kernel, blocks, 256, buf, stream=stream)
+
+        def explicit_then_launch() -> None:
+            buf.prefetch(dev, clock.handle)
+            launch(kernel, blocks, 256, buf, stream=stream)
+
+        for _ in range(reps + 1):  # the first round warms every path up
+            for how in ("auto", "explicit", "faults"):
+                set_auto_prefetch(how == "auto")
+                host_writes()
+                clock.sync()
+                issue = explicit_then_launch if how == "explicit" else launch_only
+                times["to_device"].setdefault(how, []).append(clock.time(issue)[0])
+                if float(buf[0]) != value * 2 + 1 or float(buf[n - 1]) != value * 2 + 1:  # elements: no prefetch
+                    notes.append(f"automatic prefetch to the device ({how}): values WRONG")
+                device_writes()
+                t0 = time.perf_counter()
+                if how == "explicit":
+                    buf.prefetch("cpu", clock.handle)
+                    clock.sync()
+                read_back()
+                times["to_host"].setdefault(how, []).append(time.perf_counter() - t0)
+                value = np.float32((value * 2 + 1) * 2 + 1)
+                if out[0] != value or out[-1] != value:
+                    notes.append(f"automatic prefetch to the host ({how}): values WRONG")
+    finally:
+        set_auto_prefetch(before)
+        buf.close()
+    med = {way: {how: statistics.median(ts[1:]) for how, ts in d.items()} for way, d in times.items()}
+    return {"bytes": _AUTO_BYTES, "seconds": med}
+
+
 def _kernel() -> Any:
     from numba import cuda
 
@@ -261,6 +340,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if not values_ok:
             notes.append("kernel values WRONG after the first-touch test")
         t_fault, t_pf_kernel = statistics.median(fault_times), statistics.median(prefetch_times)
+        auto = _auto_prefetch(dev, stream, clock, reps, kernel, notes)
 
         # (4) 64 ranges: one plan vs 64 calls.
         chunk = buf.size // _PLAN_ENTRIES
@@ -329,6 +409,28 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 "goal": 1.0,
             }
         )
+    if auto:
+        sec = auto["seconds"]
+        for way, label in (
+            ("to_device", "host-written buffer, then a launch"),
+            ("to_host", "device-written, host read"),
+        ):
+            rows.append(
+                {
+                    "test": f"(6) {_AUTO_BYTES >> 20} MiB {label}: automatic vs explicit prefetch",
+                    "gbps": _gbps(_AUTO_BYTES, sec[way]["auto"]),
+                    "reference_gbps": _gbps(_AUTO_BYTES, sec[way]["explicit"]),
+                    "goal": 0.9,
+                }
+            )
+            rows.append(
+                {
+                    "test": "    the same by page faults (automatic prefetch off) vs explicit",
+                    "gbps": _gbps(_AUTO_BYTES, sec[way]["faults"]),
+                    "reference_gbps": _gbps(_AUTO_BYTES, sec[way]["explicit"]),
+                    "goal": None,
+                }
+            )
     for r in rows:
         r["ratio"] = r["gbps"] / r["reference_gbps"]
         r["met"] = None if r["goal"] is None else bool(r["ratio"] >= r["goal"])
@@ -353,9 +455,26 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 note="a device-resident buffer; discarded pages move no data to the host",
             )
         )
+    if auto:
+        sec = auto["seconds"]
+        figures += [
+            goal_row(
+                "automatic prefetch before a launch / explicit prefetch + launch, speed (256 MiB the host wrote)",
+                sec["to_device"]["explicit"] / sec["to_device"]["auto"],
+                0.9,
+                note=f"by page faults: {sec['to_device']['explicit'] / sec['to_device']['faults']:.2f}x",
+            ),
+            goal_row(
+                "automatic prefetch before a host read / explicit prefetch + read, speed (256 MiB the device wrote)",
+                sec["to_host"]["explicit"] / sec["to_host"]["auto"],
+                0.9,
+                note=f"by page faults: {sec['to_host']['explicit'] / sec['to_host']['faults']:.2f}x",
+            ),
+        ]
     return {
         "benchmark": "prefetch",
         "figures": figures,
+        "auto_prefetch": auto,
         "device": {"ordinal": dev, "name": name},
         "versions": {"cuda_bindings": _driver.api().version},
         "size_bytes": nbytes,
