@@ -91,6 +91,22 @@ from support.helpers import worker_thread
 from umem_numba import _driver, _sim
 
 
+@contextlib.contextmanager
+def _dma_from_array(on: bool) -> Iterator[None]:
+    """``ManagedBuffer.from_array`` copies by DMA at every size inside the block (``on``), as it does from 1 MiB."""
+    from umem_numba._kinds import _managed
+
+    if not on:
+        yield
+        return
+    saved = _managed.FROM_ARRAY_DMA_MIN_BYTES
+    _managed.FROM_ARRAY_DMA_MIN_BYTES = 0
+    try:
+        yield
+    finally:
+        _managed.FROM_ARRAY_DMA_MIN_BYTES = saved
+
+
 class UmemMachine(RaceRules, RuleBasedStateMachine):
     """Random programs over umem_numba's public API, checked against program order (module docstring)."""
 
@@ -315,7 +331,13 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         made_by = f"{cls.__name__}.{init}"
         if shortcut:
             made_by = f"um.{prefix}_{'like' if shortcut == 'like' else {'from_array': 'from'}.get(init, init)}"
-        with self.step(f"{made_by}({shape}, order={order!r}, pool={pool})"):
+        # Half of the managed from_array sources take the DMA path of 1 MiB and more at any size (the
+        # seed decides, so that the programs the seeds stand for draw as before).
+        dma = kind == "managed" and init == "from_array" and seed % 2 == 0
+        with (
+            self.step(f"{made_by}({shape}, order={order!r}, pool={pool}{', by DMA' if dma else ''})"),
+            _dma_from_array(dma),
+        ):
             src = np.asfortranarray(values) if order == "F" else values
             if shortcut == "like":
                 buf = getattr(um, f"{prefix}_like")(src, **kw)  # the template's shape, dtype and order
