@@ -16,34 +16,64 @@ A step on a rank follows the overlapped schedule of
 :mod:`umem_numba.kernels.decomp` (edge bands), on the GPU with two streams:
 
 * *compute* stream ``ks``: the slab kernel over the whole slab (its halo rows
-  stale: they are never written), then, once the bands are done, the band's
-  edge rows copied over the slab kernel's (wrong) edge rows of the new field;
+  stale: they are never written), and the *fix-ups*: the band's edge rows
+  copied over the slab kernel's (wrong) edge rows of the new field;
 * *comm* stream ``cs``, created with the greatest priority
   (:class:`umem_numba.PriorityStream`) so that its small
   launches take the next free SM slots instead of queueing behind the slab
-  kernel's blocks: after the previous step's field is complete, each
+  kernel's blocks: after the previous step's slab kernel is done, each
   :class:`~umem_numba.kernels.decomp.EdgeBand`'s input gets the edge row and
   its owned neighbour (device copy) and the row last received from the
   neighbour (host-to-device from pinned memory), the same kernel runs over
   the band (``2 R + 1`` rows), and the edge row goes to pinned memory.
 
-The host queues the slab kernel of step ``n`` first, then waits for the
-messages of step ``n - 1`` (``Waitall``), queues the bands and fix-ups of step
-``n``, waits for the bands (an event), and posts ``Irecv``/``Isend`` of step
-``n``.  So the slab kernel of step ``n + 1`` is queued while that of step ``n``
-runs, and the messages travel during the next slab kernel: the only work
-between two slab kernels is the fix-up copy of the edge rows.
+Graph steps (``graphs=True``, the default)
+------------------------------------------
+The host issues a step ``n`` as:
 
-With ``graphs=True`` the slab kernel is one CUDA graph launch and the comm
-stream's work of a step (band inputs, bands, rows out) another, each captured
-with :func:`umem_numba.capture` the first time its field, outbox slot and
-first-step case come (at most eight graphs); the events, fix-ups and messages
-around them stay as above.  On four H200 ranks (16384², where a step is
-0.15 ms of GPU work) it measured no faster than issuing the launches (strong
-speed-up 2.26x pinned and 2.51x ipc with graphs, 2.42x and 2.51x without), so
-it is off by default: what keeps these steps from the GPU's pace is the rank's
-host loop around them (messages, the wait for the bands, the host time of
-every step), not the launches alone (docs/scaling.md).
+1. ``cs`` waits for ``field_done`` (recorded after the previous step's work
+   on ``ks``: the bands read the field it wrote);
+2. on ``ks``, one graph: the fix-ups of the previous step (from its bands'
+   outputs), then the slab kernel of step ``n``; ``field_done`` is recorded;
+3. ``Waitall`` on the messages of step ``n - 1``;
+4. on ``cs``, one graph: the band inputs, the bands and the rows out of step
+   ``n``; ``band_done`` is recorded and the host synchronises with it;
+5. one ``Startall`` of the step's persistent requests (``Recv_init`` /
+   ``Send_init``, made once per band slot): the receives and sends of step ``n``.
+
+So the slab kernel of step ``n + 1`` is queued while that of step ``n`` runs,
+and the messages travel during the next slab kernel.  The fix-ups of step
+``n`` wait for the next step's graph on ``ks``, which comes after the host's
+``band_done`` synchronisation: no stream waits for the bands.  Meanwhile the
+bands of step ``n + 1`` read the field's edge rows from the band outputs of
+step ``n`` (their fix-ups may not have run), the other rows from the field.
+The band outputs come in two *slots*: exchange ``e`` writes slot ``e % 2``
+while the fix-ups beside it copy slot ``(e - 1) % 2``; exchange ``e + 1``
+writes that slot again only after ``field_done`` of the step that copied it.
+Before the field is read (:meth:`RankHeat.synchronize`, :meth:`RankHeat.local_field`)
+the pending fix-ups are queued on ``ks``.  A step after an exchange-free step
+takes every band row from the field (the slab kernel's edge rows, as the
+schedule below does).
+
+The graphs (:func:`umem_numba.capture`) are keyed by the field's parity and
+the band slot (and, for the bands, whether rows were received and where the
+edge rows come from); those of a run whose every step exchanges (six, or two
+without neighbours) are captured at set-up, others when they first come.  Per
+step a rank with two neighbours makes two graph launches, four event calls and
+two MPI calls, where the schedule below makes a numba launch per kernel
+(three), a driver call per copy (eight), five event calls and five MPI calls.
+How much host time per step that saves on a GPU: to be measured.
+
+Steps issued one by one (``graphs=False``)
+------------------------------------------
+The host queues the slab kernel of step ``n`` first, then waits for the
+messages of step ``n - 1`` (``Waitall``), queues the bands of step ``n`` on
+``cs`` after ``field_done``, records ``band_done``, queues the fix-ups on
+``ks`` after it and records ``field_done``, waits for the bands (the event),
+and posts ``Irecv``/``Isend`` of step ``n``.  One band slot serves, since the
+fix-ups follow the bands of their own step.  On four H200 ranks (16384²,
+where a step is 0.148 ms of GPU work) a rank's host took 185-212 µs per step
+issuing this, so the step followed the host (docs/scaling.md).
 
 Same-node zero copy (``halo="ipc"``)
 ------------------------------------

@@ -193,8 +193,8 @@ def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str], mode: 
     """RankHeat's GPU path (real kernels, band arrays, copy offsets) under numba's simulator, against NumPy.
 
     ``replaced``: copies that run when queued replace the driver's (see the worker); ``driver``:
-    over the simulated driver, which runs stream work late; ``graphs``: the same with each step's
-    slab kernel and bands captured and replayed as graphs (``graphs=True``).
+    over the simulated driver, which runs stream work late (both: steps issued one by one,
+    ``graphs=False``); ``graphs``: the same with graph steps (``graphs=True``, the default).
     """
     mpirun = _mpirun()
     seed = str(int.from_bytes(os.urandom(4), "little"))
@@ -211,8 +211,10 @@ def test_mpi_gpu_path_data_flow_in_simulator(ranks: int, args: list[str], mode: 
 # on the simulated driver and on GPUs).  Each schedule runs a plan with steps that skip the exchange and a
 # synchronize between steps (the graph steps defer their edge-row fix-ups to the next step, or to the
 # synchronize); the two gathered fields must be bitwise equal, and a plain run must equal the NumPy
-# reference.  halo="ipc" on the simulated driver: its VMM memory is memfds really exported to the
-# neighbours and mapped there (RankHeat's refusal of the simulator, which predates that, is lifted).
+# reference.  Halos: mpi (pinned staging), device (device_buffers=True, as with CUDA-aware MPI: the
+# simulated driver's device memory is host memory, which any MPI reads) or ipc (on the simulated
+# driver, its VMM memory is memfds really exported to the neighbours and mapped there; RankHeat's
+# refusal of the simulator, which predates that, is lifted here).
 _SCHEDULES_WORKER = """
 import sys
 
@@ -244,7 +246,10 @@ PLAN = [(2, True), (2, False), (1, True), ("sync", None), (3, True), (1, False),
 plates = {}
 for graphs in (False, True):
     for plan in (PLAN, [(7, True)]):
-        run = distributed.RankHeat(comm, d, u0[s.start : s.stop], alpha, halo=halo, graphs=graphs)
+        run = distributed.RankHeat(
+            comm, d, u0[s.start : s.stop], alpha, halo="ipc" if halo == "ipc" else "mpi", graphs=graphs,
+            device_buffers=halo == "device",
+        )
         for n, exchange in plan:
             if n == "sync":
                 run.synchronize()
@@ -285,6 +290,7 @@ def _run_schedules(tmp_path: Path, ranks: int, args: list[str], *, simulate: boo
     [
         (2, ["70", "20", "mpi"]),
         (3, ["70", "20", "ipc"]),
+        (3, ["70", "20", "device"]),
         (4, ["6", "9", "mpi"]),  # slabs of one row: both bands share the edge row
         (4, ["6", "9", "ipc"]),
         (3, ["29", "5", "mpi", "3d"]),
