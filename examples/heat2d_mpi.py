@@ -13,7 +13,10 @@ Per step each rank queues its slab step first, then computes the two rows its
 neighbours need with small launches on a second, high-priority stream (from
 the rows received the step before), sends them with non-blocking MPI, and
 writes them over the slab step's edge rows: the messages travel while the
-next slab step runs (``umem_numba.kernels.mpi``).  Where the
+next slab step runs (``umem_numba.kernels.mpi``).  On the GPU a step is two
+CUDA graph launches, one per stream, and the messages are persistent MPI
+requests, so that the host keeps ahead of the GPU (``--launches``: every
+launch and copy issued from the host, for comparison).  Where the
 MPI library is CUDA-aware (``MPIX_Query_cuda_support``; override with
 ``UMEM_MPI_CUDA_AWARE=0/1``) the halo rows go from device buffers directly,
 otherwise through ``umem_numba.PinnedBuffer`` staging.  With ``--halo ipc``
@@ -81,11 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="how halo rows move: mpi (messages, --staging) or ipc (ranks of one node read their "
         "neighbours' exported GPU memory in place; GPU only)",
     )
-    p.add_argument(
+    issue = p.add_mutually_exclusive_group()
+    issue.add_argument(
         "--graphs",
+        dest="launches",
+        action="store_false",
+        default=False,
+        help="GPU (the default): a step as two CUDA graph launches, the last step's edge-row fix-ups and the "
+        "slab kernel on one stream, the edge bands and rows out on the other; messages as persistent requests",
+    )
+    issue.add_argument(
+        "--launches",
         action="store_true",
-        help="GPU: the slab kernel and the edge bands of a step as two CUDA graph launches (default: "
-        "every launch and copy issued from the host)",
+        help="GPU: issue every kernel launch, copy and event of a step from the host, and post each step's "
+        "messages anew (the schedule before graph steps; for comparison)",
     )
     p.add_argument("--out", default="heat2d_mpi.png", metavar="PATH", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--save", default="", metavar="PATH", help="rank 0 saves the final plate as .npy")
@@ -167,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_output_path(args.out)
             except ValueError as exc:
                 error = str(exc)
-    keys = ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo")
+    keys = ("size", "rows", "steps", "dtype", "alpha", "init", "seed", "cpu", "staging", "halo", "launches")
     config = {} if args is None else {k: getattr(args, k) for k in keys}
     errors = collective_errors(comm, error)
     if not errors:
@@ -232,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu=args.cpu,
             device_buffers=device_buffers,
             halo=args.halo,
-            graphs=args.graphs,
+            graphs=not args.launches,
         )
     except Exception as exc:  # e.g. no memory left for the slab or the staging buffers: stop every rank
         error = f"setting up the halo exchange failed: {type(exc).__name__}: {exc}"
@@ -314,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu": args.cpu,
                     "device_buffers": device_buffers,
                     "halo": args.halo,
+                    "graphs": not args.cpu and not args.launches,
                     "transport_how": how,
                 },
                 fh,

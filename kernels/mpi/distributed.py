@@ -16,34 +16,64 @@ A step on a rank follows the overlapped schedule of
 :mod:`umem_numba.kernels.decomp` (edge bands), on the GPU with two streams:
 
 * *compute* stream ``ks``: the slab kernel over the whole slab (its halo rows
-  stale: they are never written), then, once the bands are done, the band's
-  edge rows copied over the slab kernel's (wrong) edge rows of the new field;
+  stale: they are never written), and the *fix-ups*: the band's edge rows
+  copied over the slab kernel's (wrong) edge rows of the new field;
 * *comm* stream ``cs``, created with the greatest priority
   (:class:`umem_numba.PriorityStream`) so that its small
   launches take the next free SM slots instead of queueing behind the slab
-  kernel's blocks: after the previous step's field is complete, each
+  kernel's blocks: after the previous step's slab kernel is done, each
   :class:`~umem_numba.kernels.decomp.EdgeBand`'s input gets the edge row and
   its owned neighbour (device copy) and the row last received from the
   neighbour (host-to-device from pinned memory), the same kernel runs over
   the band (``2 R + 1`` rows), and the edge row goes to pinned memory.
 
-The host queues the slab kernel of step ``n`` first, then waits for the
-messages of step ``n - 1`` (``Waitall``), queues the bands and fix-ups of step
-``n``, waits for the bands (an event), and posts ``Irecv``/``Isend`` of step
-``n``.  So the slab kernel of step ``n + 1`` is queued while that of step ``n``
-runs, and the messages travel during the next slab kernel: the only work
-between two slab kernels is the fix-up copy of the edge rows.
+Graph steps (``graphs=True``, the default)
+------------------------------------------
+The host issues a step ``n`` as:
 
-With ``graphs=True`` the slab kernel is one CUDA graph launch and the comm
-stream's work of a step (band inputs, bands, rows out) another, each captured
-with :func:`umem_numba.capture` the first time its field, outbox slot and
-first-step case come (at most eight graphs); the events, fix-ups and messages
-around them stay as above.  On four H200 ranks (16384², where a step is
-0.15 ms of GPU work) it measured no faster than issuing the launches (strong
-speed-up 2.26x pinned and 2.51x ipc with graphs, 2.42x and 2.51x without), so
-it is off by default: what keeps these steps from the GPU's pace is the rank's
-host loop around them (messages, the wait for the bands, the host time of
-every step), not the launches alone (docs/scaling.md).
+1. ``cs`` waits for ``field_done`` (recorded after the previous step's work
+   on ``ks``: the bands read the field it wrote);
+2. on ``ks``, one graph: the fix-ups of the previous step (from its bands'
+   outputs), then the slab kernel of step ``n``; ``field_done`` is recorded;
+3. ``Waitall`` on the messages of step ``n - 1``;
+4. on ``cs``, one graph: the band inputs, the bands and the rows out of step
+   ``n``; ``band_done`` is recorded and the host synchronises with it;
+5. one ``Startall`` of the step's persistent requests (``Recv_init`` /
+   ``Send_init``, made once per band slot): the receives and sends of step ``n``.
+
+So the slab kernel of step ``n + 1`` is queued while that of step ``n`` runs,
+and the messages travel during the next slab kernel.  The fix-ups of step
+``n`` wait for the next step's graph on ``ks``, which comes after the host's
+``band_done`` synchronisation: no stream waits for the bands.  Meanwhile the
+bands of step ``n + 1`` read the field's edge rows from the band outputs of
+step ``n`` (their fix-ups may not have run), the other rows from the field.
+The band outputs come in two *slots*: exchange ``e`` writes slot ``e % 2``
+while the fix-ups beside it copy slot ``(e - 1) % 2``; exchange ``e + 1``
+writes that slot again only after ``field_done`` of the step that copied it.
+Before the field is read (:meth:`RankHeat.synchronize`, :meth:`RankHeat.local_field`)
+the pending fix-ups are queued on ``ks``.  A step after an exchange-free step
+takes every band row from the field (the slab kernel's edge rows, as the
+schedule below does).
+
+The graphs (:func:`umem_numba.capture`) are keyed by the field's parity and
+the band slot (and, for the bands, whether rows were received and where the
+edge rows come from); those of a run whose every step exchanges (six, or two
+without neighbours) are captured at set-up, others when they first come.  Per
+step a rank with two neighbours makes two graph launches, four event calls and
+two MPI calls, where the schedule below makes a numba launch per kernel
+(three), a driver call per copy (eight), five event calls and five MPI calls.
+How much host time per step that saves on a GPU: to be measured.
+
+Steps issued one by one (``graphs=False``)
+------------------------------------------
+The host queues the slab kernel of step ``n`` first, then waits for the
+messages of step ``n - 1`` (``Waitall``), queues the bands of step ``n`` on
+``cs`` after ``field_done``, records ``band_done``, queues the fix-ups on
+``ks`` after it and records ``field_done``, waits for the bands (the event),
+and posts ``Irecv``/``Isend`` of step ``n``.  One band slot serves, since the
+fix-ups follow the bands of their own step.  On four H200 ranks (16384²,
+where a step is 0.148 ms of GPU work) a rank's host took 185-212 µs per step
+issuing this, so the step followed the host (docs/scaling.md).
 
 Same-node zero copy (``halo="ipc"``)
 ------------------------------------
@@ -133,11 +163,15 @@ class RankHeat:
     fd_timeout : float
         ``"ipc"``: seconds any socket operation of the descriptor exchange may take.
     graphs : bool
-        GPU path: issue the slab kernel and the edge bands of a step as two
-        CUDA graph launches (:func:`umem_numba.capture`, one graph per field
-        parity, exchange slot and first-step case, captured at first use:
-        each capture collects garbage once) instead of every launch and copy
-        from the host (module notes).  Off by default: no gain was measured.
+        GPU path (default): a step is two CUDA graph launches, the last
+        exchange's edge-row fix-ups and the slab kernel on the compute stream
+        and the edge bands with their inputs and rows out on the comm stream
+        (:func:`umem_numba.capture`; the graphs of a run whose every step
+        exchanges are captured here, others at first use: each capture
+        collects garbage once), and the messages are persistent requests
+        started together (module notes: graph steps).  ``False`` issues every
+        launch, copy and event of a step from the host and posts each step's
+        messages anew (the schedule before graph steps).
 
     Raises
     ------
@@ -170,7 +204,7 @@ class RankHeat:
         rows_per_thread: int | None = None,
         halo: str = "mpi",
         fd_timeout: float = 60.0,
-        graphs: bool = False,
+        graphs: bool = True,
     ) -> None:
         if halo not in HALOS:
             raise ValueError(f"halo must be one of {HALOS}, got {halo!r}")
@@ -178,7 +212,7 @@ class RankHeat:
             raise ValueError("halo='ipc' maps GPU memory between the ranks: it needs the GPU path, not cpu=True")
         self.halo = halo
         self.graphs = bool(graphs) and not cpu
-        self._graph_cache: dict[tuple, Any] = {}  # (what, field parity, slot, received) -> umem_numba.Graph
+        self._graph_cache: dict[tuple, Any] = {}  # ("slab" | "bands", field parity, ...) -> umem_numba.Graph
         self.comm = comm
         self.decomp = decomp
         self.rank = comm.Get_rank()
@@ -195,6 +229,12 @@ class RankHeat:
         self._recv_of = {e.halo: j for j, e in enumerate(self.bands)}  # the receive buffer of each halo row
         self._pending: list[Any] = []  # the MPI requests of the last step
         self._received = False  # the receive buffers hold rows from the neighbours
+        self._exchanges = 0  # exchange steps done: the band slot (and ipc outbox parity) of the next one
+        # graphs: the band slot whose rows the current field's edge rows still wait for (their fix-ups
+        # are queued with the next slab kernel), and whether that slot holds the field's edge rows.
+        self._fix: int | None = None
+        self._edges_in_scratch = False
+        self._preqs: list[list[Any]] = []  # graphs: per band slot, the persistent requests of a step
         self.halo_seconds = 0.0
         self.band_seconds = 0.0
         halo_shape = decomp.shape[1:]
@@ -210,6 +250,7 @@ class RankHeat:
             return
         if halo == "mpi":
             self._setup_gpu(local, rows_per_thread)
+            self._setup_graphs()
             return
         # halo="ipc": every step of the set-up ends in a collective check, so that a failure on
         # one rank raises on all of them before any rank waits for a neighbour.
@@ -226,6 +267,12 @@ class RankHeat:
             error = f"{type(exc).__name__}: {exc}"
         self._check_collective(error, "GPU set-up")
         self._setup_ipc(float(fd_timeout))
+        error = None
+        try:
+            self._setup_graphs()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        self._check_collective(error, "graph capture")
 
     # -- GPU --------------------------------------------------------------------------
     def _setup_gpu(self, local: np.ndarray, rows_per_thread: int | None) -> None:
@@ -258,21 +305,31 @@ class RankHeat:
         self.grid, self.block = config(local.shape, rows, blk)
         self.row_bytes = int(np.prod(d.shape[1:])) * self.dtype.itemsize
         halo_shape = d.shape[1:]
-        self._band_in, self._scratch, self._band_launch = [], [], []
+        self._band_in, self._band_launch = [], []
         for e in self.bands:
             band_in = cuda.to_device(np.ascontiguousarray(local[e.start : e.stop]), stream=self.ks)  # first halos
-            scratch = cuda.device_array(band_in.shape, self.dtype, stream=self.ks)
             self._band_in.append(band_in)
-            self._scratch.append(scratch)
             self._band_launch.append(config(band_in.shape, rows, blk))
+        # The band outputs, per slot.  Graph steps use two: the bands of exchange e write slot e % 2
+        # while the slab step queued beside them still copies slot (e - 1) % 2 into the field (the
+        # deferred fix-ups, module notes); steps issued one by one use one.
+        self._scratch_slots = [
+            [cuda.device_array(b.shape, self.dtype, stream=self.ks) for b in self._band_in]
+            for _ in range(2 if self.graphs else 1)
+        ]
+        self._scratch = self._scratch_slots[0]
         self._band_in_ptr = [_dptr(x) for x in self._band_in]
-        self._scratch_ptr = [_dptr(x) for x in self._scratch]
+        self._scratch_ptr_slots = [[_dptr(x) for x in slot] for slot in self._scratch_slots]
+        self._scratch_ptr = self._scratch_ptr_slots[0]
         if self.halo == "ipc":  # rows through the outboxes (_setup_ipc); 8-byte tokens in the messages
             self._send = [np.zeros(1, np.int64) for _ in self.bands]
             self._recv = [np.zeros(1, np.int64) for _ in self.bands]
             self._send_ptr, self._recv_ptr = [], []
         elif self.device_buffers:  # CUDA-aware MPI: send the band's row in place, receive into device rows
             self._send = [s[e.band_row] for s, e in zip(self._scratch, self.bands, strict=True)]
+            self._send_slots = [
+                [s[e.band_row] for s, e in zip(slot, self.bands, strict=True)] for slot in self._scratch_slots
+            ]
             self._recv = [cuda.device_array(halo_shape, self.dtype, stream=self.ks) for _ in self.bands]
             self._recv_ptr = [_dptr(r) for r in self._recv]
             self._send_ptr = []
@@ -282,8 +339,12 @@ class RankHeat:
             self._send, self._recv = host[: len(self.bands)], host[len(self.bands) :]
             self._send_ptr = [int(h.ctypes.data) for h in self._send]
             self._recv_ptr = [int(h.ctypes.data) for h in self._recv]
+        if not self.device_buffers or self.halo == "ipc":  # one set of send buffers, whatever the slot
+            self._send_slots = [self._send] * len(self._scratch_slots)
         self.band_done = cuda.event(timing=False)  # cs: this step's bands and rows to send
         self.field_done = cuda.event(timing=False)  # ks: this step's slab kernel and fix-ups
+        if self.graphs:  # graph steps record, wait for and synchronise them through the driver directly
+            self._band_done_h, self._field_done_h = int(self.band_done.handle), int(self.field_done.handle)
         self._fields = (self.a, self.b)  # graph keys: which one is the step's input
         if self.graphs:
             # Load the kernel's module outside any capture.  Harmless: the first step writes the
@@ -367,7 +428,6 @@ class RankHeat:
             side = 1 if e.peer < self.rank else 0  # the neighbour above sends down, the one below up
             for p in range(2):
                 self._in_ptr[p][e.halo] = theirs_base + (p * 2 + side) * rb
-        self._exchanges = 0  # exchange steps done: the parity of the next one
 
     def _map_neighbour(self, peer: int, fds: list[int], theirs: dict[str, Any]) -> Any:
         """Map ``peer``'s exported outbox READ-only for this rank's GPU."""
@@ -398,20 +458,167 @@ class RankHeat:
         self._ipc_in = {}
         self._outbox = None
 
-    def _issue(self, key: tuple, stream: Any, body: Any) -> None:
-        """Run ``body`` (work on ``stream``), or launch its graph: captured the first time ``key`` comes."""
+    # -- graph steps (graphs=True) ------------------------------------------------------
+    def _setup_graphs(self) -> None:
+        """Persistent requests per band slot, and the graphs of the first three steps, captured now.
+
+        A capture collects garbage and instantiates a graph (milliseconds): done here, none
+        falls into a timed step of a run whose every step exchanges.  Other cases (a step after
+        ``exchange=False`` steps) are captured when they first come.
+        """
         if not self.graphs:
-            body()
             return
+        if self.bands:
+            from mpi4py import MPI
+
+            self._startall = MPI.Prequest.Startall
+            for send in self._send_slots:
+                reqs = [
+                    self.comm.Recv_init(buf, source=e.peer, tag=tag_in)
+                    for e, buf, (_, tag_in) in zip(self.bands, self._recv, self._tags, strict=True)
+                ]
+                reqs += [
+                    self.comm.Send_init(buf, dest=e.peer, tag=tag_out)
+                    for e, buf, (tag_out, _) in zip(self.bands, send, self._tags, strict=True)
+                ]
+                self._preqs.append(reqs)
+            # Step 0 (parity 0, slot 0, nothing received), then the two that repeat.
+            keys = [("slab", 0, None), ("bands", 0, 0, "first"), ("slab", 1, 0), ("bands", 1, 1, "scratch")]
+            keys += [("slab", 0, 1), ("bands", 0, 0, "scratch")]
+        else:
+            keys = [("slab", 0, None), ("slab", 1, None)]
+        for key in keys:
+            self._graph(key)
+
+    def _graph(self, key: tuple) -> Any:
+        """The graph of ``key``: ``("slab", parity, fix)`` on ks or ``("bands", parity, slot, mode)`` on cs.
+
+        Captured (:func:`umem_numba.capture`) the first time ``key`` comes.
+        """
         graph = self._graph_cache.get(key)
         if graph is None:
             import umem_numba as um
 
+            stream = self.ks if key[0] == "slab" else self.cs
             with um.capture(stream) as graph:
-                body()
+                if key[0] == "slab":
+                    self._slab_body(key[1], key[2])
+                else:
+                    self._band_body(key[1], key[2], key[3])
             self._graph_cache[key] = graph
-        graph.launch(stream)
+        return graph
 
+    def _slab_body(self, p: int, fix: int | None) -> None:
+        """On ks: the fix-ups of the last exchange (from band slot ``fix``), then the slab kernel.
+
+        The fix-ups write the edge rows of ``fields[p]`` that the slab kernel of the last step
+        wrote wrong; this step's slab kernel reads them.
+        """
+        src, dst = self._fields[p], self._fields[1 - p]
+        if fix is not None:
+            self._fixups(src, fix)
+        wc, wn = self.weights
+        self.kernel[self.grid, self.block, self.ks](src, dst, wc, wn)  # stale halos
+
+    def _band_body(self, p: int, slot: int, mode: str) -> None:
+        """On cs: the bands of an exchange that writes band slot ``slot``, over ``fields[p]``.
+
+        ``mode``: ``"first"`` (nothing received yet: the band inputs keep their first halos),
+        ``"field"`` (every input row from the field and the receive buffers) or ``"scratch"``
+        (the last step exchanged: its fix-ups are queued on ks beside these bands, so the field's
+        edge rows are taken from that step's bands, slot ``1 - slot``, instead of the field).
+        """
+        wc, wn = self.weights
+        call, rb, csh = self._call, self.row_bytes, self._csh
+        field = self._ptr[id(self._fields[p])]
+        prev = self._scratch_ptr_slots[1 - slot] if len(self._scratch_ptr_slots) > 1 else []
+        edge_of: dict[int, tuple[int, int]] = {}  # edge row -> (band, its index in that band's output)
+        for j, e in enumerate(self.bands):
+            edge_of.setdefault(e.row, (j, e.band_row))
+        ipc = self.halo == "ipc"
+        for j, e in enumerate(self.bands):
+            bptr, sptr = self._band_in_ptr[j], self._scratch_ptr_slots[slot][j] + e.band_row * rb
+            r = e.copy_start
+            while r < e.copy_stop:  # the field rows, in runs; with mode "scratch" edge rows from the bands
+                if mode == "scratch" and r in edge_of:
+                    jj, brow = edge_of[r]
+                    call("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, prev[jj] + brow * rb, rb, csh)
+                    r += 1
+                    continue
+                stop = r + 1
+                while stop < e.copy_stop and not (mode == "scratch" and stop in edge_of):
+                    stop += 1
+                call("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, field + r * rb, (stop - r) * rb, csh)
+                r = stop
+            if mode != "first":
+                for h in e.halos:
+                    if ipc:  # the neighbour's outbox slot of the last exchange (its token said it is there)
+                        call("cuMemcpyDtoDAsync", bptr + e.band_index(h) * rb, self._in_ptr[1 - slot][h], rb, csh)
+                    else:
+                        name = "cuMemcpyDtoDAsync" if self.device_buffers else "cuMemcpyHtoDAsync"
+                        call(name, bptr + e.band_index(h) * rb, self._recv_ptr[self._recv_of[h]], rb, csh)
+            grid, block = self._band_launch[j]
+            self.kernel[grid, block, self.cs](self._band_in[j], self._scratch_slots[slot][j], wc, wn)
+            if ipc:
+                call("cuMemcpyDtoDAsync", self._out_ptr[slot][j], sptr, rb, csh)
+            elif not self.device_buffers:
+                call("cuMemcpyDtoHAsync", self._send_ptr[j], sptr, rb, csh)
+
+    def _graph_step(self, exchange: bool) -> None:
+        """One step as two graph launches (module notes: graph steps)."""
+        p = 0 if self.a is self._fields[0] else 1
+        call = self._call
+        bands = exchange and bool(self.bands)
+        if bands:  # before field_done is recorded again: the bands read the last step's field
+            call("cuStreamWaitEvent", self._csh, self._field_done_h, 0)
+        # The last exchange's fix-ups and this slab kernel, queued first.  No wait for the last
+        # bands: the host synchronised with them before it posted the last messages.
+        graph = self._graph_cache.get(("slab", p, self._fix)) or self._graph(("slab", p, self._fix))
+        graph.launch(self._ksh)
+        call("cuEventRecord", self._field_done_h, self._ksh)
+        self._fix = None
+        if not bands:
+            self._edges_in_scratch = False
+            self._drain()
+            return
+        self._wait_pending()  # the rows (ipc: tokens) of the last exchange are in
+        slot = self._exchanges % 2
+        mode = ("scratch" if self._edges_in_scratch else "field") if self._received else "first"
+        key = ("bands", p, slot, mode)
+        graph = self._graph_cache.get(key) or self._graph(key)
+        graph.launch(self._csh)
+        call("cuEventRecord", self._band_done_h, self._csh)
+        # The rows to send are out (ipc: in the outbox); the receive buffers (ipc: the neighbours'
+        # outboxes) were read.  Only then may the neighbours learn it from this step's messages.
+        t0 = time.perf_counter()
+        call("cuEventSynchronize", self._band_done_h)
+        self.band_seconds += time.perf_counter() - t0
+        self._exchanges += 1
+        if self.halo == "ipc":
+            for t in self._send:
+                t[0] = self._exchanges
+        self._fix, self._edges_in_scratch = slot, True
+        reqs = self._preqs[slot]
+        self._startall(reqs)
+        self._pending = reqs
+        self._received = True
+
+    def _flush(self) -> None:
+        """Graph steps: queue the last exchange's fix-ups on ks now (before the field is read)."""
+        if self._fix is None:
+            return
+        self._fixups(self.a, self._fix)
+        self._call("cuEventRecord", self._field_done_h, self._ksh)
+        self._fix = None
+
+    def _fixups(self, field: Any, slot: int) -> None:
+        """On ks: ``field``'s edge rows from the bands' rows of band slot ``slot``."""
+        call, rb, ksh = self._call, self.row_bytes, self._ksh
+        dst, rows = self._ptr[id(field)], self._scratch_ptr_slots[slot]
+        for j, e in enumerate(self.bands):
+            call("cuMemcpyDtoDAsync", dst + e.row * rb, rows[j] + e.band_row * rb, rb, ksh)
+
+    # -- steps issued one by one (graphs=False) -------------------------------------------
     def _slab_kernel(self) -> None:
         wc, wn = self.weights
         self.kernel[self.grid, self.block, self.ks](self.a, self.b, wc, wn)  # stale halos
@@ -443,8 +650,10 @@ class RankHeat:
                 call("cuMemcpyDtoHAsync", self._send_ptr[j], sptr + e.band_row * rb, rb, csh)
 
     def _gpu_step(self, exchange: bool) -> None:
-        parity = 0 if self.a is self._fields[0] else 1
-        self._issue(("slab", parity), self.ks, self._slab_kernel)  # queued first
+        if self.graphs:
+            self._graph_step(exchange)
+            return
+        self._slab_kernel()  # queued first
         if not (exchange and self.bands):
             self.field_done.record(self.ks)  # a later step's bands read this field
             self._drain()
@@ -454,9 +663,7 @@ class RankHeat:
         b = self._ptr[id(self.b)]
         self.field_done.wait(self.cs)  # the last step's field is complete
         ipc = self.halo == "ipc"
-        k = self._exchanges if ipc else 0
-        # The pointers the bands use depend on the field, the outbox slot and whether rows came.
-        self._issue(("bands", parity, k % 2, self._received), self.cs, lambda: self._bands(ipc, k))
+        self._bands(ipc, self._exchanges)
         self.band_done.record(self.cs)
         self.band_done.wait(self.ks)
         for j, e in enumerate(self.bands):  # the fix-ups: after the slab kernel wrote these rows wrong
@@ -467,8 +674,8 @@ class RankHeat:
         t0 = time.perf_counter()
         self.band_done.synchronize()
         self.band_seconds += time.perf_counter() - t0
+        self._exchanges += 1
         if ipc:
-            self._exchanges += 1
             for t in self._send:
                 t[0] = self._exchanges
         self._post()
@@ -530,6 +737,7 @@ class RankHeat:
         """Complete this step's messages and wait for this rank's queued GPU work (collective)."""
         self._drain()
         if not self.cpu:
+            self._flush()
             self.ks.synchronize()
             self.cs.synchronize()
 
@@ -546,6 +754,7 @@ class RankHeat:
         """This rank's stored rows after the steps so far (host copy; the halo rows are stale)."""
         if self.cpu:
             return np.array(self.a, copy=True)
+        self._flush()
         out = self.a.copy_to_host(stream=self.ks)
         self.ks.synchronize()
         return out
@@ -576,6 +785,10 @@ class RankHeat:
         self._drain()
         if not self.cpu:
             self.synchronize()
+            for reqs in self._preqs:  # inactive (the last messages are complete); before their buffers go
+                for req in reqs:
+                    req.Free()
+            self._preqs = []
             for buf in getattr(self, "_pinned", []):
                 buf.close()
             self._pinned = []

@@ -24,7 +24,9 @@ bit for bit with the one-GPU field.
 
 MPI path: ``mpirun -np N python examples/heat2d_mpi.py --staging pinned``
 (from the source tree; the ``mpirun`` first on ``PATH``, Open MPI or MPICH) in a
-subprocess per point; the example reports ms per step, the same steps again
+subprocess per point (each step two CUDA graph launches per rank, or with
+``--launches`` every launch and copy issued from the host: ``--launches`` there
+too); the example reports ms per step, the same steps again
 without the exchange (its *halo time per step* is the difference, as for the
 peer path) and the longest host wait for messages of any rank (``--json``).
 Once per ``--mpi-halos`` mode: ``pinned`` (rows in MPI messages through pinned
@@ -94,8 +96,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--launches",
         action="store_true",
-        help="peer path: issue every launch and copy of a step from the host (default: one CUDA graph "
-        "launch per slab and step)",
+        help="issue every launch and copy of a step from the host (default: one CUDA graph launch per slab and "
+        "step on the peer path, two per rank and step on the MPI path: examples/heat2d_mpi.py --launches)",
     )
     ap.add_argument(
         "--halos",
@@ -225,6 +227,7 @@ def _mpi_point(mpirun: list[str], ranks: int, rows: int, args: argparse.Namespac
             "--json",
             out,
             *(["--halo", "ipc"] if halo == "ipc" else ["--staging", "pinned"]),
+            *(["--launches"] if args.launches else []),
         ]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
