@@ -260,9 +260,17 @@ for graphs in (False, True):
 if comm.Get_rank() == 0:
     ref = (heat3d_reference if three_d else heat2d_reference)(u0, 7, alpha)
     for graphs in (False, True):
-        ok = np.array_equal(plates[graphs, 1], ref)
+        # The GPU's kernels round differently from NumPy's (fused multiply-adds): close there, bitwise here.
+        if np.array_equal(plates[graphs, 1], ref):
+            verdict = "reference bitwise equal"
+        elif np.allclose(plates[graphs, 1], ref, rtol=1e-5, atol=1e-6):
+            verdict = "reference close"
+        else:
+            verdict = "DIFFER"
         how = "graphs" if graphs else "launches"
-        print(f"{how}, {comm.Get_size()} ranks: " + ("reference bitwise equal" if ok else "DIFFER"))
+        print(f"{how}, {comm.Get_size()} ranks: {verdict}")
+    same = np.array_equal(plates[False, 1], plates[True, 1])
+    print("plain run: graphs " + ("bitwise equal to launches" if same else "DIFFER from launches"))
     same = np.array_equal(plates[False, len(PLAN)], plates[True, len(PLAN)])
     print("plan with gaps: graphs " + ("bitwise equal to launches" if same else "DIFFER from launches"))
     assert not np.array_equal(plates[True, len(PLAN)], plates[True, 1])  # the gaps changed the field
@@ -279,8 +287,10 @@ def _run_schedules(tmp_path: Path, ranks: int, args: list[str], *, simulate: boo
         cmd += _env_flag(mpirun, "NUMBA_ENABLE_CUDASIM", "1")
     r = _run([*cmd, sys.executable, str(script), *args[:2], seed, *args[2:]], timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    expected = "reference bitwise equal" if simulate else "reference "  # on a GPU: bitwise or close
     for how in ("launches", "graphs"):
-        assert f"{how}, {ranks} ranks: reference bitwise equal" in r.stdout, r.stdout
+        assert f"{how}, {ranks} ranks: {expected}" in r.stdout, r.stdout
+    assert "plain run: graphs bitwise equal to launches" in r.stdout, r.stdout
     assert "plan with gaps: graphs bitwise equal to launches" in r.stdout, r.stdout
     return r.stdout
 
