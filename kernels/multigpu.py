@@ -591,7 +591,7 @@ class MultiGPUHeat:
                 graphs = []
                 for p in (0, 1):
                     src, dst = fields[p], fields[1 - p]
-                    with um.capture(s.stream) as graph:
+                    with um.capture(s.stream, node_priorities=True) as graph:  # the edge branch goes first
                         ex.copy_in(k, src, 1 - p, int(s.stream.handle))
                         sends = ex.sends(k)
                         if sends:

@@ -517,3 +517,25 @@ def test_a_plain_launch_of_a_buffer_in_a_capture_umem_numba_did_not_begin_is_ref
             _driver.call("cuGraphDestroy", graph)
         _plain_scale[G, B, s](a, 2.0)  # the stream and the buffer work as before
         np.testing.assert_array_equal(a.host, values * 2.0)
+
+
+@pytest.mark.parametrize("node_priorities", [False, True])
+def test_node_priorities_choose_the_instantiation_flag_read_back(rng, node_priorities):
+    """Default: the graph runs at its launch stream's priority (no USE_NODE_PRIORITY, read back from the driver)."""
+    s = cuda.stream()
+    data = random_array(rng, N, np.float64)
+    a, b = um.ManagedBuffer.from_array(data), um.ManagedBuffer.zeros(N)
+    kwargs = {"node_priorities": True} if node_priorities else {}
+    with um.capture(s, **kwargs) as graph:
+        _halve_plus[G, B, s](b, a)
+    flags = int(_driver.call("cuGraphExecGetFlags", graph._exec))
+    use_node = int(_driver.api().drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
+    assert bool(flags & use_node) is node_priorities, f"instantiation flags {flags:#x}"
+    graph.launch(s)
+    np.testing.assert_array_equal(b.host, data * 0.5 + 1.0)
+    with pytest.raises(TypeError, match="node_priorities must be a bool"), um.capture(s, node_priorities=1):
+        pass
+    assert not _driver.is_capturing(int(s.handle))  # the refusal came before the capture began
+    for buf in (a, b):
+        buf.close()
+    del graph

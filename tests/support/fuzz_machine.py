@@ -1085,11 +1085,16 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 return  # um.copy keeps the order: both C or both F
         s = self.stream(stream)
         views = (view,) if src is None else (view, src)
-        what = f"um.capture({stream}): {op}({view.label}, {src.label if src else value}); launch x{launches} on {on}"
+        # Half the graphs keep their kernels' captured priorities (the value decides: the seeds draw as before).
+        node_priorities = value % 2 == 0
+        what = (
+            f"um.capture({stream}, node_priorities={node_priorities}): {op}({view.label}, "
+            f"{src.label if src else value}); launch x{launches} on {on}"
+        )
         if op == "forkfill" and not hasattr(self, "_fork"):
             self._fork = (cuda.stream(), cuda.event(timing=False), cuda.event(timing=False))
         with self.run(what, *views):
-            with um.capture(s) as graph:
+            with um.capture(s, node_priorities=node_priorities) as graph:
                 if src is not None:
                     um.copy(view.buf, src.buf, stream=s)
                 else:
