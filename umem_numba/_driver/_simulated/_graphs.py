@@ -114,14 +114,11 @@ class _Capture:
 class _Graph:
     """A captured graph, or an instantiated one (``cuGraphInstantiate`` copies the node list)."""
 
-    __slots__ = ("flags", "last", "nodes")
+    __slots__ = ("last", "nodes")
 
-    def __init__(
-        self, nodes: list[tuple[str, Callable[[], None], tuple[tuple[int, int], ...]]], flags: int = 0
-    ) -> None:
+    def __init__(self, nodes: list[tuple[str, Callable[[], None], tuple[tuple[int, int], ...]]]) -> None:
         self.nodes = nodes
         self.last: _Op | None = None  # executable graphs: the end of the last launch
-        self.flags = flags  # executable graphs: the instantiation flags (cuGraphExecGetFlags)
 
 
 class _CaptureMode(threading.local):
@@ -261,15 +258,9 @@ class GraphCapture(Allocations):
             if g is None:
                 return (_INVALID_VALUE, None)
             # A copy of the nodes: later changes to the graph do not reach what was instantiated.
-            # The flags are kept (read back by cuGraphExecGetFlags); node priorities are not simulated.
-            return self._register(self._execs, lambda _: _Graph(list(g.nodes), int(flags)))
-
-    def cuGraphExecGetFlags(self, graph_exec: Any) -> tuple[Any, ...]:
-        with self._lock:
-            g = self._execs.get(_int(graph_exec))
-            if g is None:
-                return (_INVALID_VALUE, None)
-            return (_SUCCESS, g.flags)
+            # Node priorities are not simulated.  No cuGraphExecGetFlags: the driver does not read
+            # every flag back (USE_NODE_PRIORITY came back 0 on an H100, driver 580).
+            return self._register(self._execs, lambda _: _Graph(list(g.nodes)))
 
     def cuGraphExecDestroy(self, graph_exec: Any) -> tuple[Any, ...]:
         with self._lock:
