@@ -182,6 +182,30 @@ def test_host_access_after_a_device_write_prefetches_to_the_host(rng, how):
         np.testing.assert_array_equal(got, data * 3.0)
 
 
+@pytest.mark.parametrize("settle", ["buf.synchronize", "cuda.synchronize"])
+def test_a_host_read_after_the_wait_still_prefetches_once(rng, settle):
+    """The device wrote, the host waited (its events settled and forgotten), then reads: prefetched to the host.
+
+    Before, only a device write still on record triggered the prefetch, so a read after
+    ``buf.synchronize()`` faulted every page in.  A second read, with no device write since, moves nothing.
+    """
+    s = cuda.stream()
+    data = random_array(rng, BIG, np.float64)
+    with um.ManagedBuffer.from_array(data) as buf:
+        _tracked_scale[(BIG + 127) // 128, 128, s](buf, 3.0, SLEEPS)
+        if settle == "buf.synchronize":
+            buf.synchronize()
+        else:
+            cuda.synchronize()
+        assert _last_prefetch(buf) == um.Location.device(0)
+        np.testing.assert_array_equal(buf.host, data * 3.0)
+        assert _last_prefetch(buf) == um.HOST, f"after {settle}: the host read faulted the pages in"
+        buf.prefetch(0, stream=s)  # placed on the device by hand; the device writes nothing since
+        buf.synchronize()
+        np.testing.assert_array_equal(buf.host, data * 3.0)
+        assert _last_prefetch(buf) == um.Location.device(0), "a read with no device write since was prefetched"
+
+
 def test_small_buffers_element_reads_and_other_policies_fault_in(rng):
     """Under HOST_PREFETCH_MIN, an element read, an assignment, and the "warn" policy: no prefetch to the host."""
     s = cuda.stream()

@@ -499,8 +499,10 @@ class Buffer(DeviceExports, _Base):
         if not self._host_accessible:
             raise UnsupportedError(f"{type(self).__name__} memory is not host-accessible; use copy_to_host()")
         tracker = alloc.tracker
-        if prefetch and self._migrates_on_launch and tracker.writes:
-            self._prefetch_for_host(alloc)
+        if self._migrates_on_launch and (tracker.writes or tracker.device_wrote):
+            if prefetch:
+                self._prefetch_for_host(alloc)
+            tracker.device_wrote = False  # the host takes the pages now (by that prefetch, or by faults)
         tracker.before_host_access(what)
         if self.size == 0:
             return np.empty(self._shape, self._dtype)

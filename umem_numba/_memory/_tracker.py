@@ -250,6 +250,7 @@ class Tracker:
         "capturing",
         "concurrent",
         "device_id",
+        "device_wrote",
         "epoch",
         "escaped",
         "graphs",
@@ -304,6 +305,11 @@ class Tracker:
         #: prefetch to the device before the next launch (see :func:`prefetch_touched`); None
         #: when there is nothing to move; 0 once the driver refused such a prefetch.
         self.migrate: tuple[int, int] | int | None = None
+        #: The device may have written the memory since the host last took a view of it: the next
+        #: reading host view of a managed buffer prefetches it to the host (even once the work is
+        #: settled and its events forgotten, as after ``synchronize()``).  Set under the lock where
+        #: device writes are filed; cleared by the host view (Buffer._host_array).
+        self.device_wrote = False
 
     # -- what tests and tools read ---------------------------------------------
     @property
@@ -338,6 +344,7 @@ class Tracker:
         device = -1 if escape else _driver.current_device()
         with self._lock:
             self._refuse_device_use()
+            self.device_wrote = True
             if escape:
                 self.escaped = True
             else:
@@ -382,6 +389,7 @@ class Tracker:
             self.settle("a kernel launch", self.effective_policy())
         with self._lock:
             self._refuse_device_use()
+            self.device_wrote = True
             covered = (*self.writes.values(), *self.reads.values())
             waits = [e for e in covered if e.key != key] if covered else _NO_WAITS
             if mark is not None:
@@ -426,6 +434,7 @@ class Tracker:
         """File the event recorded after a plain launch (see :meth:`begin_plain_launch`): a write."""
         with self._lock:
             self._records += 1
+            self.device_wrote = True
             for old in covered:
                 self.writes.pop(id(old), None)
                 self.reads.pop(id(old), None)
@@ -503,6 +512,8 @@ class Tracker:
         """
         with self._lock:
             self.inflight -= 1
+            if write and (event is not None or issued):
+                self.device_wrote = True
             if event is not None:
                 self._records += 1
                 if write:  # ordered after every covered write and read: they are implied by this event
@@ -705,6 +716,8 @@ class Tracker:
         if not events and unseen_device is None:
             return
         with self._lock:
+            if write:
+                self.device_wrote = True
             table = self.writes if write else self.reads
             for event in events:
                 table[id(event)] = event
