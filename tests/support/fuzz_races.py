@@ -60,6 +60,7 @@ TEMPS: dict[str, tuple[str, str | None]] = {
     "device-shared": ("device", None),
     "managed-shared": ("managed", None),
     "vmm": ("vmm", None),
+    "managed": ("managed", None),  # a default ManagedBuffer: the allocation cache reuses a closed one's memory
 }
 #: Streams a numba program makes and drops (the others live as long as the machine).
 RENEWABLE = NUMBA_STREAMS
@@ -89,6 +90,8 @@ class RaceRules:
         if temp == "managed-shared":
             self.managed_pool_used = True
             return um.ManagedBuffer.empty(shape, DTYPE, pool=um.MemoryPool.default("managed"), stream=s)
+        if temp == "managed":
+            return um.ManagedBuffer.empty(shape, DTYPE)
         return um.VMMBuffer.empty(shape, DTYPE)
 
     def write_temp(self: Any, buf: Any, kind: str, value: int, stream: str, sleep: bool) -> None:
@@ -691,15 +694,16 @@ class RaceRules:
     @family("races")
     @rule(
         target=BUFFERS,
-        temp=st.sampled_from(("device-pool", "managed-pool", "device")),
+        temp=st.sampled_from(("device-pool", "managed-pool", "device", "managed")),
         n=st.integers(1, 24),
         op=st.sampled_from(("launch", "copy_from_host", "um.copy")),
         values=st.tuples(st.integers(1, 1000), st.integers(1, 1000)),
     )
     def late_registration(self: Any, temp: str, n: int, op: str, values: tuple[int, int]) -> Any:
-        """A thread starts work that writes a pool temporary and stops right before the work registers
-        (it has taken the address); this thread closes the temporary, takes the next one of its size
-        (the pool may hand the same memory on) and writes it.  The late work must be refused with
+        """A thread starts work that writes a pool temporary (or a default ManagedBuffer, whose memory the
+        allocation cache hands on) and stops right before the work registers (it has taken the address);
+        this thread closes the temporary, takes the next one of its size (the pool or the cache may hand
+        the same memory on) and writes it.  The late work must be refused with
         BufferClosedError: never write the next buffer."""
         model_kind, pool = TEMPS[temp]
         shape = (n,)

@@ -190,7 +190,7 @@ MUTATIONS = [
     Mutation(
         "release-without-waiting",
         "umem_numba/_memory/_lifetime.py",
-        "        if not memory.stream_ordered:\n            tracker.wait_all(",
+        "        if not (settled or memory.stream_ordered):\n            tracker.wait_all(",
         "        if False:\n            tracker.wait_all(",
         "a closed buffer's memory is freed without waiting for its device work",
     ),
@@ -320,8 +320,8 @@ MUTATIONS = [
     Mutation(
         "cache-keeps-advised-memory",
         "umem_numba/_memory/_cache.py",
-        "        if _enabled and not self.advised and not tracker.escaped and ",
-        "        if _enabled and not tracker.escaped and ",
+        "        if _enabled and not self.advised and not tracker.escaped:\n",
+        "        if _enabled and not tracker.escaped:\n",
         "the allocation cache hands memory that took advice to the next buffer (it inherits the advice)",
     ),
     Mutation(
@@ -405,6 +405,39 @@ MUTATIONS = [
         ".ci/proof/item7-unseen-work.patch: pool memory that work umem_numba could not see used is neither "
         "held nor freed after a synchronise",
         more=((P, "            if unknown or escaped:\n                synchronize_for_reuse(", "            if False:\n                synchronize_for_reuse("),),
+    ),
+    # Session 38 (#28): the fast paths of default allocations, the host-read prefetch after a wait.
+    Mutation(
+        "idle-close-ignores-pending-writes",
+        T,
+        "                and not self.writes\n                and not self.reads\n                and not self.unknown_devices\n                and not self.escaped\n                and not self.inflight\n                and not self.holds\n",
+        "                and not self.reads\n                and not self.unknown_devices\n                and not self.escaped\n                and not self.inflight\n                and not self.holds\n",
+        "a buffer whose device writes are still on record takes the idle close: closed and cached (or "
+        "freed) with no wait, under its late kernels",
+    ),
+    Mutation(
+        "cache-reopens-record-without-epoch",
+        "umem_numba/_memory/_cache.py",
+        "        if tracker is None or tracker.graphs or tracker.capturing or not tracker.recycle():\n            return None\n",
+        "        if tracker is None or tracker.graphs or tracker.capturing:\n            return None\n        tracker._blocked = None\n",
+        "cached memory reopens the closed buffer's record without a new epoch: a launch that took the closed "
+        "buffer's address registers under the next buffer and writes it",
+    ),
+    Mutation(
+        "legacy-reuse-skips-capture-check",
+        P,
+        "                    if not checked:\n                        try:\n                            self._refuse_capture(handle, refusal)\n",
+        "                    if False:\n                        try:\n                            self._refuse_capture(handle, refusal)\n",
+        "a free-list block reused on the legacy stream that needs ordering waits on the stream without the "
+        "capture check: inside another stream's capture the wait invalidates it",
+    ),
+    Mutation(
+        "host-read-forgets-device-write",
+        "umem_numba/_arrays/_buffer.py",
+        "        if self._migrates_on_launch and (tracker.writes or tracker.device_wrote):\n",
+        "        if self._migrates_on_launch and tracker.writes:\n",
+        "a host read after the host waited for the device's write (its events settled) faults every page in "
+        "instead of a prefetch (a hint bug: values stay right)",
     ),
     Mutation(
         "plain-launch-on-forked-stream-not-refused",
