@@ -65,7 +65,12 @@ _lock = threading.Lock()
 
 
 class _SizeLists:
-    """Cached allocations of one kind on one device: size class -> allocations, within a byte limit."""
+    """Cached allocations of one kind on one device: size class -> allocations, within a byte limit.
+
+    Nothing allocated under the lock is a container: a garbage collection started
+    there could run a collected buffer's release on this thread, which comes back
+    here for the same lock (:meth:`keep`).
+    """
 
     __slots__ = ("blocks", "held", "limit", "lock")
 
@@ -77,13 +82,18 @@ class _SizeLists:
 
     def keep(self, memory: CachedMemory) -> bool:
         """List ``memory`` (False: no room, it must go back to the driver)."""
+        size = memory.size
+        new: list[CachedMemory] | None = None if size in self.blocks else []  # made outside the lock
         with self.lock:
-            if self.held + memory.size > self.limit:
+            if self.held + size > self.limit:
                 return False
-            self.held += memory.size
-            blocks = self.blocks.get(memory.size)
+            self.held += size
+            blocks = self.blocks.get(size)
             if blocks is None:
-                blocks = self.blocks[memory.size] = []
+                if new is None:  # the size's list went away meanwhile (drain): back to the driver
+                    self.held -= size
+                    return False
+                blocks = self.blocks[size] = new
             blocks.append(memory)
         return True
 
@@ -100,11 +110,11 @@ class _SizeLists:
 
     def drain(self) -> list[CachedMemory]:
         """Take every listed allocation off the lists."""
+        fresh: dict[int, list[CachedMemory]] = {}  # made outside the lock (see the class notes)
         with self.lock:
-            out = [m for blocks in self.blocks.values() for m in blocks]
-            self.blocks.clear()
+            taken, self.blocks = self.blocks, fresh
             self.held = 0
-        return out
+        return [m for blocks in taken.values() for m in blocks]
 
 
 #: (kind, device) -> that cache's lists.
@@ -126,10 +136,9 @@ def _lists_of(kind: str, device_id: int) -> _SizeLists:
     key = (kind, device_id)
     lists = _lists.get(key)
     if lists is None:
+        made = _SizeLists(cache_limit(device_id, kind))  # outside the lock (see _SizeLists)
         with _lock:
-            lists = _lists.get(key)
-            if lists is None:
-                lists = _lists[key] = _SizeLists(cache_limit(device_id, kind))
+            lists = _lists.setdefault(key, made)
     return lists
 
 

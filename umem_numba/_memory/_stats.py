@@ -79,12 +79,14 @@ class _Counters:
         self.total_allocations = self.total_bytes = 0
 
 
-#: Guards every counter.  Updated in place under it: nothing in the locked blocks
-#: allocates a container or drops an object, so no garbage collection and no
-#: finalizer (which may count a release) can run inside them on this thread.
-#: (An earlier design appended to a lock-free log folded later: the fold cost
-#: twice a locked update per entry, about 0.5 µs, so it saved nothing.)
-_lock = threading.Lock()
+#: Guards every counter.  The counters are updated in place under it, and
+#: nothing in those updates allocates a container or drops an object, so no
+#: garbage collection (no finalizer) can interrupt one halfway.  :func:`stats`
+#: allocates its snapshot under it, where a collection may release a collected
+#: buffer on this thread, which counts the release under the same lock: hence
+#: re-entrant.  (An earlier design appended to a lock-free log folded later: the
+#: fold cost twice a locked update per entry, about 0.5 µs, so it saved nothing.)
+_lock = threading.RLock()
 _counters = {kind: _Counters() for kind in KINDS}
 
 
