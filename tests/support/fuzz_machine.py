@@ -1162,6 +1162,11 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         if op in ("empty", "zeros", "from_array"):
             cls = {"managed": um.ManagedBuffer, "device": um.DeviceBuffer, "pinned-pool": um.PinnedBuffer}[kind]
             kw: dict[str, Any] = {"stream": s}
+            if op == "empty" and kind == "device" and not pooled and self.counter % 2 == 0:
+                # On the legacy stream beside the capture (the counter decides: the seeds draw as before):
+                # a free-list block that needs no ordering is served with no driver call; one that does
+                # is refused (its wait on the legacy stream would invalidate the capture), as is a new one.
+                kw["stream"] = 0
             pool = None
             if kind == "pinned-pool" or pooled:
                 pool = {"managed": "managed", "device": "device", "pinned-pool": "pinned"}[kind]
