@@ -25,14 +25,8 @@ TRIALS = 3 if _sim.active() else ORDERING_TRIALS
 SLEEP_MS = 1 if _sim.active() else 20
 
 
-@pytest.fixture(autouse=True)
-def _cache_on():
-    before = um.get_allocation_cache()
-    um.set_allocation_cache(True)
-    um.release_allocation_cache()
-    yield
-    um.release_allocation_cache()
-    um.set_allocation_cache(before)
+#: Every test here runs with the allocation cache on (tests/memory/conftest.py).
+pytestmark = pytest.mark.usefixtures("cache_on")
 
 
 def _address(buf: um.ManagedBuffer) -> int:

@@ -171,15 +171,7 @@ class ManagedBuffer(Buffer):
         device_id = _driver.ensure_context()
         if nbytes and attach == "global":
             # From the allocation cache (a closed buffer's allocation of this size, idle), else new.
-            size = _cache.rounded(nbytes)
-            cached = _cache.take("managed", device_id, size)
-            if cached is not None:
-                cached.nbytes = nbytes
-                tracker = cached.reopened_record()
-            else:
-                with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
-                    cached = _cache.allocate("managed", device_id, nbytes, _alloc_managed, "cuMemFree")
-                tracker = None
+            cached, tracker = _cache.take_or_allocate("managed", device_id, nbytes, _alloc_managed, "cuMemFree")
             if tracker is None:
                 tracker = Tracker(device_id, _driver.concurrent_managed_access(device_id))
             alloc = Allocation("managed", cached, cached.ptr, device_id, tracker)

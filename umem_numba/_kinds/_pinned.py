@@ -147,14 +147,7 @@ class PinnedBuffer(Buffer):
         device_id = _driver.ensure_context()
         if nbytes and not flags:
             # From the allocation cache (a closed buffer's page-locked memory of this size, idle), else new.
-            cached = _cache.take("pinned", device_id, _cache.rounded(nbytes))
-            if cached is not None:
-                cached.nbytes = nbytes
-                tracker = cached.reopened_record()
-            else:
-                with _driver.capture_safe():  # beside a user's graph capture: allowed, and the capture goes on
-                    cached = _cache.allocate("pinned", device_id, nbytes, _alloc_pinned, "cuMemFreeHost")
-                tracker = None
+            cached, tracker = _cache.take_or_allocate("pinned", device_id, nbytes, _alloc_pinned, "cuMemFreeHost")
             alloc = Allocation("pinned", cached, cached.ptr, device_id, tracker or Tracker(device_id))
         else:
             alloc = cls._driver_allocation(nbytes, flags, device_id)

@@ -54,6 +54,7 @@ __all__ = [
     "release_allocation_cache",
     "set_allocation_cache",
     "take",
+    "take_or_allocate",
 ]
 
 #: Cached allocations are made in multiples of this many bytes (the size classes).
@@ -153,6 +154,20 @@ def take(kind: str, device_id: int, size: int) -> CachedMemory | None:
         return None
     lists = _lists.get((kind, device_id))
     return None if lists is None else lists.take(size)
+
+
+def take_or_allocate(
+    kind: str, device_id: int, nbytes: int, alloc: Callable[[int], int], free_call: str
+) -> tuple[CachedMemory, Tracker | None]:
+    """Memory for a new buffer of ``nbytes``: a cached allocation of its size class and the closed
+    buffer's reopened record (:meth:`CachedMemory.reopened_record`; None: make a new one), else a new
+    allocation (:func:`allocate`, beside a user's graph capture too: allowed, and the capture goes on)."""
+    cached = take(kind, device_id, (nbytes + _ROUND_UP) & _ROUND_MASK)
+    if cached is not None:
+        cached.nbytes = nbytes
+        return cached, cached.reopened_record()
+    with _driver.capture_safe():
+        return allocate(kind, device_id, nbytes, alloc, free_call), None
 
 
 class CachedMemory(Memory):
