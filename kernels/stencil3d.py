@@ -51,6 +51,20 @@ Variants
     element into its allocation, the first and last strips) a thread takes
     a per-element path.  Keep ``planes * width <= 32``: beyond that numba's
     nested loops stay rolled and the arrays spill to local memory.
+``"march2"``, ``"march4"``
+    The ``vec`` design marching up a long strip (``planes_per_thread`` of 32
+    to 128) in a runtime loop, :data:`MARCH_CHUNK_3D` planes at a time: all
+    loads of a chunk before its first store, the two planes below the next
+    chunk carried in registers.  A strip then reads its two halo planes once
+    per strip instead of once per 8 planes, so the L2, which the ``y +- 1``
+    rows and the halo planes go through, carries a sixth less, and the
+    loop's registers do not grow with the strip.  On an H200 the L2, not HBM,
+    limited ``vec4`` (``ncu``: L2 throughput 90 % of peak, DRAM 69 %); see
+    ``docs/stencil-performance.md``.  The grid's first and last planes are
+    copied through by the strips that hold them; a strip whose interior is
+    shorter than one chunk takes the per-element path, and the last chunk of
+    a strip overlaps the one before it (it writes the same values again)
+    rather than leaving a remainder.
 
 Every variant evaluates the same expression in the same order, takes the
 same strips along ``z`` (so :class:`~umem_numba.kernels.decomp.Decomposition`
@@ -79,6 +93,7 @@ from ._common import (
 
 __all__ = [
     "DEFAULT_VARIANT_3D",
+    "MARCH_CHUNK_3D",
     "TUNED_3D",
     "VARIANTS_3D",
     "VECTOR_WIDTH_3D",
@@ -93,19 +108,23 @@ __all__ = [
 #: shape per dtype, for the :data:`DEFAULT_VARIANT_3D` of the dtype, chosen by
 #: ``bench stencil --variants`` (docs/stencil-performance.md).
 TUNED_3D = {
-    np.dtype(np.float32): (8, (32, 4)),
+    np.dtype(np.float32): (64, (32, 8)),
     np.dtype(np.float64): (4, (32, 4)),
 }
 
 #: The kernel designs :func:`heat3d_kernel` can build (see the module notes).
-VARIANTS_3D = ("column", "tile", "vec2", "vec4")
+VARIANTS_3D = ("column", "tile", "vec2", "vec4", "march2", "march4")
 
 #: Points along x each thread of a variant computes (its vector width; 1 for the scalar designs).
-VECTOR_WIDTH_3D = {"column": 1, "tile": 1, "vec2": 2, "vec4": 4}
+VECTOR_WIDTH_3D = {"column": 1, "tile": 1, "vec2": 2, "vec4": 4, "march2": 2, "march4": 4}
+
+#: Planes a ``"march"`` thread loads before it stores (its unrolled chunk; ``chunk * width <= 16``
+#: keeps the chunk's arrays in registers at a high occupancy).
+MARCH_CHUNK_3D = {"march2": 8, "march4": 4}
 
 #: The variant :func:`heat3d_step` uses per dtype (measure with ``bench stencil --variants``).
 DEFAULT_VARIANT_3D = {
-    np.dtype(np.float32): "vec4",
+    np.dtype(np.float32): "march4",
     np.dtype(np.float64): "column",
 }
 
@@ -132,7 +151,7 @@ def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tu
     ----------
     planes_per_thread : int
         Planes each thread computes; a compile-time constant (cached per value).
-    variant : {'column', 'tile', 'vec2', 'vec4'}
+    variant : {'column', 'tile', 'vec2', 'vec4', 'march2', 'march4'}
         The design (see the module notes and :data:`VARIANTS_3D`).
     block : (int, int), optional
         The ``(x, y)`` block shape; required by ``"tile"`` (its shared tile is
@@ -162,6 +181,8 @@ def heat3d_kernel(planes_per_thread: int = 8, variant: str = "column", block: tu
         return _column_kernel(planes)
     if variant in ("vec2", "vec4"):
         return _vec_kernel(planes, VECTOR_WIDTH_3D[variant])
+    if variant in ("march2", "march4"):
+        return _march_kernel(planes, VECTOR_WIDTH_3D[variant], MARCH_CHUNK_3D[variant])
     if block is None:
         raise ValueError("the 'tile' variant needs the block shape at compile time: pass block=(bx, by)")
     bx, by = (int(b) for b in block)
@@ -411,6 +432,108 @@ def _vec_kernel(planes: int, width: int) -> Any:
 
 
 @functools.cache
+def _march_kernel(planes: int, width: int, chunk: int) -> Any:
+    last = width - 1
+    rows = chunk + 2
+    load, store, address = _vector_io(width)
+
+    @cuda.jit
+    def heat3d_march(src, dst, w_center, w_neighbour):
+        nz, ny, nx = src.shape
+        x0 = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * width
+        y = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+        z0 = cuda.blockIdx.z * planes
+        if x0 >= nx or y >= ny or z0 >= nz:
+            return
+        z1 = min(z0 + planes, nz)
+        # The strip's interior planes (the first and last plane of the grid are copied through).
+        zs = max(z0, 1)
+        ze = min(z1, nz - 1)
+        vb = width * src.itemsize
+        aligned = (
+            src.strides[2] == src.itemsize
+            and dst.strides[2] == dst.itemsize
+            and src.strides[1] % vb == 0
+            and src.strides[0] % vb == 0
+            and dst.strides[1] % vb == 0
+            and dst.strides[0] % vb == 0
+            and address(src) % uint64(vb) == uint64(0)
+            and address(dst) % uint64(vb) == uint64(0)
+        )
+        if aligned and x0 + width <= nx and ze - zs >= chunk:
+            # Hot path: march up the strip `chunk` planes at a time, every load of a chunk before
+            # its first store, the two planes below the next chunk carried in registers.
+            yu = uint64(y)
+            xu = uint64(x0)
+            ys = uint64(y - 1 if y > 0 else y)
+            yn = uint64(y + 1 if y < ny - 1 else y)
+            xw = uint64(x0 - 1 if x0 > 0 else x0)
+            xe = uint64(x0 + width if x0 + width < nx else x0 + last)
+            yedge = y == 0 or y == ny - 1
+            col = cuda.local.array((rows, width), src.dtype)
+            south = cuda.local.array((chunk, width), src.dtype)
+            north = cuda.local.array((chunk, width), src.dtype)
+            out = cuda.local.array((1, width), src.dtype)
+            west = cuda.local.array(chunk, src.dtype)
+            east = cuda.local.array(chunk, src.dtype)
+            if z0 == 0:
+                load(src, (uint64(0), yu, xu), out, 0)
+                store(dst, (uint64(0), yu, xu), out, 0)
+            if z1 == nz:
+                load(src, (uint64(nz - 1), yu, xu), out, 0)
+                store(dst, (uint64(nz - 1), yu, xu), out, 0)
+            z = zs
+            load(src, (uint64(z - 1), yu, xu), col, 0)
+            load(src, (uint64(z), yu, xu), col, 1)
+            while True:
+                zu = uint64(z)
+                for r in range(chunk):
+                    zr = zu + uint64(r)
+                    load(src, (zr + uint64(1), yu, xu), col, r + 2)
+                    load(src, (zr, ys, xu), south, r)
+                    load(src, (zr, yn, xu), north, r)
+                    west[r] = src[zr, yu, xw]
+                    east[r] = src[zr, yu, xe]
+                for r in range(chunk):
+                    for i in range(width):
+                        u = col[r + 1, i]
+                        left = col[r + 1, i - 1] if i > 0 else west[r]
+                        right = col[r + 1, i + 1] if i < last else east[r]
+                        v = w_center * u + w_neighbour * (
+                            ((col[r, i] + col[r + 2, i]) + (south[r, i] + north[r, i])) + (left + right)
+                        )
+                        x = x0 + i
+                        out[0, i] = u if (yedge or x == 0 or x == nx - 1) else v
+                    store(dst, (zu + uint64(r), yu, xu), out, 0)
+                z += chunk
+                if z >= ze:
+                    break
+                if z + chunk <= ze:
+                    for i in range(width):
+                        col[0, i] = col[chunk, i]
+                        col[1, i] = col[chunk + 1, i]
+                else:
+                    # The last chunk overlaps the one before (it rewrites the same values).
+                    z = ze - chunk
+                    load(src, (uint64(z - 1), yu, xu), col, 0)
+                    load(src, (uint64(z), yu, xu), col, 1)
+        else:
+            for x in range(x0, min(x0 + width, nx)):
+                edge = x == 0 or x == nx - 1 or y == 0 or y == ny - 1
+                for z in range(z0, z1):
+                    u = src[z, y, x]
+                    if edge or z == 0 or z == nz - 1:
+                        dst[z, y, x] = u
+                    else:
+                        dst[z, y, x] = w_center * u + w_neighbour * (
+                            ((src[z - 1, y, x] + src[z + 1, y, x]) + (src[z, y - 1, x] + src[z, y + 1, x]))
+                            + (src[z, y, x - 1] + src[z, y, x + 1])
+                        )
+
+    return heat3d_march
+
+
+@functools.cache
 def _tile_kernel(planes: int, bx: int, by: int) -> Any:
     halo = planes + 2
     tile_shape = (planes, by + 2, bx + 2)
@@ -551,7 +674,7 @@ def heat3d_launch(
         Override the tuned values.  When both are omitted and the tuned
         shape gives fewer than :data:`MIN_BLOCKS` blocks, planes per thread
         are halved (down to 1), then the block width (down to 32).
-    variant : {'column', 'tile', 'vec2', 'vec4'}, optional
+    variant : {'column', 'tile', 'vec2', 'vec4', 'march2', 'march4'}, optional
         Override :data:`DEFAULT_VARIANT_3D`.
 
     Returns
@@ -639,7 +762,7 @@ def heat3d_step(
     planes_per_thread, block : int, tuple of int, optional
         Launch shape (see :func:`heat3d_kernel`); the tuned values for the
         dtype (:data:`TUNED_3D`) when omitted.
-    variant : {'column', 'tile', 'vec2', 'vec4'}, optional
+    variant : {'column', 'tile', 'vec2', 'vec4', 'march2', 'march4'}, optional
         Kernel design; :data:`DEFAULT_VARIANT_3D` for the dtype when omitted.
 
     Notes

@@ -137,10 +137,11 @@ def test_tuned_launches_exist_for_both_dtypes():
         _, grid, block = kernels.heat2d_launch((1000, 1000), dtype)
         rows, tuned_block = kernels.TUNED_2D[np.dtype(dtype)]
         assert block == tuned_block and grid == kernels.launch_config_2d((1000, 1000), rows, tuned_block)[0]
-        _, grid3, block3 = kernels.heat3d_launch((100, 120, 140), dtype)  # enough blocks: the tuned shape stays
+        shape3 = (300, 240, 280)  # enough blocks: the tuned shape stays
+        _, grid3, block3 = kernels.heat3d_launch(shape3, dtype)
         planes, tuned3 = kernels.TUNED_3D[np.dtype(dtype)]
         variant = kernels.DEFAULT_VARIANT_3D[np.dtype(dtype)]
-        expected = kernels.launch_config_3d((100, 120, 140), planes, tuned3, variant)[0]
+        expected = kernels.launch_config_3d(shape3, planes, tuned3, variant)[0]
         assert block3 == (*tuned3, 1) and grid3 == expected
 
 

@@ -109,6 +109,8 @@ def _run(tmp_path: Path, cases: list[dict], arrays: dict[str, np.ndarray]) -> di
 # chunk); nx smaller than the width; blocks of one thread; grids too thin for any interior strip.
 SHAPES = [
     ((10, 6, 16), 2, (2, 3)),
+    ((21, 5, 16), 9, (2, 2)),
+    ((26, 3, 8), 64, (1, 2)),
     ((9, 5, 8), 3, (1, 1)),
     ((12, 7, 13), 2, (2, 2)),
     ((11, 4, 18), 4, (3, 1)),
@@ -120,7 +122,7 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["vec2", "vec4"])
+@pytest.mark.parametrize("variant", ["vec2", "vec4", "march2", "march4"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_vec_variants_match_reference_and_take_the_vector_path_when_aligned(tmp_path, rng, dtype, variant):
     width = stencil3d.VECTOR_WIDTH_3D[variant]
@@ -159,7 +161,15 @@ def test_vec_variants_match_reference_and_take_the_vector_path_when_aligned(tmp_
         row_bytes = (nx + c["xpad"]) * itemsize
         start_bytes = (c["offset"] + c["xpad"] // 2) * itemsize
         aligned = row_bytes % (width * itemsize) == 0 and start_bytes % (width * itemsize) == 0
-        interior_strip = nz >= c["planes"] + 2 and nx >= width
+        if variant.startswith("march"):
+            # A march strip runs on vectors when its interior (the grid's first and last plane
+            # excluded) holds at least one chunk.
+            chunk, p = stencil3d.MARCH_CHUNK_3D[variant], c["planes"]
+            interior_strip = nx >= width and any(
+                min(z0 + p, nz - 1) - max(z0, 1) >= chunk for z0 in range(0, nz, p)
+            )
+        else:
+            interior_strip = nz >= c["planes"] + 2 and nx >= width
         if aligned and interior_strip:
             assert loads > 0 and stores > 0, f"{what}: aligned rows but no vector access"
         else:
@@ -280,6 +290,39 @@ def test_vec_variants_compile_to_vector_loads_without_local_memory(variant, plan
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
+@pytest.mark.parametrize(
+    ("variant", "planes", "dtype", "vector"),
+    [
+        ("march4", 64, np.float32, "v4.f32"),
+        ("march4", 128, np.float32, "v4.f32"),
+        ("march2", 32, np.float64, "v2.f64"),
+    ],
+)
+def test_march_variants_compile_to_one_chunk_of_vector_loads_without_local_memory(variant, planes, dtype, vector):
+    """The march loop is rolled: its vector accesses do not grow with the strip, and nothing spills.
+
+    Per thread: the two boundary planes' copies (a load and a store each), the two planes
+    below the first chunk, one chunk (column plane and y +- 1 rows per plane, one store per
+    plane) and the two planes the overlapping last chunk reloads.
+    """
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("the simulator compiles nothing")
+    missing = _nvvm_missing()
+    if missing:
+        pytest.skip(f"cannot compile PTX here: no libNVVM ({missing})")
+    from numba import cuda
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
+
+    scalar = from_dtype(np.dtype(dtype))
+    array = types.Array(scalar, 3, "C")
+    ptx, _ = cuda.compile_ptx(kernels.heat3d_kernel(planes, variant).py_func, (array, array, scalar, scalar), cc=(9, 0))
+    chunk = stencil3d.MARCH_CHUNK_3D[variant]
+    assert ptx.count(f"ld.global.{vector}") == 2 + 2 + 3 * chunk + 2
+    assert ptx.count(f"st.global.{vector}") == 2 + chunk
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
 _GPU_TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 
 
@@ -298,7 +341,8 @@ def test_every_variant_on_the_gpu_aligned_misaligned_and_windowed(rng, dtype, va
     u0 = random_array(rng, shape, dt)
     expected = kernels.heat3d_reference(u0, 3, 0.15)
     tol = _GPU_TOLERANCE[dt] * float(np.max(np.abs(u0)))
-    planes = 8 if variant != "vec4" else 4
+    # march: 16-plane strips hold full chunks, an overlapping last chunk and a one-chunk tail.
+    planes = {"vec4": 4, "march2": 16, "march4": 16}.get(variant, 8)
     block = (32, 4)
 
     def run(a, b):
