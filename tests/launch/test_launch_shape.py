@@ -46,7 +46,9 @@ def test_heat3d_small_grids_get_min_blocks_and_stay_covered(rng, dtype):
         kernel, grid, block = kernels.heat3d_launch((nz, ny, nx), dtype)
         variant = kernels.DEFAULT_VARIANT_3D[np.dtype(dtype)]
         width = kernels.stencil3d.VECTOR_WIDTH_3D[variant]
-        planes = next(p for p in (128, 64, 32, 16, 8, 4, 2, 1) if kernel is kernels.heat3d_kernel(p, variant, block[:2]))
+        planes = next(
+            p for p in (128, 64, 32, 16, 8, 4, 2, 1) if kernel is kernels.heat3d_kernel(p, variant, block[:2])
+        )
         assert grid[0] * block[0] * width >= nx and grid[1] * block[1] >= ny and grid[2] * planes >= nz
         tuned_planes, tuned_block = kernels.TUNED_3D[np.dtype(dtype)]
         tuned_grid, _ = kernels.launch_config_3d((nz, ny, nx), tuned_planes, tuned_block, variant)
