@@ -548,6 +548,44 @@ def _add(uses: list[tuple[Tracker, bool]], tracker: Tracker, write: bool) -> Non
     uses.append((tracker, write))
 
 
+def _walk(
+    writes: tuple[bool, ...], args: tuple[Any, ...]
+) -> tuple[list[int], list[Any], dict[Tracker, bool], dict[Tracker, int]] | None:
+    """A launch's arguments read once: ``(type ids, kernel values, uses, epochs)``, or None for numba.
+
+    ``type ids`` name the numba types (interned: their ids are cheaply hashed); ``values`` are what
+    a direct call passes; ``uses`` maps each buffer's tracker to whether the launch writes it (a
+    write wins over reads of one allocation); ``epochs`` holds each tracker's epoch when the
+    launch took the buffer's address.  None: an argument only numba can launch (tuples, numba or
+    foreign arrays, records).
+    """
+    nwrites = len(writes)
+    type_ids: list[int] = []
+    values: list[Any] = []
+    uses: dict[Tracker, bool] = {}
+    epochs: dict[Tracker, int] = {}
+    for i, a in enumerate(args):
+        if isinstance(a, Buffer):
+            k = a._kparams
+            if k is None or k[0].closed or a._views_can_retire:
+                k = a._launch_arg()  # checks closed, retired and host-only buffers
+            tracker = k[0].tracker
+            epochs[tracker] = tracker.epoch
+            if k[0].closed:  # the epoch read, then the buffer seen open: a close from here on changes it
+                a._launch_arg()
+            type_ids.append(id(k[1]))
+            values += k[2]
+            if not uses.get(tracker, False):
+                uses[tracker] = i >= nwrites or writes[i]
+        else:
+            t = scalar_type(a)
+            if t is None:
+                return None
+            type_ids.append(id(t))
+            values.append(a)
+    return type_ids, values, uses, epochs
+
+
 class _ConfiguredLaunch:
     """``kernel[grid, block, stream, sharedmem]``: the stream worked out once, direct calls cached.
 
@@ -577,37 +615,27 @@ class _ConfiguredLaunch:
         self._calls: dict[tuple[int, ...], tuple[tuple[Any, ...], KernelCall | None]] = {}
 
     def __call__(self, *args: Any) -> None:
-        writes = self._info.writes
-        nwrites = len(writes)
-        type_ids: list[int] = []  # numba types are interned: their ids name them, cheaply hashed
-        values: list[Any] = []
-        uses: dict[Tracker, bool] = {}
-        epochs: dict[Tracker, int] = {}
-        for i, a in enumerate(args):
-            if isinstance(a, Buffer):
-                k = a._kparams
-                if k is None or k[0].closed or a._views_can_retire:
-                    k = a._launch_arg()  # checks closed, retired and host-only buffers
-                tracker = k[0].tracker
-                epochs[tracker] = tracker.epoch
-                if k[0].closed:  # the epoch read, then the buffer seen open: a close from here on changes it
-                    a._launch_arg()
-                type_ids.append(id(k[1]))
-                values += k[2]
-                if not uses.get(tracker, False):  # a write wins over reads of one allocation
-                    uses[tracker] = i >= nwrites or writes[i]
-            else:
-                t = scalar_type(a)
-                if t is None:  # tuples, numba or foreign arrays, records: numba launches
-                    self._numba_launch(args)
-                    return
-                type_ids.append(id(t))
-                values.append(a)
+        walked = _walk(self._info.writes, args)
+        if walked is None:  # tuples, numba or foreign arrays, records: numba launches
+            self._numba_launch(args)
+            return
+        type_ids, values, uses, epochs = walked
         if not uses:
             self._configured(*args)
             return
         _driver.api()  # a forked child stops here, before any driver call
-        device = _current_device()
+        self._dispatch(args, type_ids, values, uses, epochs, _current_device())
+
+    def _dispatch(
+        self,
+        args: tuple[Any, ...],
+        type_ids: list[int],
+        values: list[Any],
+        uses: dict[Tracker, bool],
+        epochs: dict[Tracker, int],
+        device: int,
+    ) -> None:
+        """Launch ``args`` (walked by :func:`_walk`, with buffers among them) on ``device``."""
         key = (*type_ids, device)
         entry = self._calls.get(key)
         if entry is None:
@@ -1052,7 +1080,7 @@ class CoherentForAll:
     See :meth:`CoherentKernel.forall`.
     """
 
-    __slots__ = ("_last", "kernel", "ntasks", "sharedmem", "stream", "tpb")
+    __slots__ = ("_launches", "kernel", "ntasks", "sharedmem", "stream", "tpb")
 
     def __init__(self, kernel: CoherentKernel, ntasks: int, tpb: int, stream: Any, sharedmem: int) -> None:
         for name, value in (("ntasks", ntasks), ("tpb", tpb), ("sharedmem", sharedmem)):
@@ -1066,8 +1094,9 @@ class CoherentForAll:
         self.tpb = int(tpb)
         self.stream = stream
         self.sharedmem = int(sharedmem)
-        #: (block size, the configured launch) of the last call: a loop of calls configures once.
-        self._last: tuple[int, _ConfiguredLaunch] | None = None
+        #: (ids of the argument types..., device) -> (the types, the configured launch of the block
+        #: size numba picks for them): a loop of calls walks its arguments once per call.
+        self._launches: dict[tuple[int, ...], tuple[tuple[Any, ...], _ConfiguredLaunch]] = {}
 
     def __call__(self, *args: Any) -> None:
         n = self.ntasks
@@ -1082,11 +1111,26 @@ class CoherentForAll:
             tpb = self.tpb
             self.kernel[(n + tpb - 1) // tpb if tpb else n, tpb or 1, self.stream, self.sharedmem](*args)
             return
-        tpb = self.tpb or self.kernel._forall_block(args, self.sharedmem)
-        last = self._last
-        if last is None or last[0] != tpb:
-            last = self._last = (tpb, self.kernel[(n + tpb - 1) // tpb, tpb, self.stream, self.sharedmem])
-        last[1](*args)
+        walked = _walk(self.kernel._info.writes, args)
+        if walked is None or not walked[2]:  # numba launches, or no buffer to track
+            tpb = self.tpb or self.kernel._forall_block(args, self.sharedmem)
+            self._configured(tpb)(*args)
+            return
+        type_ids, values, uses, epochs = walked
+        _driver.api()  # a forked child stops here, before any driver call
+        device = _current_device()
+        key = (*type_ids, device)
+        entry = self._launches.get(key)
+        if entry is None:
+            tpb = self.tpb or self.kernel._forall_block(args, self.sharedmem)
+            types = tuple(a._launch_arg()[1] if isinstance(a, Buffer) else scalar_type(a) for a in args)
+            if len(self._launches) >= _CONFIG_CACHE_SIZE:
+                self._launches.clear()
+            entry = self._launches[key] = (types, self._configured(tpb))  # the types keep their ids valid
+        entry[1]._dispatch(args, type_ids, values, uses, epochs, device)
+
+    def _configured(self, tpb: int) -> _ConfiguredLaunch:
+        return self.kernel[(self.ntasks + tpb - 1) // tpb, tpb, self.stream, self.sharedmem]
 
     def __repr__(self) -> str:
         return f"CoherentForAll({self.kernel!r}, ntasks={self.ntasks}, tpb={self.tpb}, stream={self.stream!r})"
