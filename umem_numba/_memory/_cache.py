@@ -53,7 +53,6 @@ __all__ = [
     "get_allocation_cache",
     "release_allocation_cache",
     "set_allocation_cache",
-    "take",
     "take_or_allocate",
 ]
 
@@ -148,24 +147,18 @@ def rounded(nbytes: int) -> int:
     return (nbytes + _ROUND_UP) & _ROUND_MASK
 
 
-def take(kind: str, device_id: int, size: int) -> CachedMemory | None:
-    """A cached allocation of ``size`` bytes (a :func:`rounded` size) that nothing uses, or None."""
-    if not _enabled:
-        return None
-    lists = _lists.get((kind, device_id))
-    return None if lists is None else lists.take(size)
-
-
 def take_or_allocate(
     kind: str, device_id: int, nbytes: int, alloc: Callable[[int], int], free_call: str
 ) -> tuple[CachedMemory, Tracker | None]:
     """Memory for a new buffer of ``nbytes``: a cached allocation of its size class and the closed
     buffer's reopened record (:meth:`CachedMemory.reopened_record`; None: make a new one), else a new
     allocation (:func:`allocate`, beside a user's graph capture too: allowed, and the capture goes on)."""
-    cached = take(kind, device_id, (nbytes + _ROUND_UP) & _ROUND_MASK)
-    if cached is not None:
-        cached.nbytes = nbytes
-        return cached, cached.reopened_record()
+    lists = _lists.get((kind, device_id)) if _enabled else None
+    if lists is not None:
+        cached = lists.take((nbytes + _ROUND_UP) & _ROUND_MASK)
+        if cached is not None:
+            cached.nbytes = nbytes
+            return cached, cached.reopened_record()
     with _driver.capture_safe():
         return allocate(kind, device_id, nbytes, alloc, free_call), None
 
@@ -189,7 +182,7 @@ class CachedMemory(Memory):
         Whose context frees it.
     """
 
-    __slots__ = ("advised", "device_id", "free_call", "kind", "nbytes", "ptr", "size", "tracker")
+    __slots__ = ("advised", "device_id", "free_call", "kind", "lists", "nbytes", "ptr", "size", "tracker")
     #: Closed like a driver allocation: the release path first waits for the buffer's device
     #: work, whatever the policy, so what the cache holds has no work left to run.
     stream_ordered = False
@@ -202,6 +195,8 @@ class CachedMemory(Memory):
         self.free_call = free_call
         self.device_id = device_id
         self.advised = False
+        #: The cache's lists this memory goes back to.
+        self.lists = _lists_of(kind, device_id)
         #: While cached: the closed buffer's coherence record (blocked "closed"; see :meth:`reopened_record`).
         self.tracker: Tracker | None = None
 
@@ -231,7 +226,7 @@ class CachedMemory(Memory):
         # somewhere: freed, so that a stale use faults rather than writes the next buffer.
         if _enabled and not self.advised and not tracker.escaped:
             self.tracker = tracker  # set before the memory is listed: another thread may take it at once
-            if _lists_of(self.kind, self.device_id).keep(self):
+            if self.lists.keep(self):
                 return
             self.tracker = None
         self.free_to_driver()
