@@ -58,6 +58,7 @@ from .stencil3d import (
     heat3d_launch,
     heat3d_step,
     launch_config_3d,
+    slab_align_3d,
 )
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "heat3d_kernel",
     "heat3d_step",
     "launch_config_3d",
+    "slab_align_3d",
     "TUNED_3D",
     "VARIANTS_3D",
     "DEFAULT_VARIANT_3D",

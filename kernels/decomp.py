@@ -25,7 +25,10 @@ depend on it.  With ``align=R`` the stored range starts on a multiple of
 ``R`` and reaches far enough that every owned row falls in a strip of the
 *same kind* (hot path or edge path) as in the one-domain launch: the first
 owned strip is preceded by one full strip of alignment rows and the last is
-followed by one extra row.  With ``align=1`` (the NumPy reference kernels,
+followed by one extra row.  The 3-D ``march`` kernels take one path for every
+plane of a grid with a chunk of interior planes, whatever the strips, so they
+need ``align`` only to keep a chunk in every slab
+(:func:`~umem_numba.kernels.stencil3d.slab_align_3d`).  With ``align=1`` (the NumPy reference kernels,
 whose cells never depend on strip position) the stored range is the owned
 range plus one halo row on each side.
 

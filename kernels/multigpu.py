@@ -426,7 +426,8 @@ class MultiGPUHeat:
         :attr:`fallback` says why) where the GPUs cannot access each other.
     rows_per_thread : int, optional
         The kernel's strip height (``rows_per_thread`` / ``planes_per_thread``);
-        the tuned value for the dtype when omitted.  The decomposition aligns to it.
+        the tuned value for the dtype when omitted.  The decomposition aligns to it
+        (3-D: to :func:`~umem_numba.kernels.stencil3d.slab_align_3d` of it).
     block : (int, int), optional
         Thread block; the tuned one when omitted.
     graphs : bool
@@ -491,7 +492,13 @@ class MultiGPUHeat:
         rows, blk = TUNED[dtype]
         rows = rows if rows_per_thread is None else int(rows_per_thread)
         blk = blk if block is None else tuple(block)
-        self.decomp = Decomposition(u0.shape, len(devices), align=rows)  # ValueError before any driver call
+        if ndim == 2:
+            align = rows
+        else:
+            from .stencil3d import DEFAULT_VARIANT_3D, slab_align_3d
+
+            align = slab_align_3d(DEFAULT_VARIANT_3D[dtype], rows)
+        self.decomp = Decomposition(u0.shape, len(devices), align=align)  # ValueError before any driver call
 
         from numba import cuda
 

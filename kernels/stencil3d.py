@@ -61,10 +61,13 @@ Variants
     loop's registers do not grow with the strip.  On an H200 the L2, not HBM,
     limited ``vec4`` (``ncu``: L2 throughput 90 % of peak, DRAM 69 %); see
     ``docs/stencil-performance.md``.  The grid's first and last planes are
-    copied through by the strips that hold them; a strip whose interior is
-    shorter than one chunk takes the per-element path, and the last chunk of
-    a strip overlaps the one before it (it writes the same values again)
-    rather than leaving a remainder.
+    copied through by the strips that hold them.  Which path a point takes
+    does not depend on the strips: every plane runs on vectors once the grid
+    has :data:`MARCH_CHUNK_3D` interior planes (a strip's last chunk, and
+    the one chunk of a strip shorter than that, start low enough to be
+    whole, rewriting planes below with the values they get anyway), so a
+    slab decomposition aligns to the chunk, not to the strip
+    (:func:`slab_align_3d`).
 
 Every variant evaluates the same expression in the same order, takes the
 same strips along ``z`` (so :class:`~umem_numba.kernels.decomp.Decomposition`
@@ -102,6 +105,7 @@ __all__ = [
     "heat3d_launch",
     "heat3d_step",
     "launch_config_3d",
+    "slab_align_3d",
 ]
 
 #: Planes per thread (the register-blocking factor along z) and (x, y) block
@@ -130,6 +134,30 @@ DEFAULT_VARIANT_3D = {
 
 #: Static shared memory a block may use (the tile variant's tile must fit).
 _MAX_SHARED_BYTES = 48 * 1024
+
+
+def slab_align_3d(variant: str, planes_per_thread: int) -> int:
+    """The ``align`` a :class:`~umem_numba.kernels.decomp.Decomposition` needs for this 3-D kernel.
+
+    A slab's launch must take the same code path for every owned plane as the
+    one-domain launch (the paths may round differently).  For the strip
+    kernels (``column``, ``tile``, ``vec``) the path depends on the strip, so
+    slabs align to ``planes_per_thread``; for the ``march`` kernels it only
+    needs a chunk of interior planes (:data:`MARCH_CHUNK_3D`), so slabs align
+    to the chunk and carry a few planes of alignment instead of a strip of 64.
+
+    Parameters
+    ----------
+    variant : str
+        One of :data:`VARIANTS_3D`.
+    planes_per_thread : int
+        The launch's planes per thread.
+
+    Returns
+    -------
+    int
+    """
+    return MARCH_CHUNK_3D.get(_check_variant(variant), int(planes_per_thread))
 
 
 def _check_variant(variant: str) -> str:
@@ -460,9 +488,12 @@ def _march_kernel(planes: int, width: int, chunk: int) -> Any:
             and address(src) % uint64(vb) == uint64(0)
             and address(dst) % uint64(vb) == uint64(0)
         )
-        if aligned and x0 + width <= nx and ze - zs >= chunk:
+        if aligned and x0 + width <= nx and nz - 2 >= chunk:
             # Hot path: march up the strip `chunk` planes at a time, every load of a chunk before
-            # its first store, the two planes below the next chunk carried in registers.
+            # its first store, the two planes below the next chunk carried in registers.  Every
+            # plane of a grid with a chunk of interior planes takes it, whatever the strips: a
+            # strip's last chunk, and the only chunk of a strip shorter than one, start low
+            # enough to be whole (rewriting planes below with the values they already get).
             yu = uint64(y)
             xu = uint64(x0)
             ys = uint64(y - 1 if y > 0 else y)
@@ -482,7 +513,9 @@ def _march_kernel(planes: int, width: int, chunk: int) -> Any:
             if z1 == nz:
                 load(src, (uint64(nz - 1), yu, xu), out, 0)
                 store(dst, (uint64(nz - 1), yu, xu), out, 0)
-            z = zs
+            if zs >= ze:
+                return
+            z = max(min(zs, ze - chunk), 1)
             load(src, (uint64(z - 1), yu, xu), col, 0)
             load(src, (uint64(z), yu, xu), col, 1)
             while True:
@@ -699,9 +732,11 @@ def heat3d_launch(
     var = _check_variant(DEFAULT_VARIANT_3D[dt] if variant is None else variant)
     grid, blk3 = launch_config_3d(shape, planes, blk, var)
     if planes_per_thread is None and block is None and not simulating():
-        while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > 1 or blk[0] > 32):
-            if planes > 1:
-                planes //= 2
+        # A march thread computes at least a chunk (a shorter strip would redo planes).
+        fewest = MARCH_CHUNK_3D.get(var, 1)
+        while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > fewest or blk[0] > 32):
+            if planes > fewest:
+                planes = max(planes // 2, fewest)
             else:
                 blk = (blk[0] // 2, blk[1])
             grid, blk3 = launch_config_3d(shape, planes, blk, var)

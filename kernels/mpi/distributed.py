@@ -114,6 +114,7 @@ kernel, so the tokens cost no more and need no cross-process event state.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -148,7 +149,8 @@ class RankHeat:
     comm : mpi4py communicator
     decomp : Decomposition
         The whole grid's decomposition; this rank steps slab ``comm.rank``.
-        For the GPU path its ``align`` must be the kernel's strip height.
+        For the GPU path its ``align`` must be the kernel's strip height (3-D:
+        :func:`~umem_numba.kernels.stencil3d.slab_align_3d` of it).
     local : ndarray
         This slab's initial stored rows (``decomp.local_shape(rank)``).
     alpha : float
@@ -157,7 +159,7 @@ class RankHeat:
     device_buffers : bool
         Pass device buffers to MPI (CUDA-aware MPI) instead of pinned staging.
     rows_per_thread : int, optional
-        Strip height of the GPU kernel (must equal ``decomp.align``).
+        Strip height of the GPU kernel (``decomp.align`` must suit it, see ``decomp``).
     halo : {'mpi', 'ipc'}
         ``"mpi"``: rows travel in MPI messages (pinned staging or
         ``device_buffers``).  ``"ipc"``: GPU path only, every rank on one
@@ -295,8 +297,19 @@ class RankHeat:
             from ..stencil3d import launch_config_3d as config
         rows, blk = TUNED[self.dtype]
         rows = rows if rows_per_thread is None else int(rows_per_thread)
-        if rows != d.align:
-            raise ValueError(f"the decomposition is aligned to {d.align} rows but the kernel's strips are {rows}")
+        if d.ndim == 2:
+            align, variant = rows, None
+        else:
+            from ..stencil3d import DEFAULT_VARIANT_3D, slab_align_3d
+
+            variant = DEFAULT_VARIANT_3D[self.dtype]
+            align = slab_align_3d(variant, rows)
+            make = functools.partial(make, variant=variant, block=blk)
+            config = functools.partial(config, variant=variant)
+        if align != d.align:
+            raise ValueError(
+                f"the decomposition is aligned to {d.align} rows but the kernel needs {align} ({rows} rows per thread)"
+            )
         self._call = um.driver_call  # bound once: the step calls it per halo row
         self.kernel = make(rows)
         self.ks = cuda.stream()  # compute: the whole slab, then the edge-row fix-ups

@@ -266,3 +266,18 @@ def test_check_output_path_refuses_a_read_only_folder(tmp_path):
             kernels.check_output_path(folder / "plate.png")
     finally:
         folder.chmod(0o700)
+
+
+def test_slabs_align_to_the_march_chunk_and_to_the_strip_otherwise():
+    """A march kernel's code path does not depend on its strips: slabs align to its chunk."""
+    from umem_numba.kernels.stencil3d import MARCH_CHUNK_3D
+
+    assert kernels.slab_align_3d("march4", 64) == MARCH_CHUNK_3D["march4"] == 4
+    assert kernels.slab_align_3d("march2", 32) == MARCH_CHUNK_3D["march2"]
+    for variant in ("column", "tile", "vec2", "vec4"):
+        assert kernels.slab_align_3d(variant, 8) == 8
+    with pytest.raises(ValueError, match="variant must be one of"):
+        kernels.slab_align_3d("vec8", 8)
+    # A 3-D float32 decomposition of the default kernel carries a few planes of alignment, not a strip.
+    d = kernels.Decomposition((512, 64, 64), 4, kernels.slab_align_3d("march4", 64))
+    assert all(s.stored <= s.hi - s.lo + 2 * 4 + 1 for s in d.slabs)

@@ -225,7 +225,7 @@ from umem_numba.kernels import heat2d_reference, heat3d_reference
 from umem_numba.kernels.decomp import Decomposition
 from umem_numba.kernels.mpi import distributed
 from umem_numba.kernels.stencil2d import TUNED_2D
-from umem_numba.kernels.stencil3d import TUNED_3D
+from umem_numba.kernels.stencil3d import DEFAULT_VARIANT_3D, TUNED_3D, slab_align_3d
 
 rows, cols, seed = (int(x) for x in sys.argv[1:4])
 halo, three_d = sys.argv[4], "3d" in sys.argv[5:]
@@ -240,7 +240,8 @@ shape = (rows, cols, 6) if three_d else (rows, cols)
 dtype = np.dtype(np.float32)
 u0 = np.random.default_rng(seed).random(shape).astype(dtype)
 alpha = 0.15 if three_d else 0.2
-d = Decomposition(shape, comm.Get_size(), (TUNED_3D if three_d else TUNED_2D)[dtype][0])
+align = slab_align_3d(DEFAULT_VARIANT_3D[dtype], TUNED_3D[dtype][0]) if three_d else TUNED_2D[dtype][0]
+d = Decomposition(shape, comm.Get_size(), align)
 s = d.slabs[comm.Get_rank()]
 PLAN = [(2, True), (2, False), (1, True), ("sync", None), (3, True), (1, False), (2, True)]
 plates = {}

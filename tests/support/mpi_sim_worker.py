@@ -47,7 +47,7 @@ from umem_numba.kernels import heat2d_reference, heat3d_reference
 from umem_numba.kernels.decomp import Decomposition
 from umem_numba.kernels.mpi import distributed
 from umem_numba.kernels.stencil2d import TUNED_2D
-from umem_numba.kernels.stencil3d import TUNED_3D
+from umem_numba.kernels.stencil3d import DEFAULT_VARIANT_3D, TUNED_3D, slab_align_3d
 
 COPIES = {"cuMemcpyDtoDAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync"}
 
@@ -151,7 +151,7 @@ def main() -> int:
     comm = MPI.COMM_WORLD
     shape = (rows, cols, 6) if three_d else (rows, cols)
     dtype = np.dtype(np.float32)
-    align = (TUNED_3D if three_d else TUNED_2D)[dtype][0]
+    align = slab_align_3d(DEFAULT_VARIANT_3D[dtype], TUNED_3D[dtype][0]) if three_d else TUNED_2D[dtype][0]
     u0 = np.random.default_rng(seed).random(shape).astype(dtype)
     alpha = 0.15 if three_d else 0.2
     d = Decomposition(shape, comm.Get_size(), align)
