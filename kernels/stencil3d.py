@@ -706,7 +706,8 @@ def heat3d_launch(
     planes_per_thread, block : optional
         Override the tuned values.  When both are omitted and the tuned
         shape gives fewer than :data:`MIN_BLOCKS` blocks, planes per thread
-        are halved (down to 1), then the block width (down to 32).
+        are halved (down to 1, or a ``march`` kernel's chunk), then the block
+        width (down to 32), then its height (down to 1).
     variant : {'column', 'tile', 'vec2', 'vec4', 'march2', 'march4'}, optional
         Override :data:`DEFAULT_VARIANT_3D`.
 
@@ -734,11 +735,13 @@ def heat3d_launch(
     if planes_per_thread is None and block is None and not simulating():
         # A march thread computes at least a chunk (a shorter strip would redo planes).
         fewest = MARCH_CHUNK_3D.get(var, 1)
-        while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > fewest or blk[0] > 32):
+        while grid[0] * grid[1] * grid[2] < MIN_BLOCKS and (planes > fewest or blk[0] > 32 or blk[1] > 1):
             if planes > fewest:
                 planes = max(planes // 2, fewest)
-            else:
+            elif blk[0] > 32:
                 blk = (blk[0] // 2, blk[1])
+            else:
+                blk = (blk[0], blk[1] // 2)
             grid, blk3 = launch_config_3d(shape, planes, blk, var)
     if var == "tile" and tile_shared_bytes(planes, blk, dt.itemsize) > _MAX_SHARED_BYTES:
         raise ValueError(
