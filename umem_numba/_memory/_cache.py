@@ -195,8 +195,9 @@ class CachedMemory(Memory):
         self.free_call = free_call
         self.device_id = device_id
         self.advised = False
-        #: The cache's lists this memory goes back to.
-        self.lists = _lists_of(kind, device_id)
+        #: The cache's lists this memory goes back to (found at its first close: making them asks
+        #: the driver for the device's memory size).
+        self.lists: _SizeLists | None = None
         #: While cached: the closed buffer's coherence record (blocked "closed"; see :meth:`reopened_record`).
         self.tracker: Tracker | None = None
 
@@ -226,7 +227,10 @@ class CachedMemory(Memory):
         # somewhere: freed, so that a stale use faults rather than writes the next buffer.
         if _enabled and not self.advised and not tracker.escaped:
             self.tracker = tracker  # set before the memory is listed: another thread may take it at once
-            if self.lists.keep(self):
+            lists = self.lists
+            if lists is None:
+                lists = self.lists = _lists_of(self.kind, self.device_id)
+            if lists.keep(self):
                 return
             self.tracker = None
         self.free_to_driver()
