@@ -440,6 +440,14 @@ MUTATIONS = [
         "instead of a prefetch (a hint bug: values stay right)",
     ),
     Mutation(
+        "forall-untracked",
+        L,
+        "        entry[1]._dispatch(args, type_ids, values, uses, epochs, device)\n",
+        "        entry[1]._configured(*args)\n",
+        "a forall of a um.jit kernel with buffer arguments launches through numba untracked once its "
+        "configured launch is kept (the next host access or launch on another stream does not wait)",
+    ),
+    Mutation(
         "plain-launch-on-forked-stream-not-refused",
         PL,
         "        if launch._check_capture():\n            raise CoherenceError(_capture_refusal(launch.handle))",
