@@ -253,6 +253,23 @@ def test_ptx_check_fails_rather_than_skips_when_the_compile_breaks(tmp_path):
     assert "row_stack" in out, out
 
 
+def _ptx(variant: str, planes: int, dtype: type) -> str:
+    """The kernel's PTX for sm_90, compiled here without a GPU (skipped only without libNVVM)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("the simulator compiles nothing")
+    missing = _nvvm_missing()
+    if missing:
+        pytest.skip(f"cannot compile PTX here: no libNVVM ({missing})")
+    from numba import cuda
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
+
+    scalar = from_dtype(np.dtype(dtype))
+    array = types.Array(scalar, 3, "C")
+    ptx, _ = cuda.compile_ptx(kernels.heat3d_kernel(planes, variant).py_func, (array, array, scalar, scalar), cc=(9, 0))
+    return ptx
+
+
 @pytest.mark.parametrize(
     ("variant", "planes", "dtype", "vector"),
     [
@@ -266,18 +283,7 @@ def test_vec_variants_compile_to_vector_loads_without_local_memory(variant, plan
 
     Skipped only where numba has no libNVVM to compile with; any other failure of the compile fails.
     """
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        pytest.skip("the simulator compiles nothing")
-    missing = _nvvm_missing()
-    if missing:
-        pytest.skip(f"cannot compile PTX here: no libNVVM ({missing})")
-    from numba import cuda
-    from numba.core import types
-    from numba.np.numpy_support import from_dtype
-
-    scalar = from_dtype(np.dtype(dtype))
-    array = types.Array(scalar, 3, "C")
-    ptx, _ = cuda.compile_ptx(kernels.heat3d_kernel(planes, variant).py_func, (array, array, scalar, scalar), cc=(9, 0))
+    ptx = _ptx(variant, planes, dtype)
     halo = planes + 2
     # The hot path: the column (planes + 2) and the y neighbours (2 per plane) as vector loads,
     # one vector store per plane; x neighbours are two scalar loads per plane.
@@ -301,18 +307,7 @@ def test_march_variants_compile_to_one_chunk_of_vector_loads_without_local_memor
     below the first chunk, one chunk (column plane and y +- 1 rows per plane, one store per
     plane) and the two planes the overlapping last chunk reloads.
     """
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        pytest.skip("the simulator compiles nothing")
-    missing = _nvvm_missing()
-    if missing:
-        pytest.skip(f"cannot compile PTX here: no libNVVM ({missing})")
-    from numba import cuda
-    from numba.core import types
-    from numba.np.numpy_support import from_dtype
-
-    scalar = from_dtype(np.dtype(dtype))
-    array = types.Array(scalar, 3, "C")
-    ptx, _ = cuda.compile_ptx(kernels.heat3d_kernel(planes, variant).py_func, (array, array, scalar, scalar), cc=(9, 0))
+    ptx = _ptx(variant, planes, dtype)
     chunk = stencil3d.MARCH_CHUNK_3D[variant]
     assert ptx.count(f"ld.global.{vector}") == 2 + 2 + 3 * chunk + 2
     assert ptx.count(f"st.global.{vector}") == 2 + chunk
