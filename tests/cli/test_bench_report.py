@@ -56,7 +56,7 @@ def _fake_modules(rng) -> tuple[dict, dict]:
             "figures": [
                 _common.goal_row("ratio one", v[0], 1.0),
                 _common.goal_row("ratio two", v[1], 1.0, higher_is_better=False),
-                _common.goal_row("time", v[2], unit="µs", note="no goal | pipes kept"),
+                _common.goal_row("time", v[2], unit="µs", note="no goal | pipes kept, kernel[g, b](buf) literal"),
             ],
         }
 
@@ -119,7 +119,8 @@ def test_report_puts_every_figure_next_to_its_goal(tmp_path, rng):
         "| gamma | skipped: needs 2 GPUs, this machine has 0. | | | |",
     ):
         assert line in md, line
-    assert "- time: no goal | pipes kept" in md  # notes are list items under the table
+    # Notes are list items under the table; brackets escaped, or MyST reads kernel[g, b](buf) as a link.
+    assert "- time: no goal | pipes kept, kernel\\[g, b\\](buf) literal" in md
     assert "delta | **error**: RuntimeError: kernel exploded" in md
     assert "CUDA: not available (no driver here)" in md
     assert "**Quick run**" in md

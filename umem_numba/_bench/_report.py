@@ -183,8 +183,10 @@ def _one_line(entry: dict[str, Any]) -> str:
     return text + (f"; missed: {', '.join(missed)}" if missed else "")
 
 
-def _md_escape(text: str) -> str:
-    return str(text).replace("|", "\\|")
+def _md_escape(text: str, *, cell: bool = True) -> str:
+    """``text`` as literal Markdown: link brackets (``kernel[g, b](buf)``) escaped, and pipes in a table ``cell``."""
+    text = str(text).replace("[", "\\[").replace("]", "\\]")
+    return text.replace("|", "\\|") if cell else text
 
 
 def _machine_lines(data: dict[str, Any]) -> list[str]:
@@ -323,7 +325,7 @@ def write_report(
         notes = [f for f in entry["result"].get("figures", []) if f.get("note")]
         if notes:
             md.append("")
-            md += [f"- {f['name']}: {f['note']}" for f in notes]
+            md += [f"- {_md_escape(f['name'], cell=False)}: {_md_escape(f['note'], cell=False)}" for f in notes]
         for png in charts.get(name, []):
             md += ["", f"![{name}: {png}]({png})"]
         for err in entry.get("chart_errors", []):
