@@ -99,7 +99,7 @@ _SHIFT = _KIND_BITS + _OP_BITS
 _ALLOC_CODE = {k: _ALLOC << _KIND_BITS | i for i, k in enumerate(KINDS)}
 _FREE_CODE = {k: _FREE << _KIND_BITS | i for i, k in enumerate(KINDS)}
 _RESIZE_CODE = {k: _RESIZE << _KIND_BITS | i for i, k in enumerate(KINDS)}
-#: The appending thread folds once this many entries wait (a few microseconds of numpy).
+#: The appending thread folds once this many entries wait (about 0.1 ms of numpy, some 30 ns an entry).
 _FOLD_AT = 4096
 
 #: Guards the counters and each fold.  Appenders fold only if they get it at once: a
