@@ -624,7 +624,7 @@ class _ConfiguredLaunch:
             self._configured(*args)
             return
         _driver.api()  # a forked child stops here, before any driver call
-        self._dispatch(args, type_ids, values, uses, epochs, _current_device())
+        self._dispatch(args, type_ids, values, uses, epochs, _current_device(self._handle))
 
     def _dispatch(
         self,
@@ -892,14 +892,15 @@ _per_thread = threading.local()
 _EXTERNAL_KEPT = 256
 
 
-def _current_device() -> int:
+def _current_device(handle: int = 0) -> int:
+    """The device of a launch on stream ``handle`` (:func:`umem_numba._driver.launch_device`)."""
     try:
-        return _driver.current_device()
+        return _driver.launch_device(handle)
     except CudaError:  # no current context in this thread yet: numba makes the device's current
         from numba import cuda
 
         cuda.current_context()
-        return _driver.current_device()
+        return _driver.launch_device(handle)
 
 
 def launch(kernel: Any, griddim: Any, blockdim: Any, *args: Any, stream: Any = 0, sharedmem: int = 0) -> None:
@@ -1080,7 +1081,7 @@ class CoherentForAll:
     See :meth:`CoherentKernel.forall`.
     """
 
-    __slots__ = ("_launches", "kernel", "ntasks", "sharedmem", "stream", "tpb")
+    __slots__ = ("_handle", "_launches", "kernel", "ntasks", "sharedmem", "stream", "tpb")
 
     def __init__(self, kernel: CoherentKernel, ntasks: int, tpb: int, stream: Any, sharedmem: int) -> None:
         for name, value in (("ntasks", ntasks), ("tpb", tpb), ("sharedmem", sharedmem)):
@@ -1088,7 +1089,7 @@ class CoherentForAll:
                 raise TypeError(f"forall: {name} must be an integer, got {type(value).__name__}")
             if value < 0:
                 raise ValueError(f"forall: {name} must not be negative, got {value}")
-        stream_handle(stream, what="forall")  # a bad stream is refused here, as kernel[...] refuses it
+        self._handle = stream_handle(stream, what="forall")  # a bad stream is refused here, as kernel[...] refuses it
         self.kernel = kernel
         self.ntasks = int(ntasks)
         self.tpb = int(tpb)
@@ -1118,7 +1119,7 @@ class CoherentForAll:
             return
         type_ids, values, uses, epochs = walked
         _driver.api()  # a forked child stops here, before any driver call
-        device = _current_device()
+        device = _current_device(self._handle)
         key = (*type_ids, device)
         entry = self._launches.get(key)
         if entry is None:

@@ -198,7 +198,7 @@ class PlainLaunch:
         #: numba's stream object of the launch (the same one for every argument of a launch).
         self.stream = stream
         self.handle = handle = stream_handle(stream, what="a kernel launch")
-        self.device = device = _driver.current_device()
+        self.device = device = _driver.launch_device(handle)
         self.trackers: list[Tracker] = []
         #: Without a mark: per tracker, what :meth:`Tracker.end_plain_launch` needs.
         self.eager: list[tuple[Tracker, tuple[_events.Event, ...], int | None]] = []
