@@ -68,6 +68,14 @@ H100s, 2.92x and 3.06x on H200s, weak efficiency 0.99 (docs/scaling.md).  The gr
 their launch stream's priority (:func:`umem_numba.capture`'s default): with node priorities the
 band graph's copies ran at the default priority, behind the slab kernel (2.26x).
 
+Inside the band graph each band, and each copy filling a band's input, is a branch of its own
+(forked onto side streams during the capture and joined back), so the graph is at most three
+nodes deep (copies, band kernel, row out) instead of one chain of all of them: with the slab
+kernel filling the GPU every node of the chain waited its turn, and on four H200 ranks the chain
+took 115-130 µs of a 150 µs step on a rank with two neighbours; the next slab kernel waits for
+it (its fix-ups read the bands' rows).  The fix-ups are two branches likewise.  Four ranks
+sharing two H200s: 581 µs per step, against 1,142-1,202 µs with the chain.
+
 Steps issued one by one (``graphs=False``)
 ------------------------------------------
 The host queues the slab kernel of step ``n`` first, then waits for the
@@ -241,6 +249,9 @@ class RankHeat:
         self._fix: int | None = None
         self._edges_in_scratch = False
         self._preqs: list[list[Any]] = []  # graphs: per band slot, the persistent requests of a step
+        self._sides: list[Any] = []  # graphs: side streams of the parallel branches (_parallel)
+        self._sides_taken = 0
+        self._fork_events: dict[int, Any] = {}  # stream handle -> the event of its forks and joins
         self.halo_seconds = 0.0
         self.band_seconds = 0.0
         halo_shape = decomp.shape[1:]
@@ -532,6 +543,7 @@ class RankHeat:
         wrote wrong; this step's slab kernel reads them.
         """
         src, dst = self._fields[p], self._fields[1 - p]
+        self._sides_taken = 0
         if fix is not None:
             self._fixups(src, fix)
         wc, wn = self.weights
@@ -544,42 +556,107 @@ class RankHeat:
         ``"field"`` (every input row from the field and the receive buffers) or ``"scratch"``
         (the last step exchanged: its fix-ups are queued on ks beside these bands, so the field's
         edge rows are taken from that step's bands, slot ``1 - slot``, instead of the field).
+
+        The bands are independent branches of the graph, and so are the copies that fill one
+        band's input (:meth:`_parallel`): each branch is a copy or two, the band kernel and its
+        row out.  Captured one after another on cs they made one chain of up to ten nodes, and
+        with the slab kernel filling the GPU each node waited its turn: on four H200 ranks the
+        chain took 115-130 us of a 150 us step on ranks with two neighbours, and the next slab
+        kernel waits for it (its fix-ups read the bands' rows).
         """
         wc, wn = self.weights
-        call, rb, csh = self._call, self.row_bytes, self._csh
+        call, rb = self._call, self.row_bytes
+        self._sides_taken = 0
         field = self._ptr[id(self._fields[p])]
         prev = self._scratch_ptr_slots[1 - slot] if len(self._scratch_ptr_slots) > 1 else []
         edge_of: dict[int, tuple[int, int]] = {}  # edge row -> (band, its index in that band's output)
         for j, e in enumerate(self.bands):
             edge_of.setdefault(e.row, (j, e.band_row))
         ipc = self.halo == "ipc"
-        for j, e in enumerate(self.bands):
+
+        def band(j: int, e: EdgeBand) -> Any:
             bptr, sptr = self._band_in_ptr[j], self._scratch_ptr_slots[slot][j] + e.band_row * rb
+            fills: list[tuple[str, int, int, int]] = []  # (driver call, destination, source, bytes)
             r = e.copy_start
             while r < e.copy_stop:  # the field rows, in runs; with mode "scratch" edge rows from the bands
                 if mode == "scratch" and r in edge_of:
                     jj, brow = edge_of[r]
-                    call("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, prev[jj] + brow * rb, rb, csh)
+                    fills.append(("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, prev[jj] + brow * rb, rb))
                     r += 1
                     continue
                 stop = r + 1
                 while stop < e.copy_stop and not (mode == "scratch" and stop in edge_of):
                     stop += 1
-                call("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, field + r * rb, (stop - r) * rb, csh)
+                fills.append(("cuMemcpyDtoDAsync", bptr + e.band_index(r) * rb, field + r * rb, (stop - r) * rb))
                 r = stop
             if mode != "first":
                 for h in e.halos:
                     if ipc:  # the neighbour's outbox slot of the last exchange (its token said it is there)
-                        call("cuMemcpyDtoDAsync", bptr + e.band_index(h) * rb, self._in_ptr[1 - slot][h], rb, csh)
+                        fills.append(("cuMemcpyDtoDAsync", bptr + e.band_index(h) * rb, self._in_ptr[1 - slot][h], rb))
                     else:
                         name = "cuMemcpyDtoDAsync" if self.device_buffers else "cuMemcpyHtoDAsync"
-                        call(name, bptr + e.band_index(h) * rb, self._recv_ptr[self._recv_of[h]], rb, csh)
-            grid, block = self._band_launch[j]
-            self.kernel[grid, block, self.cs](self._band_in[j], self._scratch_slots[slot][j], wc, wn)
-            if ipc:
-                call("cuMemcpyDtoDAsync", self._out_ptr[slot][j], sptr, rb, csh)
-            elif not self.device_buffers:
-                call("cuMemcpyDtoHAsync", self._send_ptr[j], sptr, rb, csh)
+                        fills.append((name, bptr + e.band_index(h) * rb, self._recv_ptr[self._recv_of[h]], rb))
+
+            def run(stream: Any, handle: int) -> None:
+                self._parallel(stream, [functools.partial(_copy, call, *fill) for fill in fills])
+                grid, block = self._band_launch[j]
+                self.kernel[grid, block, stream](self._band_in[j], self._scratch_slots[slot][j], wc, wn)
+                if ipc:
+                    call("cuMemcpyDtoDAsync", self._out_ptr[slot][j], sptr, rb, handle)
+                elif not self.device_buffers:
+                    call("cuMemcpyDtoHAsync", self._send_ptr[j], sptr, rb, handle)
+
+            return run
+
+        self._parallel(self.cs, [band(j, e) for j, e in enumerate(self.bands)])
+
+    def _parallel(self, stream: Any, branches: list[Any]) -> None:
+        """Queue ``branch(stream, handle)`` for each branch, side by side, after ``stream``'s work.
+
+        The first branch goes on ``stream`` itself, each other one on a side stream of this
+        rank that waits for ``stream`` (an event) and is waited for by it at the end: inside a
+        capture these are the graph's parallel branches.
+        """
+        if len(branches) < 2:
+            for branch in branches:
+                branch(stream, int(stream.handle))
+            return
+        call = self._call
+        sides = self._side_streams(len(branches) - 1)
+        handle = int(stream.handle)
+        call("cuEventRecord", self._event_of(handle), handle)
+        for side in sides:
+            call("cuStreamWaitEvent", int(side.handle), self._event_of(handle), 0)
+        branches[0](stream, handle)
+        for branch, side in zip(branches[1:], sides, strict=True):
+            branch(side, int(side.handle))
+        for side in sides:
+            h = int(side.handle)
+            call("cuEventRecord", self._event_of(h), h)
+            call("cuStreamWaitEvent", handle, self._event_of(h), 0)
+
+    def _side_streams(self, n: int) -> list[Any]:
+        """The next ``n`` side streams of this rank for :meth:`_parallel` (made at first need, kept).
+
+        Branches nest (a band's branch forks its input copies), so within one graph's body each
+        fork takes streams no other fork of it holds; the body starts over (``_sides_taken = 0``).
+        """
+        from numba import cuda
+
+        taken = self._sides_taken
+        while len(self._sides) < taken + n:
+            self._sides.append(cuda.stream())
+        self._sides_taken = taken + n
+        return self._sides[taken : taken + n]
+
+    def _event_of(self, handle: int) -> int:
+        """The event (handle) this rank records on the stream of ``handle`` for a fork or a join."""
+        ev = self._fork_events.get(handle)
+        if ev is None:
+            from numba import cuda
+
+            ev = self._fork_events[handle] = cuda.event(timing=False)
+        return int(ev.handle)
 
     def _graph_step(self, exchange: bool) -> None:
         """One step as two graph launches (module notes: graph steps)."""
@@ -624,16 +701,20 @@ class RankHeat:
         """Graph steps: queue the last exchange's fix-ups on ks now (before the field is read)."""
         if self._fix is None:
             return
+        self._sides_taken = 0
         self._fixups(self.a, self._fix)
         self._call("cuEventRecord", self._field_done_h, self._ksh)
         self._fix = None
 
     def _fixups(self, field: Any, slot: int) -> None:
-        """On ks: ``field``'s edge rows from the bands' rows of band slot ``slot``."""
-        call, rb, ksh = self._call, self.row_bytes, self._ksh
+        """On ks: ``field``'s edge rows from the bands' rows of band slot ``slot`` (side by side)."""
+        call, rb = self._call, self.row_bytes
         dst, rows = self._ptr[id(field)], self._scratch_ptr_slots[slot]
-        for j, e in enumerate(self.bands):
-            call("cuMemcpyDtoDAsync", dst + e.row * rb, rows[j] + e.band_row * rb, rb, ksh)
+        copies = [
+            functools.partial(_copy, call, "cuMemcpyDtoDAsync", dst + e.row * rb, rows[j] + e.band_row * rb, rb)
+            for j, e in enumerate(self.bands)
+        ]
+        self._parallel(self.ks, copies)
 
     # -- steps issued one by one (graphs=False) -------------------------------------------
     def _slab_kernel(self) -> None:
@@ -816,6 +897,11 @@ class RankHeat:
             if self.halo == "ipc":
                 self._close_ipc()
             self._comm_stream.close()
+
+
+def _copy(call: Any, name: str, dst: int, src: int, nbytes: int, stream: Any, handle: int) -> None:
+    """One driver copy on ``handle`` (a branch of :meth:`RankHeat._parallel`)."""
+    call(name, dst, src, nbytes, handle)
 
 
 def _dptr(arr: Any) -> int:
