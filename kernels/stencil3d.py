@@ -459,6 +459,12 @@ def _vec_kernel(planes: int, width: int) -> Any:
     return heat3d_vec
 
 
+# The march kernel repeats the vec kernel's alignment check, the computation of a vector of
+# points and the per-element path.  They are written out in each kernel on purpose: as
+# device functions (``cuda.jit(device=True)`` or ``register_jitable``, inlined or not) numba-cuda
+# 0.30 compiles them for the current device's compute capability, so the kernels' PTX could
+# no longer be built without a GPU, and the PTX checks of the vector loads
+# (tests/kernels/test_stencil3d_vec.py) run in CI, which has none.
 @functools.cache
 def _march_kernel(planes: int, width: int, chunk: int) -> Any:
     last = width - 1
