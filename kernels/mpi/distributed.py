@@ -545,7 +545,7 @@ class RankHeat:
         src, dst = self._fields[p], self._fields[1 - p]
         self._sides_taken = 0
         if fix is not None:
-            self._fixups(src, fix)
+            self._parallel(self.ks, self._fixups(src, fix))
         wc, wn = self.weights
         self.kernel[self.grid, self.block, self.ks](src, dst, wc, wn)  # stale halos
 
@@ -611,11 +611,12 @@ class RankHeat:
         self._parallel(self.cs, [band(j, e) for j, e in enumerate(self.bands)])
 
     def _parallel(self, stream: Any, branches: list[Any]) -> None:
-        """Queue ``branch(stream, handle)`` for each branch, side by side, after ``stream``'s work.
+        """Inside a capture on ``stream``: each ``branch(stream, handle)`` as a parallel branch of the graph.
 
         The first branch goes on ``stream`` itself, each other one on a side stream of this
-        rank that waits for ``stream`` (an event) and is waited for by it at the end: inside a
-        capture these are the graph's parallel branches.
+        rank that waits for ``stream`` (an event) and is waited for by it at the end.  Only
+        for captures: there a branch not joined back fails the capture
+        (``CUDA_ERROR_STREAM_CAPTURE_UNJOINED``), so no work can be left unordered.
         """
         if len(branches) < 2:
             for branch in branches:
@@ -701,20 +702,23 @@ class RankHeat:
         """Graph steps: queue the last exchange's fix-ups on ks now (before the field is read)."""
         if self._fix is None:
             return
-        self._sides_taken = 0
-        self._fixups(self.a, self._fix)
+        for copy in self._fixups(self.a, self._fix):  # rare (before the field is read): no branches
+            copy(self.ks, self._ksh)
         self._call("cuEventRecord", self._field_done_h, self._ksh)
         self._fix = None
 
-    def _fixups(self, field: Any, slot: int) -> None:
-        """On ks: ``field``'s edge rows from the bands' rows of band slot ``slot`` (side by side)."""
+    def _fixups(self, field: Any, slot: int) -> list[Any]:
+        """The copies of ``field``'s edge rows from the bands' rows of band slot ``slot``.
+
+        Each is a ``copy(stream, handle)``: the slab graph queues them side by side
+        (:meth:`_parallel`), :meth:`_flush` one after another on ks.
+        """
         call, rb = self._call, self.row_bytes
         dst, rows = self._ptr[id(field)], self._scratch_ptr_slots[slot]
-        copies = [
+        return [
             functools.partial(_copy, call, "cuMemcpyDtoDAsync", dst + e.row * rb, rows[j] + e.band_row * rb, rb)
             for j, e in enumerate(self.bands)
         ]
-        self._parallel(self.ks, copies)
 
     # -- steps issued one by one (graphs=False) -------------------------------------------
     def _slab_kernel(self) -> None:
