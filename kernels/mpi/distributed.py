@@ -72,7 +72,8 @@ Inside the band graph each band, and each copy filling a band's input, is a bran
 (forked onto side streams during the capture and joined back), so the graph is at most three
 nodes deep (copies, band kernel, row out) instead of one chain of all of them: with the slab
 kernel filling the GPU every node of the chain waited its turn, and on four H200 ranks the chain
-took 115-130 µs of a 150 µs step on a rank with two neighbours; the next slab kernel waits for
+took 115-130 µs of a 150 µs step on a rank with two neighbours (CUDA events around the graph
+launches); the next slab kernel waits for
 it (its fix-ups read the bands' rows).  The fix-ups are two branches likewise.  Four ranks
 sharing two H200s: 581 µs per step, against 1,142-1,202 µs with the chain.
 
@@ -558,11 +559,7 @@ class RankHeat:
         edge rows are taken from that step's bands, slot ``1 - slot``, instead of the field).
 
         The bands are independent branches of the graph, and so are the copies that fill one
-        band's input (:meth:`_parallel`): each branch is a copy or two, the band kernel and its
-        row out.  Captured one after another on cs they made one chain of up to ten nodes, and
-        with the slab kernel filling the GPU each node waited its turn: on four H200 ranks the
-        chain took 115-130 us of a 150 us step on ranks with two neighbours, and the next slab
-        kernel waits for it (its fix-ups read the bands' rows).
+        band's input (:meth:`_parallel`; the module notes say why).
         """
         wc, wn = self.weights
         call, rb = self._call, self.row_bytes
