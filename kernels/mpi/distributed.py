@@ -73,9 +73,9 @@ Inside the band graph each band, and each copy filling a band's input, is a bran
 nodes deep (copies, band kernel, row out) instead of one chain of all of them: with the slab
 kernel filling the GPU every node of the chain waited its turn, and on four H200 ranks the chain
 took 115-130 µs of a 150 µs step on a rank with two neighbours (CUDA events around the graph
-launches); the next slab kernel waits for
-it (its fix-ups read the bands' rows).  The fix-ups are two branches likewise.  Four ranks
-sharing two H200s: 581 µs per step, against 1,142-1,202 µs with the chain.
+launches); the next slab kernel waits for it (its fix-ups read the bands' rows).  The fix-ups
+are two branches likewise.  Four ranks sharing two H200s: 581 µs per step, against
+1,142-1,202 µs with the chain.
 
 Steps issued one by one (``graphs=False``)
 ------------------------------------------
