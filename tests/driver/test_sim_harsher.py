@@ -22,7 +22,9 @@ made harsher:
 - the identity umem_numba keeps for a numba stream follows a handle the driver hands out
   again (the simulated driver never reused one);
 - work queued on a range ``cuMemUnmap`` takes away faults, naming the kernel (a GPU's unmap does
-  not wait for it; the simulated driver ran the kernel over whatever was mapped there next).
+  not wait for it; the simulated driver ran the kernel over whatever was mapped there next);
+- the branches of a captured graph that nothing orders run in either order (the simulated
+  driver ran a graph's nodes in the order the host issued them).
 
 The last test checks a rule that held already: tracked work is ordered between the legacy
 stream and a non-blocking stream, both ways (the legacy stream orders neither).
@@ -387,3 +389,47 @@ def test_htod_copy_into_pinned_pool_memory_is_refused_and_a_plain_copy_taken():
             np.testing.assert_array_equal(np.array(buf.host), src)
     finally:
         pool.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_unordered_branches_of_a_graph_run_in_either_order(rng):
+    """Two branches of a captured graph that nothing orders do not run in the order they were issued.
+
+    The capture forks a side stream that fills ``a`` after sleeping on the device, while the
+    capturing stream copies ``a`` without waiting for it; the side stream is joined back at the
+    end.  On a GPU the copy runs beside the sleeping fill and reads the old values.  The
+    simulated driver ran a graph's nodes one after another in the order the host issued them,
+    so the copy always came after the fill: a graph branch that missed its dependency (an MPI
+    band kernel not waiting for its input copies, #29) passed on the CPU.  Its graph launches
+    now run the nodes in any order their captured dependencies allow, drawn from the seed.
+    """
+    n = 4096
+    old = random_array(rng, n, np.float32)
+    value = np.float32(old.max() + 1)
+    s, side = cuda.stream(), cuda.stream()
+    fork, join = cuda.event(timing=False), cuda.event(timing=False)
+    a, out = cuda.to_device(old), cuda.device_array(n, np.float32)
+    grid, block = n // 128, 128
+    sleeping.fill[grid, block, s](a, value, 0)  # compiled and loaded outside the capture
+    sleeping.copy[grid, block, s](a, out, 0)
+    cuda.synchronize()
+    with um.capture(s) as graph:
+        fork.record(s)
+        fork.wait(side)
+        sleeping.fill[grid, block, side](a, value, 2)
+        sleeping.copy[grid, block, s](a, out, 0)  # not ordered after the fill: the bug under test
+        join.record(side)
+        join.wait(s)
+    seen = []
+    try:
+        for _ in range(ORDERING_TRIALS):
+            a.copy_to_device(old)
+            cuda.synchronize()
+            graph.launch()
+            s.synchronize()
+            got = out.copy_to_host()
+            seen.append("copy first" if (got == old).all() else "fill first" if (got == value).all() else "mixed")
+    finally:
+        graph.close()
+    assert "copy first" in seen, f"the copy never ran before the fill it does not wait for: {seen}"

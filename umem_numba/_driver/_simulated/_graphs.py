@@ -34,8 +34,10 @@ from ._scheduling import _Op, _Stream
 # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph).  A stream that waits for an event
 # recorded in a capture joins it (a fork); the capture ends on its origin stream, and only
 # once every joined stream's work is joined back into the origin (cudaStreamCaptureUnjoined
-# otherwise).  The graph keeps the nodes in the order the host issued them: a valid order of
-# the captured dependencies, so a launch runs them one after another.  What is not simulated
+# otherwise).  The graph keeps each node's captured dependencies (the latest work of every
+# stream its stream's frontier covers), and a launch runs the nodes in any order they allow,
+# drawn from the seed like the order of streams: branches forked in the capture interleave,
+# so a node that misses a dependency it needs can run first, as on a GPU.  What is not simulated
 # inside a capture (merging two captures, waiting for an event from outside, stream-ordered
 # allocation nodes, prefetches and other operations without a node here) is refused with
 # UnsupportedError naming it.
@@ -75,7 +77,7 @@ class _Capture:
     frontier covers every stream's work (each fork joined back).
     """
 
-    __slots__ = ("counts", "frontiers", "ident", "invalidated", "mode", "nodes", "stream", "thread")
+    __slots__ = ("counts", "frontiers", "ident", "invalidated", "mode", "nodes", "recorded", "stream", "thread")
 
     def __init__(self, ident: int, stream: _Stream, mode: int) -> None:
         self.ident = ident
@@ -86,6 +88,9 @@ class _Capture:
         self.nodes: list[_Node] = []  # in the order the host issued them
         self.counts: dict[_Stream, int] = {stream: 0}
         self.frontiers: dict[_Stream, dict[_Stream, int]] = {stream: {}}
+        #: Per stream, the index in ``nodes`` of the latest node with work at each of its records
+        #: (-1 before any): what a frontier's count on that stream depends on.
+        self.recorded: dict[_Stream, list[int]] = {stream: []}
 
     def note(self, node: _Node) -> None:
         """``node`` was recorded on its stream: it comes after that stream's frontier."""
@@ -95,11 +100,34 @@ class _Capture:
         frontier[s] = self.counts[s]
         node.frontier = dict(frontier)
 
+    def add(self, node: _Node) -> None:
+        """Note ``node`` (:meth:`note`) and, if it does work, make it a node of the graph."""
+        self.note(node)
+        marks = self.recorded[node.stream]
+        if node.run is not None:
+            self.nodes.append(node)
+            marks.append(len(self.nodes) - 1)
+        else:  # an event record or wait: no node, it stands for the latest one before it
+            marks.append(marks[-1] if marks else -1)
+
+    def dependencies(self, node: _Node) -> tuple[int, ...]:
+        """Indices in ``nodes`` of the nodes ``node`` comes after: per stream its frontier covers,
+        the latest node with work that stream recorded up to there (before ``node`` on its own)."""
+        deps = set()
+        for t, n in node.frontier.items():
+            upto = n - 1 if t is node.stream else n  # its own record is the n-th of its stream
+            if upto > 0:
+                i = self.recorded[t][upto - 1]
+                if i >= 0:
+                    deps.add(i)
+        return tuple(sorted(deps))
+
     def join(self, s: _Stream, after: _Node) -> None:
         """Stream ``s`` waits for ``after`` (an event recorded in this capture): it comes after its frontier."""
         if s not in self.counts:  # a fork: s joins the capture
             self.counts[s] = 0
             self.frontiers[s] = {}
+            self.recorded[s] = []
         frontier = self.frontiers[s]
         for other, n in after.frontier.items():
             if frontier.get(other, 0) < n:
@@ -111,12 +139,16 @@ class _Capture:
         return [s for s, n in self.counts.items() if s is not self.stream and done.get(s, 0) < n]
 
 
+#: A graph node: what it is, its work, the memory it uses, the indices of the nodes it comes after.
+_GraphNode = tuple[str, Callable[[], None] | None, tuple[tuple[int, int], ...], tuple[int, ...]]
+
+
 class _Graph:
     """A captured graph, or an instantiated one (``cuGraphInstantiate`` copies the node list)."""
 
     __slots__ = ("last", "nodes")
 
-    def __init__(self, nodes: list[tuple[str, Callable[[], None], tuple[tuple[int, int], ...]]]) -> None:
+    def __init__(self, nodes: list[_GraphNode]) -> None:
         self.nodes = nodes
         self.last: _Op | None = None  # executable graphs: the end of the last launch
 
@@ -140,6 +172,7 @@ class GraphCapture(Allocations):
         self._graphs: dict[int, _Graph] = {}
         self._execs: dict[int, _Graph] = {}
         self._capture_ids = itertools.count(1)
+        self._branch_ids = itertools.count(1)  # graph nodes' streams: negative sids, never a stream's
         self._capture_mode = _CaptureMode()
 
     # -- rules ---------------------------------------------------------------------------
@@ -170,9 +203,7 @@ class GraphCapture(Allocations):
         if cap is None:
             return None
         node = _Node(cap, s, run, what)
-        cap.note(node)
-        if run is not None:  # event records and waits within the capture add no node
-            cap.nodes.append(node)
+        cap.add(node)  # event records and waits within the capture add no node
         return node
 
     # -- entry points ----------------------------------------------------------------------
@@ -216,7 +247,7 @@ class GraphCapture(Allocations):
                 return (_CAPTURE_INVALIDATED, None)
             if cap.unjoined():
                 return (_CAPTURE_UNJOINED, None)
-            graph = _Graph([(n.what, n.run, n.spans) for n in cap.nodes if n.run is not None])
+            graph = _Graph([(n.what, n.run, n.spans, cap.dependencies(n)) for n in cap.nodes])
             return self._register(self._graphs, lambda _: graph)
 
     def cuStreamIsCapturing(self, handle: Any) -> tuple[Any, ...]:
@@ -273,13 +304,17 @@ class GraphCapture(Allocations):
             if g is None:
                 return (_INVALID_VALUE,)
             # Each launch is ordered after the stream's earlier work and after the previous
-            # launch of the same executable graph; its nodes run in their captured order.
-            after = [] if g.last is None else [g.last]
-            for what, run, spans in g.nodes:
-                op = self._enqueue(handle, run, f"graph: {what}", after)
+            # launch of the same executable graph (the start); its nodes run after the start and
+            # the nodes they depend on, each on a stream of its own, so that the order in which
+            # independent branches run is drawn like any streams'; the end comes after them all.
+            start = self._enqueue(handle, None, "graph launch start", [] if g.last is None else [g.last])
+            ops: list[_Op] = []
+            for what, run, spans, deps in g.nodes:
+                branch = _Stream(0, -next(self._branch_ids), "graph node", False)
+                op = self._enqueue(branch, run, f"graph: {what}", [start, *(ops[i] for i in deps)])
                 op.spans = spans  # the memory it uses, as the captured work's (see cuMemUnmap)
-                after = [op]
-            g.last = self._enqueue(handle, None, "graph launch end", after)
+                ops.append(op)
+            g.last = self._enqueue(handle, None, "graph launch end", [start, *ops])
         return (_SUCCESS,)
 
     # -- the rules, applied to the entry points by guard_capture ---------------------------
