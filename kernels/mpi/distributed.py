@@ -74,8 +74,9 @@ nodes deep (copies, band kernel, row out) instead of one chain of all of them: w
 kernel filling the GPU every node of the chain waited its turn, and on four H200 ranks the chain
 took 115-130 µs of a 150 µs step on a rank with two neighbours (CUDA events around the graph
 launches); the next slab kernel waits for it (its fix-ups read the bands' rows).  The fix-ups
-are two branches likewise.  Four ranks sharing two H200s: 581 µs per step, against
-1,142-1,202 µs with the chain.
+are two branches likewise.  Four ranks on four H200s (``bench scale --gpus 4 --no-peer``):
+3.55x strong speed-up with pinned and with ipc halos (from 2.68x and 3.40x), the exchange adding
+4-7 µs to a 0.146 ms step; four ranks sharing two H200s: 581 µs per step, from 1,142-1,202 µs.
 
 Steps issued one by one (``graphs=False``)
 ------------------------------------------
