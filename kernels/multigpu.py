@@ -28,14 +28,17 @@ slab ``k`` is:
        pinned host row (``transport="pinned"`` forces that); the receiver
        copies landing row -> halo row at the start of its next step;
    ``halo="vmm"``
-       nothing: the band arrays are :class:`umem_numba.VMMBuffer` objects to which
-       the receiving GPU is granted READ access (``set_access``), and the
-       receiver's main stream reads the row in place, through the peer
-       mapping, straight into its halo row at the start of its next step (one
-       transfer, no landing row and no staging; the stencil kernels take one
-       array, so the row still lands in the field).  Needs
-       ``cuDeviceCanAccessPeer`` between every pair of neighbouring GPUs;
-       otherwise :class:`MultiGPUHeat` warns and falls back to ``"copy"``.
+       nothing: the band arrays are :class:`umem_numba.VMMBuffer` objects on the
+       *receiving* GPU, to which the sending GPU is granted READ_WRITE access
+       (``set_access``), so the band launch itself writes the row across
+       through the peer mapping (no copy and no landing row); the receiver
+       copies it, device-local, into its halo row at the start of its next
+       step, as it does a landing row.  (Reading the row in place from a band
+       array on the sender, as the first design did, put a 64 KiB read over
+       the link on the receiver's main stream before every step's kernel:
+       15 µs a step on two H200s.)  Needs ``cuDeviceCanAccessPeer`` between
+       every pair of neighbouring GPUs; otherwise :class:`MultiGPUHeat` warns
+       and falls back to ``"copy"``.
 
 Nothing in a step waits on the host, so the host queues steps ahead of the GPUs.
 
@@ -65,8 +68,9 @@ Ordering (every hazard, by the events that close it):
   (``ready``); the full kernel of step ``t`` overwrites the field the band of
   step ``t - 1`` read only after that band (``band_done``, waited on by main);
 * a band array is rewritten by the next band only after the row moved out of
-  it (same edge stream; for ``"vmm"`` the edge stream also waits for the
-  receiver's ``ready``, which follows its in-place read);
+  it (same edge stream; for ``"vmm"``, whose band array the receiver copies
+  from, the edge stream also waits for the receiver's ``ready``, which follows
+  that copy);
 * a landing row is rewritten only after the receiver consumed it (the copy
   waits for the receiver's ``ready`` of the same step);
 * the receiver's halo row is written after its own full kernel of the
@@ -96,7 +100,8 @@ __all__ = ["HALOS", "TRANSPORTS", "MultiGPUHeat", "PeerExchange", "heat2d_multi"
 TRANSPORTS = ("auto", "pinned")
 
 #: How a halo row reaches the neighbour: ``copy`` (into a landing row, then into the field) or
-#: ``vmm`` (read in place from the sender's peer-mapped VMM band array into the field).
+#: ``vmm`` (the sender's band launch writes into a VMM band array on the receiver, through the
+#: peer mapping; the receiver copies the row from there into the field).
 HALOS = ("copy", "vmm")
 
 
@@ -137,7 +142,7 @@ class _Link:
     kind: str  # device | peer | pinned | vmm
     band: tuple[int, int]  # local rows of the sender's band launch
     band_row: int  # the sent row's index in the band array
-    scratch: list  # band arrays on the sender (VMMBuffers for vmm: one per slot; else one)
+    scratch: list  # band arrays: on the sender (one), or for vmm VMMBuffers on the receiver (one per slot)
     grid: tuple
     block: tuple
     #: What the band kernels write: the band arrays, or for vmm untracked views of them (every use
@@ -219,10 +224,12 @@ class PeerExchange(HaloExchange):
             with cuda.gpus[a.device]:
                 scratch = []
                 if kind == "vmm":
-                    for _ in range(slots):  # the receiver reads the row in place: one per slot
-                        band = um.VMMBuffer.empty((b1 - b0, *rest), dtype, device=a.device)
+                    # On the receiver, written by the sender's band launch over the peer
+                    # mapping, and read by the receiver a step later: one per slot.
+                    for _ in range(slots):
+                        band = um.VMMBuffer.empty((b1 - b0, *rest), dtype, device=b.device)
                         if b.device != a.device:
-                            band.set_access(b.device, um.AccessFlags.READ)
+                            band.set_access(a.device, um.AccessFlags.READ_WRITE)
                         scratch.append(band)
                 else:  # written and sent within one step on one stream: one is enough
                     scratch.append(cuda.device_array((b1 - b0, *rest), dtype))
@@ -270,9 +277,8 @@ class PeerExchange(HaloExchange):
         s = self._slabs[k]
         for m, link in self._incoming(k):
             dst = _ptr(field_) + m.dst_row * s.row_bytes
-            if link.kind == "vmm":
-                # Read in place through the peer mapping of the sender's band array.
-                self._call("cuMemcpyAsync", dst, self._scratch_row_ptr(link, slot), s.row_bytes, handle)
+            if link.kind == "vmm":  # the band array is on this GPU: the sender's launch wrote it across
+                self._call("cuMemcpyDtoDAsync", dst, self._scratch_row_ptr(link, slot), s.row_bytes, handle)
             elif link.kind == "pinned":
                 self._call("cuMemcpyHtoDAsync", dst, link.landing_ptr[slot], s.row_bytes, handle)
             else:
@@ -310,8 +316,8 @@ class PeerExchange(HaloExchange):
 
         ``parts``: the slabs' initial fields on the host.  The first step then puts
         the rows each slab has back in place: bitwise the run without it.  Each row
-        is written by the GPU that owns the destination (a VMM band array is READ
-        only for its receiver), from the host.
+        is written from the host by the receiving GPU, which owns the landing row
+        or VMM band array.
         """
         from numba import cuda
 
@@ -320,9 +326,8 @@ class PeerExchange(HaloExchange):
             if link.kind == "pinned":
                 link.landing[1].host[...] = row
                 continue
-            owner = self._slabs[m.src if link.kind == "vmm" else m.dst].device
             dst = self._scratch_row_ptr(link, 1) if link.kind == "vmm" else link.landing_ptr[1]
-            with cuda.gpus[owner]:
+            with cuda.gpus[self._slabs[m.dst].device]:
                 self._call("cuMemcpyHtoD", dst, row.ctypes.data, row.nbytes)
                 cuda.synchronize()  # the copy from pageable memory may still be in flight when it returns
 
@@ -340,8 +345,8 @@ class PeerExchange(HaloExchange):
         mine = self._outgoing(k)
         for m, link in mine:
             if link.kind == "vmm":
-                # The receiver reads last step's row straight out of this band array:
-                # it must have done so before the band kernel overwrites it.
+                # The receiver copies last step's row out of this band array: it must
+                # have done so before the band kernel overwrites it.
                 self._slabs[m.dst].ready.wait(s.edge)
         self.bands(k, s.src, 0, weights, s.edge)
         s.band_done.record(s.edge)
@@ -420,8 +425,9 @@ class MultiGPUHeat:
     transport : {'auto', 'pinned'}
         How halos move (see :data:`TRANSPORTS`).
     halo : {'copy', 'vmm'}
-        ``"vmm"``: the neighbour reads each sent row in place from a
-        peer-mapped :class:`umem_numba.VMMBuffer` (see the module notes);
+        ``"vmm"``: each band launch writes its rows straight into a
+        :class:`umem_numba.VMMBuffer` on the neighbour, through the peer
+        mapping (see the module notes);
         falls back to ``"copy"`` with a :class:`RuntimeWarning` (and
         :attr:`fallback` says why) where the GPUs cannot access each other.
     rows_per_thread : int, optional

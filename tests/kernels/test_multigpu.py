@@ -85,7 +85,7 @@ def test_simulated_slabs_3d_bitwise(rng, dtype, parts: int) -> None:
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
 def test_simulated_slabs_vmm_halo_bitwise(rng, ndim: int, parts: int, graphs: bool) -> None:
-    """halo='vmm' on one GPU: band arrays are VMMBuffers read in place by the neighbour's stream."""
+    """halo='vmm' on one GPU: band arrays are VMMBuffers the band launches write and the neighbour copies from."""
     import umem_numba as um
 
     rows, rest = (
@@ -180,7 +180,7 @@ def test_two_gpus_bitwise(rng, ndim: int, transport: str, graphs: bool) -> None:
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "launches"])
 def test_two_gpus_vmm_halo_bitwise(rng, ndim: int, graphs: bool) -> None:
-    """Band arrays on each GPU, READ access granted to the other; read in place over the peer mapping."""
+    """Band arrays on the receiving GPU, READ_WRITE granted to the sender, whose band launch writes them."""
     import umem_numba as um
     from umem_numba import _driver
 
@@ -192,8 +192,9 @@ def test_two_gpus_vmm_halo_bitwise(rng, ndim: int, graphs: bool) -> None:
     with multigpu.MultiGPUHeat(u0, [0, 1], alpha, halo="vmm", graphs=graphs) as run:
         assert run.halo == "vmm" and run.transports == ["vmm", "vmm"]
         for m, link in zip(run.exchanger.moves, run.exchanger.links, strict=True):
-            for band in link.scratch:  # the driver's own answer
-                assert band.get_access(run.slabs[m.dst].device) == um.AccessFlags.READ
+            for band in link.scratch:  # the driver's own answers
+                assert band.device_id == run.slabs[m.dst].device
+                assert band.get_access(run.slabs[m.src].device) == um.AccessFlags.READ_WRITE
         run.step(19)
         got = run.result()
     _check(got, u0, 19, alpha)
