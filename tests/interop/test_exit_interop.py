@@ -179,3 +179,31 @@ def test_dlpack_deleters_are_cleared_at_exit():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["deleter after the exit hook: False", "DONE"], proc.stdout
+
+
+@pytest.mark.multigpu
+def test_kernels_on_two_gpus_and_captures_then_exit_ends_with_status_0():
+    """``tests/launch/test_launch_device.py`` in a fresh interpreter with every GPU visible exits with status 0.
+
+    Its tests launch one kernel on GPUs 0 and 1 and capture it into graphs on each.  On
+    4 x H200 every test passed and the process then died in numba's exit finalizers, in
+    ``cuLibraryUnload`` of a kernel module ("double free or corruption", or a segfault; the one-GPU
+    lanes never saw it).  numba-cuda 0.30 loads one linked kernel object into every context it
+    runs in, so the modules of two contexts hold one ``cuLibrary`` handle, and each queues its
+    unload at exit.  umem_numba's exit hook defers numba's cleanups when contexts on several
+    devices are live.  (A kernel on two GPUs without the captures exited cleanly.)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or multigpu"]
+    out = subprocess.run(
+        [*cmd, os.path.join(TESTS_DIR, "launch", "test_launch_device.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+        cwd=os.path.dirname(TESTS_DIR),
+    )
+    tail = (out.stdout + out.stderr)[-3000:]
+    assert " passed" in out.stdout and " failed" not in out.stdout, tail
+    assert out.returncode == 0, f"exit status {out.returncode} after the tests passed: {tail}"

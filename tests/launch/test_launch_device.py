@@ -3,7 +3,8 @@
 Every tracked launch needs the device it runs on (its event lives in that device's context).
 With one GPU that is device 0; with more it was ``cuCtxGetDevice`` at every launch, which cost a
 plain launch 6 % on two H200s (#28 item 4).  A stream numba made belongs to one device for good,
-so its ``cuStreamGetDevice`` is asked once and kept (``umem_numba._driver.launch_device``).
+so its ``cuStreamGetDevice`` is asked once and kept (``umem_numba._driver.launch_device``), outside
+any capture: a capture refuses that call, and the refusal invalidates it.
 """
 
 from __future__ import annotations
@@ -88,3 +89,32 @@ def test_launch_device_of_an_unowned_handle_is_the_current_device():
     """The legacy stream, and a handle no live numba stream owns, are launched on in the current context."""
     assert _driver.owned_stream(0) is None
     assert _driver.launch_device(0) == _driver.current_device()
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("device", [0, 1])
+@pytest.mark.parametrize("how", sorted(_LAUNCHES))
+def test_first_launch_on_a_stream_inside_a_capture(rng, device, how):
+    """With several GPUs, a stream's first launch may come inside ``um.capture``: captured, replayed right.
+
+    The device of a new stream was asked of the driver (``cuStreamGetDevice``), which a capture
+    refuses: every capture test failed on 4 x H200 outside the one-GPU lanes.
+    """
+    launch = _LAUNCHES[how]
+    data = random_array(rng, 1024, np.float32)
+    with cuda.gpus[device]:
+        with um.managed_from(data) as warm:  # compiled before the capture, on another stream
+            launch(warm, cuda.stream())
+            np.testing.assert_array_equal(warm.host, data + 1)
+        s = cuda.stream()
+        with um.managed_from(data) as buf:
+            with um.capture(s) as graph:
+                launch(buf, s)
+            np.testing.assert_array_equal(buf.host, data, err_msg="the capture ran the launch")
+            for _ in range(3):
+                graph.launch()
+            expected = data
+            for _ in range(3):
+                expected = expected + np.float32(1)
+            np.testing.assert_array_equal(buf.host, expected)
+            graph.close()

@@ -356,7 +356,7 @@ def _at_exit() -> None:
     if _exiting:
         return  # registered again (exit_hook_first): it ran already
     try:
-        _settle_devices()
+        _defer_numba_cleanups(_settle_devices())
     except Exception:  # a sticky error, a driver already going: nothing to do about it at exit
         pass
     finally:
@@ -393,7 +393,7 @@ def exit_hook_first() -> None:
     atexit.register(_at_exit)
 
 
-def _settle_devices() -> None:
+def _settle_devices() -> list[int]:
     """``cuCtxSynchronize`` on every active primary context (only where this process loaded the driver).
 
     At exit nothing is freed any more, and the driver tears down the contexts,
@@ -403,19 +403,22 @@ def _settle_devices() -> None:
     running, stream-ordered frees behind it) finishes first, while every
     context is intact.  It costs at most the time that work had left to run
     (a kernel that never ends keeps the process from exiting).  Pure driver
-    calls: numba's own state may already be going.
+    calls: numba's own state may already be going.  Returns the devices with
+    an active primary context.
     """
     a = _api
     if a is None or _forked_child:
-        return  # the driver was never loaded here: no device work, and no reason to load it now
+        return []  # the driver was never loaded here: no device work, and no reason to load it now
     drv = a.drv
     err, count = drv.cuDeviceGetCount()
     if err != 0:
-        return
+        return []
+    settled = []
     for d in range(int(count)):
         err, _flags, active = drv.cuDevicePrimaryCtxGetState(d)
         if err != 0 or not active:
             continue
+        settled.append(d)
         err, ctx = drv.cuDevicePrimaryCtxRetain(d)
         if err != 0:
             continue
@@ -427,6 +430,35 @@ def _settle_devices() -> None:
                     drv.cuCtxPopCurrent()
         finally:
             drv.cuDevicePrimaryCtxRelease(d)
+    return settled
+
+
+#: numba's deferred cleanups, entered at exit and never left (see _defer_numba_cleanups).
+_numba_cleanups_deferred = contextlib.ExitStack()
+
+
+def _defer_numba_cleanups(devices: list[int]) -> None:
+    """At exit, with contexts on several devices: numba's queued cleanups no longer run.
+
+    numba-cuda 0.30 links a kernel once (one cuda.core ``ObjectCode`` per compute
+    capability) and loads that object into each device's context it runs on, so the
+    modules of two contexts hold one ``cuLibrary`` handle.  At exit each module's
+    finalizer queues ``cuLibraryUnload`` of it; when both contexts' queues flush (more
+    than ``CUDA_DEALLOCS_COUNT`` items each) the library is unloaded twice, and the
+    process died after its work was done ("double free or corruption", or a segfault:
+    4 x H200, a kernel launched on GPUs 0 and 1 before a graph capture).  numba's
+    public ``defer_cleanup`` in every context stops the queues from flushing; the
+    driver frees what they hold with the contexts.  With one device nothing changes.
+    """
+    nbcuda = sys.modules.get("numba.cuda")
+    if len(devices) < 2 or nbcuda is None or _api is None or _api.simulated:
+        return
+    for d in devices:
+        try:
+            with nbcuda.gpus[d]:
+                _numba_cleanups_deferred.enter_context(nbcuda.defer_cleanup())
+        except Exception:  # numba's state for this device is gone already: nothing left to defer
+            continue
 
 
 # ``weakref.finalize`` runs its finalizers still alive at exit (atexit=True, numba's
@@ -636,8 +668,11 @@ def launch_device(handle: int) -> int:
     """The device a launch on stream ``handle`` runs on, without a driver call once it is known.
 
     A stream whose owner is alive (:func:`note_owned_stream`) belongs to one context for
-    good: its ``cuStreamGetDevice``, asked once, is kept (a launch on it runs in that
-    device's context or fails).  Any other stream, the legacy and per-thread streams
+    good (a launch on it runs in that device's context or fails): its
+    ``cuStreamGetDevice``, asked once, is kept.  Not while the stream captures a
+    graph, which refuses that call and is invalidated by the refusal: a launch
+    there takes the current device (where a launch on that stream can only run),
+    and the question waits for a launch outside the capture.  Any other stream, the legacy and per-thread streams
     included, is launched on in the current context: :func:`current_device` (no driver call
     with one GPU; ``cuCtxGetDevice`` at every launch on a machine with more, which cost
     plain launches 6 % on two H200s).
@@ -651,7 +686,7 @@ def launch_device(handle: int) -> int:
     if device is None:
         a = _api if _api is not None else api()
         get = a.stream_get_device
-        if get is None:  # cuda-bindings older than 12.8
+        if get is None or is_capturing(handle):  # cuda-bindings older than 12.8; a capture
             return current_device()
         device = owned[2] = int(check(get(handle), "cuStreamGetDevice", f"finding the device of stream {handle:#x}"))
     return int(device)
