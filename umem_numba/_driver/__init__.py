@@ -440,15 +440,17 @@ _numba_cleanups_deferred = contextlib.ExitStack()
 def _defer_numba_cleanups(devices: list[int]) -> None:
     """At exit, with contexts on several devices: numba's queued cleanups no longer run.
 
-    numba-cuda 0.30 links a kernel once (one cuda.core ``ObjectCode`` per compute
-    capability) and loads that object into each device's context it runs on, so the
-    modules of two contexts hold one ``cuLibrary`` handle.  At exit each module's
-    finalizer queues ``cuLibraryUnload`` of it; when both contexts' queues flush (more
-    than ``CUDA_DEALLOCS_COUNT`` items each) the library is unloaded twice, and the
-    process died after its work was done ("double free or corruption", or a segfault:
-    4 x H200, a kernel launched on GPUs 0 and 1 before a graph capture).  numba's
-    public ``defer_cleanup`` in every context stops the queues from flushing; the
-    driver frees what they hold with the contexts.  With one device nothing changes.
+    A process that launched kernels on GPUs 0 and 1 and captured graphs on each died
+    after its work was done, in numba's exit finalizers, in ``cuLibraryUnload`` of a
+    kernel module ("double free or corruption", or a segfault; 4 x H200).  numba-cuda
+    0.30 links a kernel once (one cuda.core ``ObjectCode`` per compute capability) and
+    loads that object into each device's context it runs on, so the modules of two
+    contexts hold one ``cuLibrary`` handle, and each module's finalizer queues its
+    unload at exit, run when that context's queue flushes (more than
+    ``CUDA_DEALLOCS_COUNT`` items).  (A kernel on two GPUs without the captures exited
+    cleanly, so the second unload alone is not the whole trigger.)  numba's public
+    ``defer_cleanup`` in every context stops the queues from flushing; the driver frees
+    what they hold with the contexts.  With one device nothing changes.
     """
     nbcuda = sys.modules.get("numba.cuda")
     if len(devices) < 2 or nbcuda is None or _api is None or _api.simulated:
@@ -672,10 +674,11 @@ def launch_device(handle: int) -> int:
     ``cuStreamGetDevice``, asked once, is kept.  Not while the stream captures a
     graph, which refuses that call and is invalidated by the refusal: a launch
     there takes the current device (where a launch on that stream can only run),
-    and the question waits for a launch outside the capture.  Any other stream, the legacy and per-thread streams
-    included, is launched on in the current context: :func:`current_device` (no driver call
-    with one GPU; ``cuCtxGetDevice`` at every launch on a machine with more, which cost
-    plain launches 6 % on two H200s).
+    and the question waits for a launch outside the capture.  Any other stream,
+    the legacy and per-thread streams included, is launched on in the current
+    context: :func:`current_device` (no driver call with one GPU; ``cuCtxGetDevice``
+    at every launch on a machine with more, which cost plain launches 6 % on two
+    H200s).
     """
     if device_count() == 1:  # first: a one-GPU launch pays what it paid before (no lookup)
         return 0
