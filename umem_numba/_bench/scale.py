@@ -14,9 +14,9 @@ Peer path: :class:`umem_numba.kernels.multigpu.MultiGPUHeat` (one slab per
 GPU; the rows a slab sends are computed first by a small band launch on a
 second stream and moved while the interior runs, ordered with events; each
 slab's step is one CUDA graph launch, or with ``--launches`` every launch and
-copy issued from the host), once
-per ``--halos`` mode: ``copy`` (peer copy into a landing row) and ``vmm``
-(the neighbour reads the row in place from a peer-mapped VMM buffer); timed with the host clock
+copy issued from the host), once per ``--halos`` mode: ``copy`` (peer copy
+into a landing row) and ``vmm`` (the band launch writes the row into a VMM
+buffer on the neighbour, through the peer mapping); timed with the host clock
 between synchronizes of every GPU over ``--steps`` steps after warm-up, the
 median of ``--trials``.  Its *halo time per step* is the time of a step with
 the exchange minus one without.  The N-GPU strong-scaling field is compared
