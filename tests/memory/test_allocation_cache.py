@@ -188,3 +188,52 @@ def test_the_cache_keeps_at_most_its_limit(rng, monkeypatch):
         um.release_allocation_cache()
         _cache._lists.clear()
     assert _driver.device_count() >= 1
+
+
+@pytest.mark.gpu
+def test_threads_opening_and_closing_while_the_cache_drains_never_share_memory(rng):
+    """Four threads open, fill (a kernel on their own stream), read and close default buffers of two
+    size classes, while a fifth gives the cache back over and over: taking is lock-free (one ``pop``
+    per entry), so an entry that went to two takers, or to a taker and the drain, shows as a wrong
+    value (another thread's fill) or a fault; the byte count stays exact."""
+    import threading
+
+    rounds = 6 if _sim.active() else 40
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def worker(k: int) -> None:
+        s = cuda.stream()
+        try:
+            for r in range(rounds):
+                n = N if r % 2 else N // 2
+                a = um.ManagedBuffer.empty(n, np.float64)
+                b = um.ManagedBuffer.empty(n, np.float64)
+                value = float(k * 1000 + r)
+                um.coherent(sleeping.fill)[(n + 127) // 128, 128, s](a, value, 0)
+                um.coherent(sleeping.fill)[(n + 127) // 128, 128, s](b, -value, 0)
+                if not (np.all(a.host == value) and np.all(b.host == -value)):
+                    failures.append(f"thread {k} round {r}: another buffer's values")
+                a.close()
+                b.close()
+        except Exception as exc:  # reported below, with the thread that saw it
+            failures.append(f"thread {k}: {type(exc).__name__}: {exc}")
+
+    def drainer() -> None:
+        while not stop.is_set():
+            um.release_allocation_cache()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    drain = threading.Thread(target=drainer)
+    drain.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    drain.join()
+    assert not failures, failures[:5]
+    listed = sum(m.size for lists in _cache._lists.values() for blocks in lists.blocks.values() for m in blocks)
+    assert _cache.cached_bytes() == listed, "the cache's byte count drifted from what it lists"
+    um.release_allocation_cache()
+    assert _cache.cached_bytes() == 0

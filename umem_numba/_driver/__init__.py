@@ -136,6 +136,7 @@ class _Api:
         self.stream_is_capturing = drv.cuStreamIsCapturing
         self.capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
         self.stream_wait_event = drv.cuStreamWaitEvent
+        self.ctx_get_current = drv.cuCtxGetCurrent  # every allocation asks (ensure_context)
 
 
 _lock = threading.Lock()
@@ -498,7 +499,7 @@ def ensure_context() -> int:
     a = _api if _api is not None else api()
     if a.simulated:
         return 0  # the simulated driver has one device and one context
-    err, current = a.drv.cuCtxGetCurrent()
+    err, current = a.ctx_get_current()
     if not err:
         device = _numba_contexts.get(int(current))
         if device is not None:

@@ -67,54 +67,92 @@ _lock = threading.Lock()
 class _SizeLists:
     """Cached allocations of one kind on one device: size class -> allocations, within a byte limit.
 
+    Taking is lock-free: ``list.pop`` is atomic under the GIL, so each entry
+    goes to exactly one taker (a buffer, or :meth:`drain`), and the taker
+    logs the bytes it took in :attr:`taken` (an append, atomic too).  Only
+    :meth:`keep` and :meth:`drain` change :attr:`held`, under the lock, after
+    folding that log in: the count stays exact, and a default buffer's open
+    takes no lock.
+
     Nothing allocated under the lock is a container: a garbage collection started
     there could run a collected buffer's release on this thread, which comes back
     here for the same lock (:meth:`keep`).
     """
 
-    __slots__ = ("blocks", "held", "limit", "lock")
+    __slots__ = ("blocks", "held", "limit", "lock", "taken")
 
     def __init__(self, limit: int) -> None:
+        #: Size class -> allocations.  A size's list, once made, is never replaced nor removed.
         self.blocks: dict[int, list[CachedMemory]] = {}
+        #: Bytes listed, less those of :attr:`taken` (folded in under the lock).
         self.held = 0
+        #: Sizes of the allocations taken since the last fold.
+        self.taken: list[int] = []
         self.limit = limit
         self.lock = threading.Lock()
 
+    def _fold_taken(self) -> None:
+        """Subtract what was taken since the last fold from :attr:`held` (the caller holds the lock)."""
+        taken = self.taken
+        while taken:
+            self.held -= taken.pop()
+
+    # (``acquire``/``release`` rather than ``with``: every default buffer's close passes here,
+    # and ``with`` costs twice as much.)
     def keep(self, memory: CachedMemory) -> bool:
         """List ``memory`` (False: no room, it must go back to the driver)."""
         size = memory.size
-        new: list[CachedMemory] | None = None if size in self.blocks else []  # made outside the lock
-        with self.lock:
+        blocks = self.blocks.get(size)
+        new: list[CachedMemory] | None = [] if blocks is None else None  # made outside the lock
+        lock = self.lock
+        lock.acquire()
+        try:
+            if self.taken:
+                self._fold_taken()
             if self.held + size > self.limit:
                 return False
             self.held += size
-            blocks = self.blocks.get(size)
             if blocks is None:
-                if new is None:  # the size's list went away meanwhile (drain): back to the driver
-                    self.held -= size
-                    return False
-                blocks = self.blocks[size] = new
+                blocks = self.blocks.setdefault(size, new)  # type: ignore[arg-type]
             blocks.append(memory)
-        return True
+            return True
+        finally:
+            lock.release()
 
     def take(self, size: int) -> CachedMemory | None:
-        if not self.blocks.get(size):  # the common miss, without the lock
+        """A listed allocation of the size class ``size``, or None (no lock: see the class notes)."""
+        blocks = self.blocks.get(size)
+        if not blocks:
             return None
-        with self.lock:
-            blocks = self.blocks.get(size)
-            if not blocks:
-                return None
+        try:
             memory = blocks.pop()
-            self.held -= memory.size
-            return memory
+        except IndexError:  # another thread took the last one
+            return None
+        self.taken.append(size)
+        return memory
+
+    def bytes_held(self) -> int:
+        """Bytes listed now."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            self._fold_taken()
+            return self.held
+        finally:
+            lock.release()
 
     def drain(self) -> list[CachedMemory]:
         """Take every listed allocation off the lists."""
-        fresh: dict[int, list[CachedMemory]] = {}  # made outside the lock (see the class notes)
-        with self.lock:
-            taken, self.blocks = self.blocks, fresh
-            self.held = 0
-        return [m for blocks in taken.values() for m in blocks]
+        out: list[CachedMemory] = []  # made outside the lock (see the class notes)
+        for blocks in list(self.blocks.values()):
+            while True:
+                try:
+                    out.append(blocks.pop())  # each entry goes to one taker (a racing buffer, or here)
+                except IndexError:
+                    break
+                self.taken.append(out[-1].size)
+        self.bytes_held()  # folds what was taken, the drained entries included
+        return out
 
 
 #: (kind, device) -> that cache's lists.
@@ -158,7 +196,12 @@ def take_or_allocate(
         cached = lists.take((nbytes + _ROUND_UP) & _ROUND_MASK)
         if cached is not None:
             cached.nbytes = nbytes
-            return cached, cached.reopened_record()
+            # The closed buffer's record, reopened (CachedMemory.reopened_record, inline: every
+            # default buffer passes here).
+            tracker, cached.tracker = cached.tracker, None
+            if tracker is None or tracker.graphs or tracker.capturing or not tracker.recycle():
+                tracker = None
+            return cached, tracker
     with _driver.capture_safe():
         return allocate(kind, device_id, nbytes, alloc, free_call), None
 
@@ -305,4 +348,4 @@ def release_allocation_cache() -> None:
 
 def cached_bytes() -> int:
     """Bytes the allocation cache holds, over every kind and device."""
-    return sum(lists.held for lists in list(_lists.values()))
+    return sum(lists.bytes_held() for lists in list(_lists.values()))

@@ -304,10 +304,19 @@ class Allocation:
         if self.closed:
             return
         memory = self.memory
-        if memory is not None and not memory.stream_ordered and self.tracker.close_if_idle():
-            # Nothing pending, in flight or refusing: closed for good with no settling and no wait.
-            self._mark_closed(settled=True)
-            return
+        if memory is not None:
+            # The common closes, each decided under the record's lock in one step (no launch can
+            # register in between): stream-ordered memory outside its own lend block (its free is
+            # queued after the recorded work), and other memory that nothing may use (nothing
+            # pending or in flight, no capture, hold or lend).  The rest takes the path below.
+            tracker = self.tracker
+            if memory.stream_ordered:
+                if tracker.close_unless_lending():
+                    self._mark_closed()
+                    return
+            elif tracker.close_if_idle():
+                self._mark_closed(settled=True)
+                return
         # Inside its own lend block the lent work is not recorded yet: neither a wait for it
         # (which would never end) nor a free (which would not come after it) can be right.
         self.tracker.refuse_inside_own_lend(f"closing {self.kind} buffer")
@@ -337,13 +346,17 @@ class Allocation:
 
     def _mark_closed(self, settled: bool = False) -> None:
         """Set ``closed``; release unless exports live or the memory escaped (``settled``: see :func:`_release`)."""
-        with _exports_lock:
+        lock = _exports_lock
+        lock.acquire()  # (not ``with``: every close passes here, and ``with`` costs twice as much)
+        try:
             if self.closed:
                 return
             self.closed = True
             if self._exports > 0 or self.tracker.escaped or self._released:
                 return
             self._released = True
+        finally:
+            lock.release()
         _release(self.memory, self.tracker, self.generation, settled)  # type: ignore[arg-type]
 
     def add_export(self) -> None:

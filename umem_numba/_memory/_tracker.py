@@ -598,7 +598,9 @@ class Tracker:
         uses the memory, or the device lacks concurrentManagedAccess: the
         caller takes the full close path.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (not ``with``: every default buffer's close passes here, and ``with`` costs twice as much)
+        try:
             if (
                 self._blocked is None
                 and not self.writes
@@ -613,7 +615,28 @@ class Tracker:
             ):
                 self._blocked = "closed"
                 return True
-        return False
+            return False
+        finally:
+            lock.release()
+
+    def close_unless_lending(self) -> bool:
+        """Block device use for good (``"closed"``) unless the calling thread is inside a ``lend`` block of it.
+
+        The close of stream-ordered memory (pools), whose free is queued after
+        the recorded work: False, and nothing changed, only inside the
+        thread's own ``lend`` block, where the caller raises
+        (:meth:`refuse_inside_own_lend`).
+        """
+        lenders = self._lenders
+        if lenders and threading.get_ident() in lenders:
+            return False
+        lock = self._lock
+        lock.acquire()  # (as in close_if_idle)
+        try:
+            self._blocked = "closed"
+        finally:
+            lock.release()
+        return True
 
     def unblock(self) -> None:
         """End :meth:`block`."""
