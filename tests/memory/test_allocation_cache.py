@@ -8,10 +8,12 @@ memory that took advice or a stream attachment goes back to the driver instead.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from numba import cuda
-from support.helpers import ORDERING_TRIALS, random_array, sleeping
+from support.helpers import ORDERING_TRIALS, random_array, sleeping, while_threads_run
 
 import umem_numba as um
 from umem_numba import _driver
@@ -196,11 +198,8 @@ def test_threads_opening_and_closing_while_the_cache_drains_never_share_memory(r
     size classes, while a fifth gives the cache back over and over: taking is lock-free (one ``pop``
     per entry), so an entry that went to two takers, or to a taker and the drain, shows as a wrong
     value (another thread's fill) or a fault; the byte count stays exact."""
-    import threading
-
     rounds = 6 if _sim.active() else 40
     failures: list[str] = []
-    stop = threading.Event()
 
     def worker(k: int) -> None:
         s = cuda.stream()
@@ -219,19 +218,7 @@ def test_threads_opening_and_closing_while_the_cache_drains_never_share_memory(r
         except Exception as exc:  # reported below, with the thread that saw it
             failures.append(f"thread {k}: {type(exc).__name__}: {exc}")
 
-    def drainer() -> None:
-        while not stop.is_set():
-            um.release_allocation_cache()
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    drain = threading.Thread(target=drainer)
-    drain.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    drain.join()
+    while_threads_run([functools.partial(worker, k) for k in range(4)], um.release_allocation_cache)
     assert not failures, failures[:5]
     listed = sum(m.size for lists in _cache._lists.values() for blocks in lists.blocks.values() for m in blocks)
     assert _cache.cached_bytes() == listed, "the cache's byte count drifted from what it lists"

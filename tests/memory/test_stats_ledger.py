@@ -8,9 +8,10 @@ across folds, threads and a fold that a collection re-enters.
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import numpy as np
+from support.helpers import while_threads_run
 
 from umem_numba._memory import _stats
 
@@ -25,7 +26,6 @@ def test_threads_counting_while_another_folds_lose_nothing(rng, monkeypatch):
     monkeypatch.setattr(_stats, "_FOLD_AT", 97)  # folds all the time, from every thread
     before = _snap()
     sizes = [rng.integers(1, 1 << 40, 5000).tolist() for _ in range(6)]
-    stop = threading.Event()
 
     def count(mine: list[int]) -> None:
         for n in mine:
@@ -33,19 +33,7 @@ def test_threads_counting_while_another_folds_lose_nothing(rng, monkeypatch):
         for n in mine:
             _stats.record_free(KIND, n)
 
-    def snapshots() -> None:
-        while not stop.is_set():
-            _stats.stats()
-
-    reader = threading.Thread(target=snapshots)
-    reader.start()
-    workers = [threading.Thread(target=count, args=(s,)) for s in sizes]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    stop.set()
-    reader.join()
+    while_threads_run([functools.partial(count, s) for s in sizes], _stats.stats)
     after = _snap()
     assert after.live_count == before.live_count and after.live_bytes == before.live_bytes
     assert after.total_allocations - before.total_allocations == 6 * 5000

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,6 +20,7 @@ __all__ = [
     "run_with_plugin",
     "sleeping",
     "test_seed",
+    "while_threads_run",
     "worker_thread",
 ]
 
@@ -82,6 +85,26 @@ def worker_thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
     if ex is None:
         ex = _workers[name] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"umem-{name}")
     return ex
+
+
+def while_threads_run(workers: list[Callable[[], None]], background: Callable[[], None]) -> None:
+    """Run each of ``workers`` in a thread of its own, and ``background()`` over and over in one more
+    thread until they have all returned (a reader, a drain: what races the workers)."""
+    stop = threading.Event()
+
+    def repeat() -> None:
+        while not stop.is_set():
+            background()
+
+    side = threading.Thread(target=repeat)
+    side.start()
+    threads = [threading.Thread(target=w) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    side.join()
 
 
 #: Trials of every ordering test: a missing wait shows in some of them, not necessarily all.
