@@ -196,12 +196,7 @@ def take_or_allocate(
         cached = lists.take((nbytes + _ROUND_UP) & _ROUND_MASK)
         if cached is not None:
             cached.nbytes = nbytes
-            # The closed buffer's record, reopened (CachedMemory.reopened_record, inline: every
-            # default buffer passes here).
-            tracker, cached.tracker = cached.tracker, None
-            if tracker is None or tracker.graphs or tracker.capturing or not tracker.recycle():
-                tracker = None
-            return cached, tracker
+            return cached, cached.reopened_record()
     with _driver.capture_safe():
         return allocate(kind, device_id, nbytes, alloc, free_call), None
 
