@@ -86,6 +86,41 @@ def test_host_access_inside_its_own_lend_block_raises(op, policy, rng):
     buf.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["device default pool", "managed pool"])
+def test_closing_pool_memory_inside_its_own_lend_block_raises_and_the_buffer_stays_usable(kind, rng):
+    """Pool memory's close (stream-ordered: its free is queued after the recorded work) decides
+    under the record's lock; inside the thread's own lend block the lent work is not recorded
+    yet, so a close there must raise rather than queue a free that would not come after it."""
+    data = random_array(rng, N, np.float32)
+    pool = um.MemoryPool("managed") if kind == "managed pool" else None
+    buf = um.ManagedBuffer.from_array(data, pool=pool) if pool is not None else um.DeviceBuffer.from_array(data)
+    s = cuda.stream()
+
+    def inside():
+        with buf.lend(s):
+            with pytest.raises(um.CoherenceError) as info:
+                buf.close()
+            closed_inside = buf.closed
+            # The lent work, on the lend's stream, after the refused close.
+            um.coherent(sleeping.fill)[(N + 127) // 128, 128, s](buf, 3.0, 0)
+        return str(info.value), closed_inside
+
+    finished, box = _in_thread(inside)
+    assert finished, "close inside its own lend block hung"
+    if "error" in box:
+        raise box["error"]
+    message, closed_inside = box["result"]
+    assert "lend" in message and "clos" in message, message
+    assert not closed_inside, "the refused close closed the buffer"
+    np.testing.assert_array_equal(buf.copy_to_host(), np.full(N, 3.0, np.float32))
+    buf.close()
+    assert buf.closed
+    if pool is not None:
+        pool.close()
+
+
 def _consumer_array(view):
     """A plain numba array over the lent memory, made from the view's CUDA Array Interface (as a consumer does)."""
     iface = dict(view.__cuda_array_interface__)
