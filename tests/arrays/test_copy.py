@@ -300,7 +300,10 @@ def test_host_write_to_the_source_waits_for_the_async_copy(kernels, dst_kind, rn
     s = cuda.stream()
 
     def run(policy):
-        src = um.ManagedBuffer.from_array(data)
+        # Written on the host, so that the copy below is the only device work on it (a from_array by
+        # DMA would be in flight too, and the "off" run's host write would race it as well).
+        src = um.ManagedBuffer.empty(data.shape, data.dtype)
+        src.host[:] = data
         dst = _empty(dst_kind, data.shape, data.dtype)
         sleep[1, 1, s](50)  # the copy below starts ~50 ms from now
         um.copy(dst, src, stream=s)
