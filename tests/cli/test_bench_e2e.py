@@ -102,3 +102,32 @@ def test_a_pool_case_gives_a_new_pool_per_run_and_closes_it():
             del buf
     assert seen[0] is not seen[1]
     assert all(pool.closed for pool in seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_rounds_rotate_which_memory_runs_first_and_short_examples_run_more_rounds():
+    cases, _ = e2e.cases()
+    calls = []
+
+    def noting(name, case):
+        def run_case():
+            calls.append(name)
+            return case()
+
+        return run_case
+
+    memories = {name: noting(name, case) for name, case in cases.items()}
+    names, n = list(memories), len(memories)
+    example = functools.partial(ex.vecadd, N=300)
+    # min_timed_ms out of reach: max_runs rounds, after the warm-up's one run each in the table's order
+    times = e2e.time_example("vecadd", example, memories, 2, min_timed_ms=1e9, max_runs=n + 1)
+    assert [len(ms) for ms in times.values()] == [n + 1] * n
+    assert calls[:n] == names
+    rounds = [calls[n + r * n : n + (r + 1) * n] for r in range(n + 1)]
+    assert rounds == [names[r % n :] + names[: r % n] for r in range(n + 1)]
+
+    calls.clear()  # reached at once: the fewest rounds
+    times = e2e.time_example("vecadd", example, memories, 2, min_timed_ms=0.0, max_runs=40)
+    assert [len(ms) for ms in times.values()] == [2] * n
+    assert len(calls) == 3 * n

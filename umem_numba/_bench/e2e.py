@@ -7,8 +7,12 @@ allocation calls change (``cuda.to_device``, ``cuda.device_array``, ``cuda.devic
 kernels, the reads on the host and its own checks, between two ``cuda.synchronize()`` calls,
 with numba's deferred frees flushed inside the timing (umem_numba's buffers free when dropped).
 Each memory gets one warm-up run (numba compiles there), whose results must be bitwise equal to
-numba's (else the benchmark stops, naming the example); then the median of ``--runs`` runs
-(default 7, at least 5), interleaved round by round (the machine is shared and noisy).
+numba's (else the benchmark stops, naming the example); then the median of at least ``--runs``
+runs (default 7, at least 5), interleaved round by round, each round starting with the next memory
+in turn so that no memory always runs first after the reference (the machine is shared and noisy).
+Short examples run more rounds: until numba's idiom has been timed for at least
+:data:`MIN_TIMED_MS` in all, at most :data:`MAX_RUNS` rounds (vecadd at 100000 elements takes about
+5 ms a run, and single runs of it spread by a factor of two on a shared machine).
 
 The memories:
 
@@ -56,6 +60,10 @@ from ._common import (
 
 GOAL_RATIO = 1.0
 MIN_RUNS = 5
+#: Short examples run more rounds, until the reference has been timed this long in all ...
+MIN_TIMED_MS = 250.0
+#: ... but at most this many rounds.
+MAX_RUNS = 41
 
 #: The benchmark's examples: name -> (example in ``_numba_examples``, sizes, ``--quick`` sizes).
 SIZES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -83,7 +91,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
-        "--runs", type=int, default=None, help=f"timed runs per memory, median kept (default 7; >= {MIN_RUNS})"
+        "--runs",
+        type=int,
+        default=None,
+        help=f"fewest timed runs per memory, median kept (default 7; >= {MIN_RUNS}; short examples run more)",
     )
     ap.add_argument("--quick", action="store_true", help="smaller sizes and 5 runs (a smoke run)")
     ap.add_argument(
@@ -150,9 +161,19 @@ def cases() -> tuple[dict[str, Case], dict[str, str]]:
 
 
 def time_example(
-    name: str, example: Callable[[Any], dict[str, Any]], memories: dict[str, Case], runs: int
+    name: str,
+    example: Callable[[Any], dict[str, Any]],
+    memories: dict[str, Case],
+    runs: int,
+    min_timed_ms: float = 0.0,
+    max_runs: int | None = None,
 ) -> dict[str, list[float]]:
-    """Time ``example(mem)`` end to end for each memory: warm up and check once, then ``runs`` rounds.
+    """Time ``example(mem)`` end to end for each memory: warm up and check once, then rounds of runs.
+
+    Round ``r`` runs every memory once, starting with the ``r``-th (mod their number), so that a
+    position in the round (after the garbage of a given memory, first after a pause) falls on
+    each memory alike.  Rounds go on until there are ``runs`` of them and the reference (the first
+    memory) has been timed for ``min_timed_ms`` in all, or there are ``max_runs``.
 
     Parameters
     ----------
@@ -163,7 +184,11 @@ def time_example(
     memories : dict
         ``{memory name: case}``; the first is the reference the others' results must equal.
     runs : int
-        Timed runs per memory, interleaved round by round.
+        The fewest timed runs per memory.
+    min_timed_ms : float, optional
+        Go on with more rounds until the reference's runs add up to this many milliseconds.
+    max_runs : int, optional
+        The most rounds when ``min_timed_ms`` asks for more (default: ``runs``, no more rounds).
 
     Returns
     -------
@@ -201,10 +226,16 @@ def time_example(
             ex.compare_results(results, reference, f"bench e2e, {name} on {memory}")
         del results
     del reference
+    order = list(memories.items())
     times: dict[str, list[float]] = {memory: [] for memory in memories}
-    for _ in range(runs):
-        for memory, case in memories.items():
+    reference_ms = times[order[0][0]]
+    most = max(runs, max_runs if max_runs is not None else runs)
+    rounds = 0
+    while rounds < runs or (rounds < most and sum(reference_ms) < min_timed_ms):
+        start = rounds % len(order)
+        for memory, case in order[start:] + order[:start]:
             times[memory].append(one_run(case)[0])
+        rounds += 1
     return times
 
 
@@ -237,12 +268,22 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     device = device_name()
     memories, missing = cases()
     names = args.only or list(SIZES)
-    print(f"bench e2e on {device}: numba-cuda's documented examples, median of {args.runs} runs, ms end to end")
+    print(
+        f"bench e2e on {device}: numba-cuda's documented examples, median of {args.runs} to {MAX_RUNS} runs "
+        f"(at least {MIN_TIMED_MS:.0f} ms of numba's), ms end to end"
+    )
     results: dict[str, Any] = {}
     for name in progress(names, desc="bench e2e", total=len(names)):
         function, sizes, quick_sizes = SIZES[name]
         bound = sizes if not args.quick else quick_sizes
-        times = time_example(name, functools.partial(ex.EXAMPLES[function], **bound), memories, args.runs)
+        times = time_example(
+            name,
+            functools.partial(ex.EXAMPLES[function], **bound),
+            memories,
+            args.runs,
+            min_timed_ms=0.0 if args.quick else MIN_TIMED_MS,
+            max_runs=MAX_RUNS,
+        )
         medians = {memory: statistics.median(ms) for memory, ms in times.items()}
         results[name] = {
             "example": function,
@@ -289,6 +330,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "e2e",
         "device": device,
         "runs": args.runs,
+        "min_timed_ms": 0.0 if args.quick else MIN_TIMED_MS,
+        "max_runs": MAX_RUNS,
         "quick": bool(args.quick),
         "examples": results,
         "not_timed": missing,
