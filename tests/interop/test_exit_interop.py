@@ -7,7 +7,7 @@ and ``um.jit`` launches on CuPy and PyTorch stream objects) exited with status -
 exit, no Python frame) in some combinations and not others; each operation alone exited 0, and
 so did a process with CuPy, PyTorch and numba but no umem_numba.
 
-Each combination runs in fresh interpreters (several trials: the crash depends on timing),
+Each combination runs in fresh interpreters (several trials side by side: the crash depends on timing),
 with umem_numba imported before and after the other libraries (their exit handlers then run
 after, or before, umem_numba's).  GPU only: numba's simulator has no PyTorch or CuPy device.
 """
@@ -94,18 +94,31 @@ def _combinations():
         yield from itertools.combinations(names, r)
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
+def _start(code: str) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
-        check=False,
         env=env,
         cwd=TESTS_DIR,
     )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout} s)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return _finish(_start(code))
 
 
 @pytest.mark.gpu
@@ -119,8 +132,10 @@ def test_interop_process_exits_cleanly(steps, order):
     code = _PRELUDE.format(imports=_IMPORTS[order])
     code += "".join(_STEPS[s] for s in steps.split("+"))
     code += '\nprint("DONE", flush=True)\n'
-    for trial in range(TRIALS):
-        proc = _run(code)
+    # The trials run side by side: a third of the wall time (this file is the GPU suite's longest),
+    # and each process's exit falls while the others' work runs, one more source of timing.
+    procs = [_start(code) for _ in range(TRIALS)]
+    for trial, proc in enumerate([_finish(p) for p in procs]):
         report = f"trial {trial}: exit status {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         assert "DONE" in proc.stdout, report
         assert proc.returncode == 0, report
