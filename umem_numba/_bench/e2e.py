@@ -268,10 +268,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     device = device_name()
     memories, missing = cases()
     names = args.only or list(SIZES)
-    print(
-        f"bench e2e on {device}: numba-cuda's documented examples, median of {args.runs} to {MAX_RUNS} runs "
-        f"(at least {MIN_TIMED_MS:.0f} ms of numba's), ms end to end"
+    min_timed_ms = 0.0 if args.quick else MIN_TIMED_MS
+    runs = (
+        f"{args.runs} to {max(args.runs, MAX_RUNS)} runs (at least {min_timed_ms:.0f} ms of numba's)"
+        if min_timed_ms
+        else f"{args.runs} runs"
     )
+    print(f"bench e2e on {device}: numba-cuda's documented examples, median of {runs}, ms end to end")
     results: dict[str, Any] = {}
     for name in progress(names, desc="bench e2e", total=len(names)):
         function, sizes, quick_sizes = SIZES[name]
@@ -281,7 +284,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             functools.partial(ex.EXAMPLES[function], **bound),
             memories,
             args.runs,
-            min_timed_ms=0.0 if args.quick else MIN_TIMED_MS,
+            min_timed_ms=min_timed_ms,
             max_runs=MAX_RUNS,
         )
         medians = {memory: statistics.median(ms) for memory, ms in times.items()}
@@ -330,7 +333,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "e2e",
         "device": device,
         "runs": args.runs,
-        "min_timed_ms": 0.0 if args.quick else MIN_TIMED_MS,
+        "min_timed_ms": min_timed_ms,
         "max_runs": MAX_RUNS,
         "quick": bool(args.quick),
         "examples": results,
