@@ -181,8 +181,11 @@ def test_host_hold_blocks_launches(k, rng):
     np.testing.assert_array_equal(buf.host, (data + 1) * 2)
 
 
-def test_precision_unrelated_work_is_not_waited_for(k, rng):
-    _, coh, scale = k
+@pytest.mark.parametrize("launch", ["coherent", "plain"])
+def test_precision_unrelated_work_is_not_waited_for(k, rng, launch):
+    """Host access to A waits for A's kernel only, not for B's long kernel on another stream:
+    coherent launches, and plain numba launches (each tracked on its own stream, issue #28)."""
+    raw, coh, scale = k
 
     slow_stream, fast_stream = cuda.stream(), cuda.stream()
     b_data = random_array(rng, N, np.float64)
@@ -191,8 +194,12 @@ def test_precision_unrelated_work_is_not_waited_for(k, rng):
     _sentinel(b)
     a_data = random_array(rng, N, np.float32)
     a = um.managed_from(a_data)
-    coh[1, N, slow_stream](b, src, 400)  # ~400 ms on B
-    um.launch(scale, 1, N, a, 3.0, stream=fast_stream)
+    if launch == "coherent":
+        coh[1, N, slow_stream](b, src, 400)  # ~400 ms on B
+        um.launch(scale, 1, N, a, 3.0, stream=fast_stream)
+    else:
+        raw[1, N, slow_stream](b, src, 400)
+        scale[1, N, fast_stream](a, 3.0)
     np.testing.assert_array_equal(a.host, a_data * 3)
     # A's host access waited for A's kernel only: B's kernel, still asleep, has not written yet
     assert (_unwaited(b) == -1.0).all(), "host access to A waited for B's kernel"
