@@ -7,7 +7,8 @@ streams, managed/device/pinned pools and a few worker threads.  Its rules are th
 operations: um.jit kernels that read and write (fill, add, copy, sleep-then-fill) on random
 streams, plain ``@cuda.jit`` launches, the copies, prefetch/discard/advice, lending to a foreign
 consumer on a third stream, DLPack and CUDA Array Interface exports, pools, VMM grow and shrink,
-host reads and writes, ``close`` at any point, and graph capture.
+host reads and writes, ``close`` at any point, graph capture, and a ``PrefetchPlan`` built over
+several steps and executed after other steps wrote, closed or reused its buffers.
 
 The model is **program order**: umem_numba promises that host code and later device work see
 every earlier operation's effect, whatever the streams, so each allocation has one numpy array
@@ -146,6 +147,10 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         #: Live umem_numba graphs kept for later launches: (graph, the view it writes, the value it
         #: fills, or the view it copies from).
         self.graphs: list[tuple[um.Graph, View, int, View | None]] = []
+        #: One PrefetchPlan kept across steps, and what its entries are: (view, operation). Other
+        #: steps write, close and reuse its buffers' memory before it runs (again).
+        self.plan = um.PrefetchPlan()
+        self.plan_entries: list[tuple[View, str]] = []
 
     # -- helpers -----------------------------------------------------------------------------
     def stream(self, name: str) -> Any:
@@ -792,6 +797,59 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 else:
                     h.clear()
 
+    @family("hints")
+    @rule(
+        view=buffers,
+        op=st.sampled_from(("prefetch", "discard", "discard_prefetch")),
+        where=st.sampled_from((0, "cpu")),
+        part=st.tuples(st.floats(0, 1), st.floats(0, 1)) | st.none(),
+    )
+    def plan_add(self, view: View, op: str, where: Any, part: tuple[float, float] | None) -> None:
+        """``PrefetchPlan.add`` / ``add_range`` / ``add_discard`` / ``add_discard_range`` of a managed view
+        (``part``: an element range, in memory order); the entry runs at a later ``plan_execute``."""
+        if view.kind != "managed":
+            return
+        n = int(np.prod(view.shape))
+        lo, hi = (None, None) if part is None or n == 0 else sorted(int(f * n) for f in part)
+        if lo is not None and lo == hi:
+            lo, hi = (lo, hi + 1) if hi < n else (lo - 1, hi)
+        where_text = "" if op == "discard" else f", {where!r}"
+        what = (
+            f"plan.add{'_discard' if op == 'discard' else ''}{'' if lo is None else '_range'}"
+            f"({view.label}{'' if lo is None else f', {lo}, {hi}'}{where_text}"
+            f"{', discard=True' if op == 'discard_prefetch' else ''})"
+        )
+        added = False
+        # A strided view is refused (ValueError naming it), as for the other hints.
+        with self.run(what, view, allowed=() if view.contiguous() else (ValueError,)):
+            plan = self.plan
+            if op == "discard":
+                plan.add_discard(view.buf) if lo is None else plan.add_discard_range(view.buf, lo, hi)
+            elif lo is None:
+                plan.add(view.buf, where, discard=op == "discard_prefetch")
+            else:
+                plan.add_range(view.buf, lo, hi, where, discard=op == "discard_prefetch")
+            added = True
+        if added:
+            self.plan_entries.append((view, op))
+
+    @family("hints")
+    @rule(stream=st.sampled_from(STREAMS), clear=st.booleans())
+    def plan_execute(self, stream: str, clear: bool) -> None:
+        """``PrefetchPlan.execute`` of the kept plan on a stream, maybe again later: a closed entry's buffer is
+        refused (BufferClosedError) before anything is issued; the discards make their memory unknown."""
+        if not self.plan_entries:
+            return
+        views = [v for v, _ in self.plan_entries]
+        with self.run(f"plan.execute(stream={stream}): {self.plan!r}", *views):
+            self.plan.execute(self.stream(stream))
+            for v, op in self.plan_entries:
+                if op != "prefetch":
+                    self.mark_discarded(v)
+        if clear:
+            self.plan.clear()
+            self.plan_entries.clear()
+
     # -- lending and exports ------------------------------------------------------------------------
     @family("lend")
     @rule(
@@ -1342,6 +1400,8 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
                 for graph, *_ in self.graphs:
                     graph.close()
                 self.graphs.clear()
+                self.plan.clear()  # its buffers are closed below: nothing keeps their objects
+                self.plan_entries.clear()
                 self.__dict__.pop("_fork", None)  # the forked stream and its events: freed now
                 for a in self.allocs:
                     if a.closed or self.failed:
