@@ -194,12 +194,17 @@ def test_precision_unrelated_work_is_not_waited_for(k, rng, launch):
     _sentinel(b)
     a_data = random_array(rng, N, np.float32)
     a = um.managed_from(a_data)
-    if launch == "coherent":
-        coh[1, N, slow_stream](b, src, 400)  # ~400 ms on B
-        um.launch(scale, 1, N, a, 3.0, stream=fast_stream)
-    else:
-        raw[1, N, slow_stream](b, src, 400)
-        scale[1, N, fast_stream](a, 3.0)
+
+    def scale_a(factor):
+        if launch == "coherent":
+            um.launch(scale, 1, N, a, factor, stream=fast_stream)
+        else:
+            scale[1, N, fast_stream](a, factor)
+
+    scale_a(1.0)  # compiled now: a compile inside B's sleep could outlast it
+    a.synchronize()
+    (coh if launch == "coherent" else raw)[1, N, slow_stream](b, src, 400)  # ~400 ms on B
+    scale_a(3.0)
     np.testing.assert_array_equal(a.host, a_data * 3)
     # A's host access waited for A's kernel only: B's kernel, still asleep, has not written yet
     assert (_unwaited(b) == -1.0).all(), "host access to A waited for B's kernel"
