@@ -295,7 +295,8 @@ class RaceRules:
         self: Any, view: View, first: str, discard_stream: str, then: str, op: str, where: Any, values: tuple[int, int]
     ) -> None:
         """A sleeping writer on ``first``, a discard on another stream, a writer after it: the last write stays."""
-        if view.closed or view.kind != "managed" or not 1 <= len(view.shape) <= 2:
+        # A strided view's discard is refused (a documented ValueError, the hints rule's case): no race to set up.
+        if view.closed or view.kind != "managed" or not 1 <= len(view.shape) <= 2 or not view.contiguous():
             return
         nd = len(view.shape)
         grid, block = launch_config(view.shape)
