@@ -823,8 +823,10 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         # A strided view is refused (ValueError naming it), as for the other hints.
         with self.run(what, view, allowed=() if view.contiguous() else (ValueError,)):
             plan = self.plan
-            if op == "discard":
-                plan.add_discard(view.buf) if lo is None else plan.add_discard_range(view.buf, lo, hi)
+            if op == "discard" and lo is None:
+                plan.add_discard(view.buf)
+            elif op == "discard":
+                plan.add_discard_range(view.buf, lo, hi)
             elif lo is None:
                 plan.add(view.buf, where, discard=op == "discard_prefetch")
             else:
