@@ -25,6 +25,7 @@ from support.helpers import ORDERING_TRIALS, random_array, sleeping
 import umem_numba as um
 from umem_numba import _driver
 from umem_numba._launch import _coherent as _launch
+from umem_numba._launch import _write_inference
 from umem_numba._memory import _events
 
 SLEEP_MS = 30
@@ -273,7 +274,7 @@ def test_readonly_inference_without_source_counts_everything_written():
     namespace: dict = {}
     exec("def k(out, inp, i):\n    out[i] = inp[i]\n", namespace)
     assert um.coherent(_FakeKernel(namespace["k"])).writes == {"out": True, "inp": True, "i": True}
-    assert _launch._written_params(namespace["k"]) is None
+    assert _write_inference.written_params(namespace["k"]) is None
 
 
 def test_readonly_inference_refuses_source_edited_after_import(tmp_path, monkeypatch):
@@ -290,10 +291,10 @@ def test_readonly_inference_refuses_source_edited_after_import(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("umem_edited_kernel")
     try:
-        assert _launch._written_params(module.k) == ("inp",)
+        assert _write_inference.written_params(module.k) == ("inp",)
         path.write_text("def k(out, inp):\n    out[0] = inp[0]\n")
         linecache.clearcache()
-        assert _launch._written_params(module.k) is None
+        assert _write_inference.written_params(module.k) is None
         assert um.coherent(_FakeKernel(module.k)).writes == {"out": True, "inp": True}
     finally:
         sys.modules.pop("umem_edited_kernel", None)

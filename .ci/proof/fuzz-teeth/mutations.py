@@ -27,6 +27,7 @@ class Mutation(NamedTuple):
 
 T = "umem_numba/_memory/_tracker.py"
 L = "umem_numba/_launch/_coherent.py"
+W = "umem_numba/_launch/_write_inference.py"
 P = "umem_numba/_memory/_pool.py"
 C = "umem_numba/_arrays/_copy.py"
 H = "umem_numba/_hints/_prefetch.py"
@@ -100,7 +101,7 @@ MUTATIONS = [
     ),
     Mutation(
         "launch-unanalysable-source-read-only",
-        L,
+        W,
         "    except Exception:  # no source (exec'd, interactive), none we can parse or match, or too deep\n        return None",
         "    except Exception:  # no source (exec'd, interactive), none we can parse or match, or too deep\n        return ()",
         "a kernel whose source cannot be analysed is treated as read-only",
@@ -199,8 +200,8 @@ MUTATIONS = [
     Mutation(
         "revert-item4-host-access-inside-own-lend",
         T,
-        "        if lenders and threading.get_ident() in lenders:",
-        "        if False:",
+        "        if lenders and threading.get_ident() in lenders:\n            raise CoherenceError(",
+        "        if False:\n            raise CoherenceError(",
         "issue #27 item 4 reverted (afcc62a): host access inside its own lend block waits for itself",
     ),
     Mutation(
@@ -358,7 +359,7 @@ MUTATIONS = [
     ),
     Mutation(
         "proof-item3-element-store",
-        L,
+        W,
         "            self._write(self._refs(target.value))  # a store through what it refers to",
         "            if isinstance(target.value, ast.Name):\n                self._write(self._refs(target.value))",
         ".ci/proof/item3-element-store.patch: only p[...] = v is a write (p[i][j] = v is read-only again)",
