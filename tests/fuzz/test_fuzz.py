@@ -31,8 +31,10 @@ from support.fuzz_model import CLOCK, FAMILIES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.fuzz]
 
-#: The fixed seeds CI runs, per family test.
-CI_SEEDS = (0, 1, 2)
+#: The fixed seeds CI runs, per family test (about 20 s a seed for all families on two cores).  Seven,
+#: not three: as rules were added the programs of seeds 0-2 drifted, and planted bugs they had killed
+#: survived them (.ci/proof/fuzz-teeth/README.md, session 45); seeds 4, 5 and 6 kill two of those.
+CI_SEEDS = (0, 1, 2, 3, 4, 5, 6)
 
 
 def _int_env(name: str, default: int) -> int:

@@ -1094,7 +1094,10 @@ class UmemMachine(RaceRules, RuleBasedStateMachine):
         made: list[View] = []
         view: View | None = None
         if op in ("kernel", "copy_from_host", "copy_to_host", "um_copy", "prefetch", "discard", "lend"):
-            live = [v for a in self.allocs if not a.closed for v in a.views if v.kind in DEVICE_KINDS]
+            # Prefetch and discard take managed memory only: they draw among managed views, so that each
+            # one drawn reaches the operation (drawn among every kind, most did nothing).
+            kinds = ("managed",) if op in ("prefetch", "discard") else DEVICE_KINDS
+            live = [v for a in self.allocs if not a.closed for v in a.views if v.kind in kinds]
             if not live:
                 return multiple()
             view = data.draw(st.sampled_from(live), label="view")

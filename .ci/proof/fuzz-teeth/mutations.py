@@ -456,6 +456,29 @@ MUTATIONS = [
         "a786983 reverted: a plain launch of a buffer on a stream forked into um.capture is taken in as an "
         "unknown-stream use (every later replay of the graph writes it untracked)",
     ),
+    # Fix commits of fixes.txt that no longer revert cleanly (session 45), re-expressed on today's code.
+    Mutation(
+        "revert-lend-files-consumer-streams",
+        T,
+        "        if not events and unseen_device is None:\n            return\n",
+        "        if True:\n            return\n",
+        "306f581 reverted: a lend files none of the work its consumers were told to do on their streams "
+        "(later work and host access do not wait for it)",
+    ),
+    Mutation(
+        "revert-escaped-device-work-settles",
+        T,
+        "        if self.unknown_devices or self.escaped:\n            # Work on an unknown stream",
+        "        if self.unknown_devices:\n            # Work on an unknown stream",
+        "20c5fa9 reverted: toolkit device work on an escaped buffer does not settle another library's work first",
+    ),
+    Mutation(
+        "revert-driver-free-beside-capture",
+        "umem_numba/_memory/_lifetime.py",
+        "        with _driver.capture_safe():  # a free beside a user's graph capture leaves it intact\n",
+        "        if True:\n",
+        "8183b13 reverted (its free half): a driver free beside a user's global capture invalidates the capture",
+    ),
 ]
 
 
